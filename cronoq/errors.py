@@ -1,0 +1,126 @@
+"""The one error tree of cronoq.
+
+Every refusal a user can meet is a `CronoqError` whose `code` is one of the
+contract's strings (../shared/CONTRACT.md section 4). The same code crosses
+the wire, so the broker and the embedded Scheduler raise the same classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CronoqError(Exception):
+    """Base of every cronoq refusal; `code` names the kind, the message says what to do."""
+
+    code: str = "UNKNOWN"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))
+
+
+class InvalidArgument(CronoqError):
+    """A request was malformed: a wrong type, an unknown value, an oversized payload."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class Unauthenticated(CronoqError):
+    """The token was missing or unknown."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(CronoqError):
+    """The token's role or tenant does not allow this request."""
+
+    code = "PERMISSION_DENIED"
+
+
+class NotFound(CronoqError):
+    """No such pool or task."""
+
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(CronoqError):
+    """The request conflicts with the broker's state or config (e.g. pool settings disagree)."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(CronoqError):
+    """A limit was reached (backlog, tenant backlog); nothing accepted was lost."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(CronoqError):
+    """The task was not dispatched before its deadline and will never run."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(CronoqError):
+    """The task was cancelled before it ran."""
+
+    code = "CANCELLED"
+
+
+class Unavailable(CronoqError):
+    """The broker could not be reached, or is shutting down; retrying may help."""
+
+    code = "UNAVAILABLE"
+
+
+class TaskFailed(CronoqError):
+    """The handler raised. Carries the remote exception's type, message and traceback."""
+
+    code = "TASK_FAILED"
+
+    def __init__(self, message: str = "", *, type: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.type = type
+        self.remote_message = message
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}" if self.type else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_task_failed, (self.message, self.type, self.traceback))
+
+
+def _rebuild_task_failed(message: str, type: str, traceback: str) -> TaskFailed:
+    return TaskFailed(message, type=type, traceback=traceback)
+
+
+ERROR_CLASSES: dict[str, type[CronoqError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        FailedPrecondition,
+        ResourceExhausted,
+        DeadlineExceeded,
+        Cancelled,
+        Unavailable,
+        TaskFailed,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> CronoqError:
+    """The exception for a code received over the wire (unknown codes become CronoqError)."""
+    cls = ERROR_CLASSES.get(code)
+    if cls is None:
+        err = CronoqError(message)
+        err.code = code
+        return err
+    return cls(message)
