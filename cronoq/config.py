@@ -1,0 +1,457 @@
+"""The broker's configuration: reading the TOML file and validating every key.
+
+This module is the one place the config rules of ../CONTRACT.md section 2
+live. It fails closed: an unknown key, a wrong type, a value out of range, a
+duplicate pool or an unset `token_env` variable is a `ConfigError` whose
+message names the file, the key, what is wrong and what would be valid. The
+broker calls `load_config` at start-up and again on SIGHUP; a bad file raises
+before anything is bound or swapped, so the running config stays.
+
+Secrets are read from the environment here and never appear in a message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from cronoq.core.settings import PoolSettings
+
+__all__ = [
+    "BrokerConfig",
+    "ConfigError",
+    "PoolLimits",
+    "TokenSpec",
+    "default_config",
+    "load_config",
+    "parse_config",
+]
+
+DEFAULT_CLIENTS = "tcp://127.0.0.1:5555"
+DEFAULT_WORKERS = "tcp://127.0.0.1:5556"
+DEFAULT_DATA_DIR = "cronoq-data"
+DEFAULTS_SOURCE = "<defaults>"
+
+DURABILITIES: tuple[str, ...] = ("sync", "none")
+ROLES: tuple[str, ...] = ("client", "worker", "admin")
+ENDPOINT_SCHEMES: tuple[str, ...] = ("tcp://", "ipc://", "inproc://")
+
+_POOL_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TOML_POSITION = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
+
+
+class ConfigError(Exception):
+    """The config file is unreadable or invalid; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """One accepted token: its secret (from `token_env`), its role and its optional tenant."""
+
+    secret: bytes = field(repr=False)
+    role: str
+    tenant: str | None
+    token_env: str
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """Backlog caps of one pool (`None` = no cap): queued tasks in all, and per tenant."""
+
+    max_backlog: int | None = None
+    max_tenant_backlog: int | None = None
+
+
+def _default_pools() -> tuple[PoolSettings, ...]:
+    return (PoolSettings("default"),)
+
+
+def _default_limits() -> Mapping[str, PoolLimits]:
+    return MappingProxyType({"default": PoolLimits()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    """A validated broker configuration.
+
+    `source` is the config path as given (or ``"<defaults>"``); it prefixes
+    every message about this config. Paths are absolute. `data_dir` is `None`
+    exactly when `durability` is ``"none"``. `pools` lists the declared pools
+    in file order (only ``default`` when none is declared) and `limits` has an
+    entry for each of them. An empty `tokens` means an open broker.
+    `schedules` holds the raw ``[[schedules]]`` tables, each with a `name`.
+    """
+
+    source: str
+    clients: str = DEFAULT_CLIENTS
+    workers: str = DEFAULT_WORKERS
+    data_dir: Path | None
+    durability: str = "sync"
+    metrics: str | None = None
+    heartbeat_interval: float = 1.0
+    liveness: int = 3
+    max_payload_bytes: int = 1048576
+    max_deliveries: int = 5
+    result_ttl: float = 86400.0
+    pools: tuple[PoolSettings, ...] = field(default_factory=_default_pools)
+    limits: Mapping[str, PoolLimits] = field(default_factory=_default_limits)
+    tokens: tuple[TokenSpec, ...] = ()
+    curve_secret_key_file: Path | None = None
+    schedules: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Whether every message must carry a valid token."""
+        return bool(self.tokens)
+
+
+def default_config(cwd: Path | None = None) -> BrokerConfig:
+    """The contract's built-in defaults, with durable state in `cwd`/cronoq-data."""
+    base = Path(os.path.abspath(cwd if cwd is not None else os.getcwd()))
+    return BrokerConfig(source=DEFAULTS_SOURCE, data_dir=base / DEFAULT_DATA_DIR)
+
+
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> BrokerConfig:
+    """Read and validate the config file at `path`; raise `ConfigError` if it is unusable.
+
+    Relative paths in the file are taken relative to the file's directory;
+    token secrets come from `environ` (default: `os.environ`).
+    """
+    source = os.fsdecode(os.fspath(path))
+    try:
+        with open(source, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{source}: invalid TOML: not UTF-8 text (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: {_toml_problem(str(e))}") from None
+    base_dir = Path(os.path.abspath(os.path.dirname(source)))
+    return parse_config(data, source=source, base_dir=base_dir, environ=os.environ if environ is None else environ)
+
+
+def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, environ: Mapping[str, str]) -> BrokerConfig:
+    """Validate already-parsed TOML `data`; `source` names it in messages, `base_dir` anchors relative paths."""
+    top = _Section(source, "", _table(source, "config", data), ("auth", "broker", "pools", "schedules"))
+    broker = _broker_settings(top.subsection("broker", _BROKER_KEYS), base_dir)
+    pools, limits = _pools(top)
+    return BrokerConfig(
+        source=source,
+        pools=pools,
+        limits=limits,
+        tokens=_tokens(top, environ),
+        schedules=_schedules(top),
+        **broker,
+    )
+
+
+# --- sections -----------------------------------------------------------------
+
+_BROKER_KEYS = (
+    "clients", "workers", "data_dir", "durability", "metrics", "heartbeat_interval", "liveness",
+    "max_payload_bytes", "max_deliveries", "result_ttl", "curve_secret_key_file",
+)  # fmt: skip
+_POOL_KEYS = ("name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog")
+_TOKEN_KEYS = ("token_env", "role", "tenant")
+
+
+def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "clients": s.get("clients", _endpoint, DEFAULT_CLIENTS),
+        "workers": s.get("workers", _endpoint, DEFAULT_WORKERS),
+        "durability": s.get("durability", _choice(DURABILITIES), "sync"),
+        "metrics": s.get("metrics", _host_port, None),
+        "heartbeat_interval": s.get("heartbeat_interval", _positive_number, 1.0),
+        "liveness": s.get("liveness", _positive_int, 3),
+        "max_payload_bytes": s.get("max_payload_bytes", _positive_int, 1048576),
+        "max_deliveries": s.get("max_deliveries", _positive_int, 5),
+        "result_ttl": s.get("result_ttl", _positive_number, 86400.0),
+    }
+    if out["clients"] == out["workers"] and not _is_ephemeral(out["clients"]):
+        raise s.error("workers", f"must differ from clients ({out['clients']!r}); give each socket its own endpoint")
+    # data_dir is accepted with durability = "none" so that switching the
+    # durability line on and off is all it takes; it then has no effect.
+    data_dir = _resolve(base_dir, s.get("data_dir", _string, DEFAULT_DATA_DIR))
+    out["data_dir"] = None if out["durability"] == "none" else data_dir
+    key_file = s.get("curve_secret_key_file", _string, None)
+    out["curve_secret_key_file"] = None if key_file is None else _resolve(base_dir, key_file)
+    return out
+
+
+def _pools(top: _Section) -> tuple[tuple[PoolSettings, ...], Mapping[str, PoolLimits]]:
+    pools: list[PoolSettings] = []
+    limits: dict[str, PoolLimits] = {}
+    first_seen: dict[str, int] = {}
+    for number, s in top.array_of_tables("pools", "[[pools]]", _POOL_KEYS):
+        name = s.require("name", _pool_name, "a pool name such as 'llm'")
+        s = s.relabel(f"[[pools]] #{number} {name!r}")
+        if name in first_seen:
+            raise s.error(None, f"duplicate pool name {name!r} (also #{first_seen[name]}); pool names must be unique")
+        first_seen[name] = number
+        pools.append(
+            PoolSettings(
+                name=name,
+                tenant_weights=s.get("tenant_weights", _weights, {}),
+                fair_share=s.get("fair_share", _bool, False),
+                max_in_flight=s.get("max_in_flight", _positive_int, None),
+            )
+        )
+        limits[name] = PoolLimits(
+            max_backlog=s.get("max_backlog", _positive_int, None),
+            max_tenant_backlog=s.get("max_tenant_backlog", _positive_int, None),
+        )
+    if not pools:
+        return _default_pools(), _default_limits()
+    return tuple(pools), MappingProxyType(limits)
+
+
+def _tokens(top: _Section, environ: Mapping[str, str]) -> tuple[TokenSpec, ...]:
+    auth = top.subsection("auth", ("tokens",))
+    tokens: list[TokenSpec] = []
+    owner_of: dict[bytes, tuple[int, str]] = {}
+    for number, s in auth.array_of_tables("tokens", "[[auth.tokens]]", _TOKEN_KEYS):
+        env = s.require("token_env", _env_name, "the name of an environment variable such as 'CRONOQ_TOKEN'")
+        role = s.require("role", _choice(ROLES), "one of 'client', 'worker', 'admin'")
+        tenant = s.get("tenant", _string, None)
+        value = environ.get(env)
+        if value is None:
+            raise s.error("token_env", f"environment variable {env} is not set; export the token in it before starting")
+        if not value:
+            raise s.error("token_env", f"environment variable {env} is empty; it must hold the token")
+        secret = value.encode("utf-8")
+        if secret in owner_of:
+            other, other_env = owner_of[secret]
+            raise s.error(
+                "token_env",
+                f"environment variable {env} holds the same token as #{other} ({other_env}); "
+                "each token must be distinct so it names one role and tenant",
+            )
+        owner_of[secret] = (number, env)
+        tokens.append(TokenSpec(secret=secret, role=role, tenant=tenant, token_env=env))
+    return tuple(tokens)
+
+
+def _schedules(top: _Section) -> tuple[dict[str, Any], ...]:
+    # Issue 6 defines schedules; until then keep each table as written, named.
+    out = []
+    for _, s in top.array_of_tables("schedules", "[[schedules]]", None):
+        s.require("name", _string, "a schedule name")
+        out.append(dict(s.table))
+    return tuple(out)
+
+
+# --- where a value sits, and how its errors read --------------------------------
+
+
+class _Invalid(Exception):
+    """A value's problem, before it is placed at a file and key."""
+
+
+T = TypeVar("T")
+
+
+class _Section:
+    """One table of the file: its label for messages, its keys, typed access to its values."""
+
+    def __init__(self, source: str, label: str, table: Mapping[str, Any], allowed: tuple[str, ...] | None) -> None:
+        self.source, self.label, self.table = source, label, table
+        if allowed is not None:
+            for key in table:
+                if key not in allowed:
+                    raise self.error(key, _unknown_key(key, allowed))
+
+    def relabel(self, label: str) -> _Section:
+        return _Section(self.source, label, self.table, None)
+
+    def error(self, key: str | None, problem: str) -> ConfigError:
+        where = " ".join(part for part in (self.label, key) if part)
+        return ConfigError(f"{self.source}: {where}: {problem}")
+
+    def get(self, key: str, check: Callable[[Any], T], default: T) -> T:
+        """The checked value of `key`, or `default` when the key is absent."""
+        if key not in self.table:
+            return default
+        return self._checked(key, check)
+
+    def require(self, key: str, check: Callable[[Any], T], expected: str) -> T:
+        """The checked value of `key`, which must be present."""
+        if key not in self.table:
+            raise self.error(key, f"missing; expected {expected}")
+        return self._checked(key, check)
+
+    def _checked(self, key: str, check: Callable[[Any], T]) -> T:
+        try:
+            return check(self.table[key])
+        except _Invalid as e:
+            raise self.error(key, str(e)) from None
+
+    def subsection(self, key: str, allowed: tuple[str, ...]) -> _Section:
+        label = f"[{self._path(key)}]"
+        value = self.table.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.error(key, f"expected a table {label}, got {_show(value)}")
+        return _Section(self.source, label, value, allowed)
+
+    def array_of_tables(self, key: str, label: str, allowed: tuple[str, ...] | None) -> list[tuple[int, _Section]]:
+        """Each table of the array `key`, numbered from 1 as the user counts them."""
+        value = self.table.get(key, [])
+        if not isinstance(value, list):
+            raise self.error(key, f"expected an array of tables ({label}), got {_show(value)}")
+        out = []
+        for number, entry in enumerate(value, start=1):
+            if not isinstance(entry, Mapping):
+                raise ConfigError(f"{self.source}: {label} #{number}: expected a table, got {_show(entry)}")
+            out.append((number, _Section(self.source, f"{label} #{number}", entry, allowed)))
+        return out
+
+    def _path(self, key: str) -> str:
+        return f"{self.label.strip('[]')}.{key}" if self.label else key
+
+
+def _table(source: str, what: str, data: Any) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {what}: expected a table, got {_show(data)}")
+    return data
+
+
+def _unknown_key(key: str, allowed: tuple[str, ...]) -> str:
+    hint = difflib.get_close_matches(key, allowed, n=1)
+    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"unknown key{did_you_mean}; allowed keys: {', '.join(sorted(allowed))}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def _toml_problem(message: str) -> str:
+    m = _TOML_POSITION.match(message)
+    if m:
+        return f"line {m['line']}, column {m['col']}: invalid TOML: {m['msg']}"
+    return f"invalid TOML: {message}"
+
+
+def _resolve(base_dir: Path, path: str) -> Path:
+    return Path(os.path.abspath(os.path.join(base_dir, os.path.expanduser(path))))
+
+
+# --- value checks: return the value to keep, or raise _Invalid ------------------
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid(f"expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"expected true or false, got {_show(value)}")
+    return value
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _Invalid(f"expected a positive integer, got {_show(value)}")
+    return value
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _Invalid(f"expected a positive number, got {_show(value)}")
+    return float(value)
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise _Invalid(f"expected one of {', '.join(map(repr, options))}, got {_show(value)}")
+        return value
+
+    return check
+
+
+def _pool_name(value: Any) -> str:
+    if not isinstance(value, str) or not _POOL_NAME.fullmatch(value):
+        raise _Invalid(f"expected a non-empty string of letters, digits, '-', '_' or '.', got {_show(value)}")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    # Do not echo a malformed value: it may be the secret pasted in by mistake.
+    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
+        raise _Invalid(
+            "expected the name of an environment variable (letters, digits and '_', "
+            "e.g. 'CRONOQ_TOKEN'), not the token itself"
+        )
+    return value
+
+
+def _weights(value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"expected a table of tenant = positive number, got {_show(value)}")
+    weights = {}
+    for tenant, weight in value.items():
+        if not tenant:
+            raise _Invalid("tenant names must be non-empty")
+        try:
+            weights[tenant] = _positive_number(weight)
+        except _Invalid as e:
+            raise _Invalid(f"tenant {tenant!r}: {e}") from None
+    return weights
+
+
+def _endpoint(value: Any) -> str:
+    expected = "an endpoint such as 'tcp://127.0.0.1:5555', 'ipc:///run/cronoq.sock' or 'inproc://name'"
+    if not isinstance(value, str) or not value.startswith(ENDPOINT_SCHEMES):
+        raise _Invalid(f"expected {expected}, got {_show(value)}")
+    scheme, _, rest = value.partition("://")
+    if not rest:
+        raise _Invalid(f"expected {expected}, got {_show(value)}")
+    if scheme == "tcp":
+        host, sep, port = rest.rpartition(":")
+        # '*' and 0 ask the OS for a free port, as zmq allows.
+        if not sep or not host or not (port == "*" or _port(port, allow_zero=True) is not None):
+            raise _Invalid(f"expected tcp://HOST:PORT with PORT 0-65535 or '*', got {_show(value)}")
+    return value
+
+
+def _is_ephemeral(endpoint: str) -> bool:
+    return endpoint.startswith("tcp://") and endpoint.rpartition(":")[2] in ("*", "0")
+
+
+def _host_port(value: Any) -> str:
+    if isinstance(value, str):
+        host, sep, port = value.rpartition(":")
+        if sep and host and _port(port, allow_zero=False) is not None:
+            return value
+    raise _Invalid(f"expected 'HOST:PORT' with PORT 1-65535, e.g. '127.0.0.1:9464', got {_show(value)}")
+
+
+def _port(text: str, *, allow_zero: bool) -> int | None:
+    if not text.isascii() or not text.isdigit():
+        return None
+    port = int(text)
+    return port if (0 if allow_zero else 1) <= port <= 65535 else None
