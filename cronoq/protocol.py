@@ -1,0 +1,315 @@
+"""The cronoq wire protocol: every message type, its encoding, and the one decoder per direction.
+
+This module owns the wire format; docs/protocol.md describes it for authors
+of clients in other languages. In short:
+
+- A client or worker talks to the broker over a ZeroMQ DEALER socket. Each
+  message it sends is 2 or 3 frames: ``[token, header]`` or
+  ``[token, header, body]``. ``token`` is the raw token bytes (empty when the
+  broker is open); ``header`` is a msgpack array whose first element is the
+  message's tag (a string), the second the protocol version, then the
+  message's fields in the order declared below (trailing defaults may be
+  omitted); ``body`` is an opaque msgpack document (a task's payload or a
+  handler's result) that the broker stores and forwards without decoding.
+- The broker answers on its ROUTER sockets with ``[header]`` or
+  ``[header, body]`` (ZeroMQ adds and strips the routing identity).
+- Requests carry a request id ``rid`` chosen by the sender; the reply to a
+  request carries the same ``rid``, so many requests may be in flight on one
+  socket and replies may arrive out of order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from cronoq.errors import InvalidArgument
+
+PROTOCOL_VERSION = 1
+
+# Frame counts a peer may send (token + header, plus an optional body).
+MIN_FRAMES = 2
+MAX_FRAMES = 3
+
+
+class _Message(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """Common base: a tagged array whose second element is the protocol version."""
+
+    v: int
+
+
+# --------------------------------------------------------------- client -> broker
+
+
+class Submit(_Message, tag="submit"):
+    """Queue a task. Body: the payload. Times are seconds from the broker's receipt."""
+
+    rid: int
+    pool: str = "default"
+    tenant: Union[str, None] = None
+    priority: str = "normal"
+    deadline: Union[float, None] = None
+    delay: Union[float, None] = None
+    key: Union[str, None] = None
+    max_retries: int = 0
+
+
+class Wait(_Message, tag="wait"):
+    """Ask for the task's outcome; answered with `Outcome` once it is terminal."""
+
+    rid: int
+    id: str
+
+
+class Unwait(_Message, tag="unwait"):
+    """Stop waiting for an earlier `Wait` (the caller's own timeout ran out). No reply."""
+
+    rid: int
+    id: str
+
+
+class Status(_Message, tag="status"):
+    """Ask for a task's `Info`."""
+
+    rid: int
+    id: str
+
+
+class Cancel(_Message, tag="cancel"):
+    """Cancel a task that has not been dispatched; answered with `Ok` (value: bool)."""
+
+    rid: int
+    id: str
+
+
+class Pause(_Message, tag="pause"):
+    """Stop dispatching a pool (it still accepts tasks). Admin only. Answered with `Ok`."""
+
+    rid: int
+    pool: str
+
+
+class Resume(_Message, tag="resume"):
+    """Dispatch a paused pool again. Admin only. Answered with `Ok`."""
+
+    rid: int
+    pool: str
+
+
+class Stats(_Message, tag="stats"):
+    """Ask for the broker's per-pool statistics. Admin only. Answered with `Ok` (value: map)."""
+
+    rid: int
+
+
+class Ping(_Message, tag="ping"):
+    """Liveness probe; answered with `Ok` (value: the protocol version)."""
+
+    rid: int
+
+
+ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Ping]
+
+
+# --------------------------------------------------------------- broker -> client
+
+
+class Accepted(_Message, tag="accepted"):
+    """The task was accepted (durably, when the broker has a data_dir)."""
+
+    rid: int
+    id: str
+    duplicate: bool = False
+
+
+class Outcome(_Message, tag="outcome"):
+    """A task reached a terminal state. Body (state succeeded only): the handler's result."""
+
+    rid: int
+    id: str
+    state: str
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+
+
+class Info(_Message, tag="info"):
+    """What is known about one task; times are Unix seconds."""
+
+    rid: int
+    id: str
+    pool: str
+    tenant: Union[str, None]
+    priority: str
+    state: str
+    attempts: int
+    submitted_at: float
+    started_at: Union[float, None] = None
+    finished_at: Union[float, None] = None
+    deadline: Union[float, None] = None
+    error: Union[str, None] = None
+
+
+class Ok(_Message, tag="ok"):
+    """A plain successful reply carrying one value."""
+
+    rid: int
+    value: Any = None
+
+
+class Error(_Message, tag="error"):
+    """A refusal: `code` is one of cronoq's error codes; `rid` is 0 when unknown."""
+
+    rid: int
+    code: str
+    message: str
+
+
+ClientReply = Union[Accepted, Outcome, Info, Ok, Error]
+
+
+# --------------------------------------------------------------- worker -> broker
+
+
+class Ready(_Message, tag="ready"):
+    """A worker announces itself: the pools it serves and how many tasks it can take now.
+
+    `settings` holds, per pool, only the settings the worker's `Pool` set
+    explicitly (tenant_weights, fair_share, max_in_flight); the broker refuses
+    the worker with FAILED_PRECONDITION when one disagrees with its config.
+    """
+
+    rid: int
+    pools: list[str]
+    slots: int
+    settings: dict[str, dict[str, Any]] = {}
+
+
+class Heartbeat(_Message, tag="heartbeat"):
+    """I am alive. Sent both ways every heartbeat interval."""
+
+
+class Done(_Message, tag="done"):
+    """A worker finished a lease (task id + attempt) and has one more free slot.
+
+    Body (ok only): the handler's result.
+    """
+
+    id: str
+    attempt: int
+    ok: bool
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+
+
+class Leave(_Message, tag="leave"):
+    """The worker is stopping: send it no more tasks. Its running tasks still report `Done`."""
+
+
+class Bye(_Message, tag="bye"):
+    """The worker is gone; it holds no task."""
+
+
+WorkerMessage = Union[Ready, Heartbeat, Done, Leave, Bye]
+
+
+# --------------------------------------------------------------- broker -> worker
+
+
+class Welcome(_Message, tag="welcome"):
+    """The worker was registered; it should heartbeat at this interval."""
+
+    rid: int
+    heartbeat_interval: float
+    liveness: int
+
+
+class Assign(_Message, tag="task"):
+    """Run this task. Body: the payload."""
+
+    id: str
+    attempt: int
+    pool: str
+    tenant: Union[str, None]
+    priority: str
+
+
+class Reregister(_Message, tag="reregister"):
+    """The broker does not know this worker (it restarted or declared it lost): send Ready again."""
+
+
+class Left(_Message, tag="left"):
+    """Answer to `Leave`: no task will follow on this connection."""
+
+
+WorkerCommand = Union[Welcome, Assign, Heartbeat, Reregister, Left, Error]
+
+
+# --------------------------------------------------------------- encoding
+
+_encoder = msgspec.msgpack.Encoder()
+encode = _encoder.encode
+"""Encode one message struct (or a body value) to msgpack bytes."""
+
+_client_request_decoder = msgspec.msgpack.Decoder(ClientRequest)
+_client_reply_decoder = msgspec.msgpack.Decoder(ClientReply)
+_worker_message_decoder = msgspec.msgpack.Decoder(WorkerMessage)
+_worker_command_decoder = msgspec.msgpack.Decoder(WorkerCommand)
+
+
+def _decoding(decoder: msgspec.msgpack.Decoder, header: bytes, what: str) -> Any:
+    try:
+        message = decoder.decode(header)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise InvalidArgument(f"malformed {what}: {exc}") from None
+    if message.v != PROTOCOL_VERSION:
+        raise InvalidArgument(
+            f"unsupported protocol version {message.v} in {what}; this broker speaks {PROTOCOL_VERSION}"
+        )
+    return message
+
+
+def decode_client_request(header: bytes) -> ClientRequest:
+    """Decode a client's header frame; InvalidArgument names what is wrong."""
+    return _decoding(_client_request_decoder, header, "client request")
+
+
+def decode_client_reply(header: bytes) -> ClientReply:
+    """Decode a broker reply received by a client."""
+    return _decoding(_client_reply_decoder, header, "broker reply")
+
+
+def decode_worker_message(header: bytes) -> WorkerMessage:
+    """Decode a worker's header frame; InvalidArgument names what is wrong."""
+    return _decoding(_worker_message_decoder, header, "worker message")
+
+
+def decode_worker_command(header: bytes) -> WorkerCommand:
+    """Decode a broker command received by a worker."""
+    return _decoding(_worker_command_decoder, header, "broker command")
+
+
+def peek_rid(header: bytes) -> int:
+    """Best effort: the request id of a header that failed to decode, so the error can be routed (0 if none)."""
+    try:
+        raw = msgspec.msgpack.decode(header)
+    except msgspec.DecodeError:
+        return 0
+    if isinstance(raw, list) and len(raw) > 2 and type(raw[2]) is int:
+        return raw[2]
+    return 0
+
+
+def encode_body(value: Any) -> bytes:
+    """Encode a payload or result; InvalidArgument if it is not msgpack-serializable."""
+    try:
+        return _encoder.encode(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument(f"value is not msgpack-serializable: {exc}") from None
+
+
+def decode_body(body: bytes) -> Any:
+    """Decode a payload or result body."""
+    return msgspec.msgpack.decode(body)
