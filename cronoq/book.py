@@ -1,0 +1,356 @@
+"""The task book: every task's record around the scheduling core, shared by broker and embedded mode.
+
+The core (cronoq.core) decides which queued task runs next and forgets a
+task once it is finished. The book keeps what users ask about afterwards —
+payload, result, error, timings, idempotency keys — applies the rules that
+sit around scheduling (validation, retries with backoff and jitter, lost
+deliveries, retention), and reports every terminal task to its shell so
+waiters can be answered. It does no I/O: the shell passes the time and
+sends the messages; the optional journal makes the changes durable.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+import datetime
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable
+
+from cronoq.core import (
+    CANCELLED,
+    DELAYED,
+    EXPIRED,
+    FAILED,
+    PRIORITIES,
+    PRIORITY_CLASS,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    SchedulerCore,
+    Task,
+)
+from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
+
+RETRY_BACKOFF_BASE = 0.5
+"""Seconds before the first retry; each further retry waits twice as long (with jitter)."""
+RETRY_BACKOFF_CAP = 60.0
+
+MAX_NAME_LENGTH = 200
+
+
+class TaskRecord:
+    """What the book knows of one task. While the task is live the core's `Task` holds its state."""
+
+    __slots__ = (
+        "id", "pool", "tenant", "priority", "payload", "key", "max_retries", "deadline",
+        "submitted_at", "started_at", "finished_at", "state", "attempts", "result",
+        "error_type", "error_message", "traceback",
+    )
+
+    def __init__(
+        self, id: str, pool: str, tenant: str | None, priority: int, payload: bytes, *,
+        key: str | None, max_retries: int, deadline: float | None, submitted_at: float,
+    ) -> None:
+        self.id = id
+        self.pool = pool
+        self.tenant = tenant
+        self.priority = priority
+        self.payload = payload
+        self.key = key
+        self.max_retries = max_retries
+        self.deadline = deadline
+        self.submitted_at = submitted_at
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.state = QUEUED
+        self.attempts = 0
+        self.result: bytes | None = None
+        self.error_type = ""
+        self.error_message = ""
+        self.traceback = ""
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A snapshot of one task, as `status()` returns it. Times are Unix seconds."""
+
+    id: str
+    pool: str
+    tenant: str | None
+    priority: str
+    state: str
+    attempts: int
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    deadline: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """A submission after the shell decoded it; times are seconds from now."""
+
+    payload: bytes
+    pool: str = "default"
+    tenant: str | None = None
+    priority: str = "normal"
+    deadline: float | None = None
+    delay: float | None = None
+    key: str | None = None
+    max_retries: int = 0
+
+
+def _check_name(what: str, value: str | None, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
+        raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got {value!r}")
+
+
+def _check_seconds(what: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number of seconds, got {value!r}")
+
+
+def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payload_bytes: int) -> int:
+    """Check a submission's fields; return its priority class. Raises InvalidArgument or NotFound."""
+    _check_name("pool", request.pool, optional=False)
+    _check_name("tenant", request.tenant, optional=True)
+    _check_name("key", request.key, optional=True)
+    priority = PRIORITY_CLASS.get(request.priority) if isinstance(request.priority, str) else None
+    if priority is None:
+        raise InvalidArgument(f"priority must be one of {', '.join(PRIORITIES)}, got {request.priority!r}")
+    _check_seconds("deadline", request.deadline)
+    _check_seconds("delay", request.delay)
+    if request.delay is not None and request.delay < 0:
+        raise InvalidArgument(f"delay must not be negative, got {request.delay!r}")
+    if isinstance(request.max_retries, bool) or not isinstance(request.max_retries, int) or not 0 <= request.max_retries <= 1000:
+        raise InvalidArgument(f"max_retries must be an integer from 0 to 1000, got {request.max_retries!r}")
+    if len(request.payload) > max_payload_bytes:
+        raise InvalidArgument(
+            f"payload is {len(request.payload)} bytes, over max_payload_bytes = {max_payload_bytes}"
+        )
+    if request.pool not in known_pools:
+        raise NotFound(f"no pool named {request.pool!r}; declared pools: {', '.join(sorted(known_pools))}")
+    return priority
+
+
+class TaskBook:
+    """Records, idempotency keys, retries and retention around one SchedulerCore."""
+
+    def __init__(
+        self,
+        core: SchedulerCore,
+        *,
+        new_id: Callable[[], str],
+        on_terminal: Callable[[TaskRecord], None],
+        max_payload_bytes: int = 1 << 20,
+        max_deliveries: int = 5,
+        result_ttl: float = 86400.0,
+        limits: Callable[[str], tuple[int | None, int | None]] = lambda pool: (None, None),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.core = core
+        self._new_id = new_id
+        self._on_terminal = on_terminal
+        self.max_payload_bytes = max_payload_bytes
+        self.max_deliveries = max_deliveries
+        self.result_ttl = result_ttl
+        self._limits = limits
+        self._rng = rng or random.Random()
+        self.records: dict[str, TaskRecord] = {}
+        self._keys: dict[tuple[str, str], str] = {}
+        self._finished: deque[tuple[float, str]] = deque()
+
+    # ----------------------------------------------------------------- submit
+
+    def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
+        """Accept a task; returns its record and whether it is a duplicate of an earlier key."""
+        priority = validate_submit(request, self.core.pool_names(), self.max_payload_bytes)
+        if request.key is not None:
+            existing = self._keys.get((request.pool, request.key))
+            if existing is not None:
+                return self.records[existing], True
+        self._check_backlog(request.pool, request.tenant)
+        deadline = None if request.deadline is None else now + request.deadline
+        record = TaskRecord(
+            self._new_id(), request.pool, request.tenant, priority, request.payload,
+            key=request.key, max_retries=request.max_retries, deadline=deadline, submitted_at=now,
+        )
+        not_before = None if not request.delay else now + request.delay
+        self._enter(record, now, not_before=not_before, attempts=0)
+        return record, False
+
+    def _check_backlog(self, pool: str, tenant: str | None) -> None:
+        max_backlog, max_tenant_backlog = self._limits(pool)
+        if max_backlog is not None and self.core.backlog(pool) >= max_backlog:
+            raise ResourceExhausted(
+                f"pool {pool!r} already holds {max_backlog} waiting tasks (max_backlog); retry later"
+            )
+        if max_tenant_backlog is not None and self.core.tenant_backlog(pool, tenant) >= max_tenant_backlog:
+            raise ResourceExhausted(
+                f"tenant {tenant!r} already has {max_tenant_backlog} waiting tasks in pool {pool!r} "
+                "(max_tenant_backlog); retry later"
+            )
+
+    def _enter(self, record: TaskRecord, now: float, *, not_before: float | None, attempts: int) -> None:
+        task = Task(
+            record.id, record.pool, tenant=record.tenant, priority=record.priority,
+            deadline=record.deadline, not_before=not_before, payload=record,
+        )
+        task.attempts = attempts
+        self.core.submit(task, now)
+        record.state = task.state
+        self.records[record.id] = record
+        if record.key is not None:
+            self._keys[(record.pool, record.key)] = record.id
+
+    def restore(self, record: TaskRecord, now: float, *, not_before: float | None) -> None:
+        """Put a recovered record back: terminal ones are kept for lookups, live ones re-enter the core."""
+        if record.state in (SUCCEEDED, FAILED, CANCELLED, EXPIRED):
+            self.records[record.id] = record
+            if record.key is not None:
+                self._keys[(record.pool, record.key)] = record.id
+            self._finished.append((record.finished_at or now, record.id))
+            return
+        self._enter(record, now, not_before=not_before, attempts=record.attempts)
+
+    # ----------------------------------------------------------------- dispatch
+
+    def dispatch(self, now: float) -> list[tuple[Hashable, TaskRecord, int]]:
+        """Expire what is due, then hand out tasks: (worker id, record, attempt) for each."""
+        for task in self.core.expire(now):
+            self._finish(task.payload, EXPIRED, now, error_type="DeadlineExceeded",
+                         error_message="the task's deadline passed before it was dispatched")
+        assignments = []
+        for worker_id, task in self.core.dispatch(now):
+            record: TaskRecord = task.payload
+            record.state = RUNNING
+            record.attempts = task.attempts
+            record.started_at = now
+            assignments.append((worker_id, record, task.attempts))
+        return assignments
+
+    def complete(
+        self, worker_id: Hashable, task_id: str, attempt: int, now: float, *, ok: bool,
+        result: bytes | None = None, error_type: str = "", error_message: str = "", traceback: str = "",
+    ) -> TaskRecord | None:
+        """A worker reports a lease's outcome. Stale leases (lost worker, old attempt) change nothing."""
+        task = self.core.get(task_id)
+        if task is None or task.state != RUNNING or task.worker != worker_id or task.attempts != attempt:
+            return None
+        record: TaskRecord = task.payload
+        if not ok and task.attempts <= record.max_retries:
+            retry_at = now + self._backoff(task.attempts)
+            self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
+            record.state = task.state
+            record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
+            return record
+        self.core.finish(task_id, now, worker_id=worker_id, attempt=attempt, state=SUCCEEDED if ok else FAILED)
+        if ok:
+            record.result = result
+            self._finish(record, SUCCEEDED, now)
+        else:
+            self._finish(record, FAILED, now, error_type=error_type, error_message=error_message, traceback=traceback)
+        return record
+
+    def _backoff(self, attempts: int) -> float:
+        """Exponential backoff with jitter, so retries of a burst do not return in lockstep."""
+        ceiling = min(RETRY_BACKOFF_CAP, RETRY_BACKOFF_BASE * 2 ** (attempts - 1))
+        return ceiling * self._rng.uniform(0.5, 1.0)
+
+    def lose_worker(self, worker_id: Hashable, now: float) -> list[TaskRecord]:
+        """A worker is gone: its tasks run again, unless they have used up max_deliveries."""
+        requeued = []
+        for task in self.core.remove_worker(worker_id, now):
+            record: TaskRecord = task.payload
+            if task.attempts >= self.max_deliveries:
+                self.core.cancel(task.id, now)
+                self._finish(
+                    record, FAILED, now, error_type="WorkerLost",
+                    error_message=f"the task's worker was lost on each of its {task.attempts} deliveries "
+                    f"(max_deliveries = {self.max_deliveries})",
+                )
+            else:
+                record.state = task.state
+                requeued.append(record)
+        return requeued
+
+    def cancel(self, task_id: str, now: float) -> bool:
+        """Cancel a task that has not been dispatched. False if it is running or finished."""
+        task = self.core.cancel(task_id, now)
+        if task is None:
+            return False
+        self._finish(task.payload, CANCELLED, now, error_type="Cancelled", error_message="the task was cancelled")
+        return True
+
+    def _finish(self, record: TaskRecord, state: str, now: float, *, error_type: str = "",
+                error_message: str = "", traceback: str = "") -> None:
+        record.state = state
+        record.finished_at = now
+        record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
+        record.payload = b""  # a finished task's payload is never needed again
+        self._finished.append((now, record.id))
+        self._on_terminal(record)
+
+    # ----------------------------------------------------------------- lookups
+
+    def get(self, task_id: str) -> TaskRecord:
+        """The record of a task, or NotFound."""
+        record = self.records.get(task_id) if isinstance(task_id, str) else None
+        if record is None:
+            raise NotFound(f"no task with id {task_id!r} (unknown, or its record has expired)")
+        return record
+
+    def info(self, task_id: str) -> TaskInfo:
+        """A snapshot of a task's state, attempts and timings."""
+        record = self.get(task_id)
+        task = self.core.get(task_id)
+        state, attempts = (task.state, task.attempts) if task is not None else (record.state, record.attempts)
+        error = f"{record.error_type}: {record.error_message}" if record.error_type else None
+        return TaskInfo(
+            id=record.id, pool=record.pool, tenant=record.tenant, priority=PRIORITIES[record.priority],
+            state=state, attempts=attempts, submitted_at=record.submitted_at, started_at=record.started_at,
+            finished_at=record.finished_at, deadline=record.deadline, error=error,
+        )
+
+    def next_wakeup(self) -> float | None:
+        return self.core.next_wakeup()
+
+    def forget_expired_records(self, now: float) -> int:
+        """Drop finished records older than result_ttl (and their idempotency keys)."""
+        dropped = 0
+        while self._finished and self._finished[0][0] + self.result_ttl <= now:
+            _, task_id = self._finished.popleft()
+            record = self.records.pop(task_id, None)
+            if record is None:
+                continue
+            if record.key is not None and self._keys.get((record.pool, record.key)) == task_id:
+                del self._keys[(record.pool, record.key)]
+            dropped += 1
+        return dropped
+
+
+def outcome_error_fields(record: TaskRecord) -> dict[str, Any]:
+    """The error part of a terminal record, as keyword arguments for protocol.Outcome."""
+    return {"error_type": record.error_type, "error_message": record.error_message, "traceback": record.traceback}
+
+
+def seconds_from_now(value: Any, what: str, now: float) -> float | None:
+    """A deadline or delay given as seconds, a timedelta or an aware datetime, as seconds from `now` (Unix time)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgument(f"{what} must be an aware datetime (with a time zone), got naive {value.isoformat()}")
+        return value.timestamp() - now
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be seconds (a number), a timedelta or an aware datetime, got {value!r}")
+    return float(value)
