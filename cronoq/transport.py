@@ -1,0 +1,99 @@
+"""A ZeroMQ socket on the asyncio loop, without zmq.asyncio's per-message await.
+
+The socket's FD is watched with `loop.add_reader`. ZeroMQ's FD is edge-like:
+it signals only when the socket's state changes, and a send can consume the
+signal of a message that arrived meanwhile. So a readable socket is drained
+until ZMQ_EVENTS shows no more input, and every send schedules one more
+drain (see ../shared/ANCHORS.md for what this buys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Sequence
+
+import zmq
+
+from cronoq.errors import InvalidArgument
+
+HIGH_WATER_MARK = 100_000
+
+_context: zmq.Context | None = None
+
+
+def token_bytes(token: str | bytes | None) -> bytes:
+    """A token as the bytes of its frame (empty for an open broker)."""
+    if token is None:
+        return b""
+    if isinstance(token, str):
+        return token.encode()
+    if isinstance(token, bytes):
+        return token
+    raise InvalidArgument(f"token must be a str or bytes, got {type(token).__name__}")
+
+
+def context() -> zmq.Context:
+    """The process's one ZeroMQ context."""
+    global _context
+    if _context is None or _context.closed:
+        _context = zmq.Context()
+    return _context
+
+
+def tune(sock: zmq.Socket, *, max_message_bytes: int | None = None) -> None:
+    """Settings every cronoq socket shares: no linger on close, generous queues, bounded frames."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+    if max_message_bytes is not None:
+        # libzmq drops a peer that sends a larger frame, so garbage cannot exhaust memory.
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+def recv_frames(sock: zmq.Socket) -> list[bytes]:
+    """Receive one whole multipart message without blocking (the caller knows one is there)."""
+    frames = [sock.recv(zmq.NOBLOCK)]
+    while sock.getsockopt(zmq.RCVMORE):
+        frames.append(sock.recv(zmq.NOBLOCK))
+    return frames
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
+    """Send one multipart message without blocking; raises zmq.Again when the queue is full."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0))
+
+
+class Channel:
+    """A DEALER (or any) socket whose incoming messages are handed to `on_message` on the loop."""
+
+    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None]) -> None:
+        self.sock = sock
+        self._on_message = on_message
+        self._loop = asyncio.get_running_loop()
+        self._fd = sock.getsockopt(zmq.FD)
+        self._drain_scheduled = False
+        self._loop.add_reader(self._fd, self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self.sock
+        if sock.closed:
+            return
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._on_message(recv_frames(sock))
+            if sock.closed:
+                return
+
+    def send(self, frames: Sequence[bytes]) -> None:
+        """Queue a message for the peer; raises zmq.Again if the send queue is full."""
+        send_frames(self.sock, frames)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def close(self) -> None:
+        if not self.sock.closed:
+            self._loop.remove_reader(self._fd)
+            self.sock.close(linger=0)

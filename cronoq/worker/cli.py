@@ -1,0 +1,96 @@
+"""`cronoq-worker --broker ADDR [--token-env VAR] [--concurrency N] MODULE:ATTR`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from typing import Sequence
+
+from cronoq.errors import CronoqError
+from cronoq.pool import Pool
+from cronoq.worker.runner import Worker
+
+DEFAULT_WORKER_ADDRESS = "tcp://127.0.0.1:5556"
+
+
+class UsageError(Exception):
+    """A mistake on the command line, reported without a traceback."""
+
+
+def load_pools(target: str) -> list[Pool]:
+    """Import MODULE:ATTR and return the pool or pools it names."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:ATTR (e.g. myapp.tasks:llm), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`, find modules beside the caller
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import module {module_name!r}: {exc}") from None
+    value = module
+    for part in attr.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
+    pools = [value] if isinstance(value, Pool) else value
+    if not isinstance(pools, (list, tuple)) or not pools or not all(isinstance(p, Pool) for p in pools):
+        raise UsageError(f"{target} must be a cronoq.Pool or a list of them, got {type(value).__name__}")
+    return list(pools)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cronoq-worker", description="Run a cronoq worker for the pools at MODULE:ATTR.")
+    parser.add_argument("target", metavar="MODULE:ATTR", help="a cronoq.Pool, or a list of them")
+    parser.add_argument("--broker", default=DEFAULT_WORKER_ADDRESS, help=f"the broker's worker endpoint (default {DEFAULT_WORKER_ADDRESS})")
+    parser.add_argument("--token-env", default="CRONOQ_TOKEN", metavar="VAR", help="environment variable holding the worker token (default CRONOQ_TOKEN)")
+    parser.add_argument("--concurrency", type=int, default=4, metavar="N", help="tasks run at once (default 4)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S", help="seconds between heartbeats (default 1.0)")
+    parser.add_argument("--liveness", type=int, default=3, metavar="N", help="missed heartbeats before the broker counts as lost (default 3)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return parser
+
+
+async def _serve(worker: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: loop.create_task(worker.stop()))
+    await worker.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        if args.concurrency < 1:
+            raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+        pools = load_pools(args.target)
+        worker = Worker(
+            args.broker, pools, concurrency=args.concurrency, token=os.environ.get(args.token_env),
+            heartbeat_interval=args.heartbeat_interval, liveness=args.liveness,
+        )
+        _run_loop(_serve(worker))
+    except (UsageError, CronoqError) as exc:
+        code = getattr(exc, "code", "usage")
+        print(f"cronoq-worker: {code}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run_loop(coro: object) -> None:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is a dependency, but a worker can run without it
+        asyncio.run(coro)  # type: ignore[arg-type]
+    else:
+        uvloop.run(coro)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

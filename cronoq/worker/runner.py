@@ -1,0 +1,225 @@
+"""cronoq.Worker: serves pools for a broker over one DEALER socket.
+
+Flow control is by credit: the worker tells the broker how many slots it has
+free when it registers (`Ready`), and each `Done` returns one slot, so the
+broker never sends more than `concurrency` tasks at once.
+
+Liveness follows the Paranoid Pirate pattern: both sides heartbeat; when
+the broker is silent for `liveness` intervals the worker drops its socket,
+waits (doubling the wait, up to a cap) and registers again. Tasks that were
+running meanwhile still report their outcome; the broker ignores outcomes of
+leases it has given to someone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable
+
+import zmq
+
+from cronoq import protocol
+from cronoq.errors import CronoqError, InvalidArgument, error_from_code
+from cronoq.pool import Pool
+from cronoq.transport import Channel, context, token_bytes, tune
+
+log = logging.getLogger("cronoq.worker")
+
+RECONNECT_DELAY_MAX = 32.0
+
+
+class Worker:
+    """Runs the tasks of `pools` that the broker at `broker` hands it, `concurrency` at a time."""
+
+    def __init__(
+        self,
+        broker: str,
+        pools: Pool | Iterable[Pool],
+        *,
+        concurrency: int = 4,
+        token: str | bytes | None = None,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+    ) -> None:
+        pool_list = [pools] if isinstance(pools, Pool) else list(pools)
+        if not pool_list:
+            raise InvalidArgument("a Worker needs at least one cronoq.Pool")
+        self.pools: dict[str, Pool] = {}
+        for pool in pool_list:
+            if not isinstance(pool, Pool):
+                raise InvalidArgument(f"Worker takes cronoq.Pool objects, got {pool!r}")
+            if pool.run is None:
+                raise InvalidArgument(f"pool {pool.name!r} has no handler: a worker needs one to run its tasks")
+            self.pools[pool.name] = pool
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency must be a positive integer, got {concurrency!r}")
+        self.broker = broker
+        self.concurrency = concurrency
+        self.heartbeat_interval = heartbeat_interval
+        self.liveness = liveness
+        self._token = token_bytes(token)
+        self._rids = itertools.count(1)
+        self._channel: Channel | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        self._registered = asyncio.Event()
+        self._left = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._fatal: CronoqError | None = None
+        self._last_heard = 0.0
+        self._reconnect_delay = heartbeat_interval
+        self._stopping = False
+
+    @property
+    def registered(self) -> bool:
+        """Whether the broker has accepted this worker on the current connection."""
+        return self._registered.is_set()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def run(self) -> None:
+        """Serve until `stop()`; raises the broker's refusal (e.g. NotFound, FailedPrecondition) if it rejects us."""
+        loop = asyncio.get_running_loop()
+        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
+        self._connect()
+        try:
+            while not self._stopped.is_set():
+                await self._tick(loop)
+            if self._fatal is not None:
+                raise self._fatal
+        finally:
+            self._disconnect()
+            self._executor.shutdown(wait=False)
+
+    async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
+        try:
+            await asyncio.wait_for(self._stopped.wait(), self.heartbeat_interval)
+            return
+        except asyncio.TimeoutError:
+            pass
+        silent_for = loop.time() - self._last_heard
+        if silent_for > self.heartbeat_interval * self.liveness:
+            log.warning("broker silent for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
+            self._disconnect()
+            try:
+                await asyncio.wait_for(self._stopped.wait(), self._reconnect_delay)
+                return
+            except asyncio.TimeoutError:
+                pass
+            self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_DELAY_MAX)
+            self._connect()
+        elif self._registered.is_set():
+            self._send(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
+        else:
+            self._send_ready()  # the broker may have come up since; ask again
+
+    async def stop(self) -> None:
+        """Take no more tasks, let the running ones finish and report, then leave."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        if self._channel is not None and self._registered.is_set():
+            self._send(protocol.Leave(protocol.PROTOCOL_VERSION))
+            try:
+                # Tasks sent before the broker saw Leave are still on their way.
+                await asyncio.wait_for(self._left.wait(), self.heartbeat_interval * self.liveness)
+            except asyncio.TimeoutError:
+                pass
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+        if self._channel is not None:
+            self._send(protocol.Bye(protocol.PROTOCOL_VERSION))
+        self._stopped.set()
+
+    def _connect(self) -> None:
+        sock = context().socket(zmq.DEALER)
+        tune(sock)
+        sock.connect(self.broker)
+        self._channel = Channel(sock, self._on_command)
+        self._registered.clear()
+        self._last_heard = asyncio.get_running_loop().time()
+        self._send_ready()
+
+    def _disconnect(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self._registered.clear()
+
+    # ----------------------------------------------------------------- messages
+
+    def _send(self, message: Any, body: bytes | None = None) -> None:
+        if self._channel is None:
+            return
+        frames = [self._token, protocol.encode(message)]
+        if body is not None:
+            frames.append(body)
+        try:
+            self._channel.send(frames)
+        except zmq.Again:
+            log.warning("send queue to the broker is full; dropping %s", type(message).__name__)
+
+    def _send_ready(self) -> None:
+        if self._stopping:
+            return
+        self._send(protocol.Ready(
+            protocol.PROTOCOL_VERSION, next(self._rids), pools=list(self.pools),
+            slots=self.concurrency - len(self._running),
+            settings={name: pool.explicit_settings() for name, pool in self.pools.items() if pool.explicit_settings()},
+        ))
+
+    def _on_command(self, frames: list[bytes]) -> None:
+        self._last_heard = asyncio.get_running_loop().time()
+        try:
+            command = protocol.decode_worker_command(frames[0])
+        except CronoqError as exc:
+            log.warning("ignoring a malformed message from the broker: %s", exc)
+            return
+        match command:
+            case protocol.Assign():
+                self._start_task(command, frames[1] if len(frames) > 1 else b"\xc0")
+            case protocol.Heartbeat():
+                pass
+            case protocol.Welcome():
+                self._registered.set()
+                self._reconnect_delay = self.heartbeat_interval
+                log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
+            case protocol.Reregister():
+                self._registered.clear()
+                self._send_ready()
+            case protocol.Left():
+                self._left.set()
+            case protocol.Error():
+                # A refused registration is a mistake of configuration: stop and report it.
+                self._fatal = error_from_code(command.code, command.message)
+                log.error("the broker refused this worker: %s %s", command.code, command.message)
+                self._stopped.set()
+
+    # ----------------------------------------------------------------- tasks
+
+    def _start_task(self, assign: protocol.Assign, body: bytes) -> None:
+        job = asyncio.get_running_loop().create_task(self._run_task(assign, body))
+        self._running.add(job)
+        job.add_done_callback(self._running.discard)
+
+    async def _run_task(self, assign: protocol.Assign, body: bytes) -> None:
+        pool = self.pools.get(assign.pool)
+        result: bytes | None = None
+        try:
+            if pool is None:
+                raise LookupError(f"this worker does not serve pool {assign.pool!r}")
+            value = await pool.call(protocol.decode_body(body), self._executor)
+            result = protocol.encode_body(value)
+            done = protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True)
+        except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
+            done = protocol.Done(
+                protocol.PROTOCOL_VERSION, assign.id, assign.attempt, False,
+                error_type=type(exc).__name__, error_message=str(exc), traceback=traceback.format_exc(),
+            )
+        self._send(done, result)
