@@ -1,0 +1,73 @@
+"""Who is asking: tokens, roles and pinned tenants (CONTRACT section 2).
+
+Presented tokens are looked up by their SHA-256 digest, so the lookup takes
+the same time however much of a secret a caller guessed right; secrets are
+never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable
+
+from cronoq.config import TokenSpec
+from cronoq.errors import PermissionDenied, Unauthenticated
+
+CLIENT, WORKER, ADMIN = "client", "worker", "admin"
+
+# What each role may do. Admin may do everything.
+CLIENT_ACTIONS = frozenset({"submit", "wait", "unwait", "status", "cancel", "ping"})
+WORKER_ACTIONS = frozenset({"serve", "ping"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller behind a token: its role, and the tenant it is pinned to (if any)."""
+
+    role: str
+    tenant: str | None = None
+    name: str = "anonymous"  # the token's environment variable: safe to log, unlike the secret
+
+    def allows(self, action: str) -> bool:
+        if self.role == ADMIN:
+            return True
+        if self.role == CLIENT:
+            return action in CLIENT_ACTIONS
+        return action in WORKER_ACTIONS
+
+    def require(self, action: str) -> None:
+        """Raise PermissionDenied if this principal's role may not do `action`."""
+        if not self.allows(action):
+            raise PermissionDenied(f"a {self.role} token may not {action}; use a token with the right role")
+
+    def may_see_tenant(self, tenant: str | None) -> bool:
+        return self.tenant is None or self.tenant == tenant
+
+
+OPEN = Principal(ADMIN, None, "open broker")
+
+
+class Authenticator:
+    """Maps presented tokens to principals; an authenticator with no tokens lets everyone in as admin."""
+
+    def __init__(self, tokens: Iterable[TokenSpec]) -> None:
+        self._by_digest = {
+            hashlib.sha256(spec.secret).digest(): Principal(spec.role, spec.tenant, spec.token_env)
+            for spec in tokens
+        }
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_digest)
+
+    def identify(self, token: bytes) -> Principal:
+        """The principal for a token frame; Unauthenticated when it is missing or unknown."""
+        if not self._by_digest:
+            return OPEN
+        if not token:
+            raise Unauthenticated("this broker requires a token: pass token=... (or set CRONOQ_TOKEN for the CLI)")
+        principal = self._by_digest.get(hashlib.sha256(token).digest())
+        if principal is None:
+            raise Unauthenticated("unknown token: check the token and the broker's [[auth.tokens]]")
+        return principal

@@ -1,0 +1,403 @@
+"""The broker: two ROUTER sockets around one task book, on one asyncio loop.
+
+One pass of the loop (`_pump`): drain both sockets without blocking, handle
+every message (decode, authorize, call the book), expire and dispatch what
+the core says is due, then send every reply and assignment at once. Passes
+repeat until a pass finds both sockets empty; then the loop sleeps until a
+socket becomes readable, the core's next wake-up, or the heartbeat tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+from cronoq import protocol
+from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields
+from cronoq.broker.auth import Authenticator, Principal
+from cronoq.config import BrokerConfig
+from cronoq.core import PRIORITIES, SchedulerCore
+from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition
+from cronoq.pool import settings_disagreement
+from cronoq.transport import recv_frames, send_frames, tune
+
+log = logging.getLogger("cronoq.broker")
+
+# Messages taken from one socket before the other gets a turn and the core dispatches.
+DRAIN_BATCH = 512
+# Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
+FRAME_SLACK = 64 * 1024
+
+
+@dataclass
+class WorkerEntry:
+    """A registered worker connection."""
+
+    pools: list[str]
+    last_seen: float
+    leaving: bool = False
+
+
+class Broker:
+    """Serves one BrokerConfig until `stop()`."""
+
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._clock = clock
+        self._auth = Authenticator(config.tokens)
+        self._core = SchedulerCore(config.pools)
+        self._book = TaskBook(
+            self._core, new_id=lambda: uuid.uuid4().hex, on_terminal=self._on_terminal,
+            max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
+            result_ttl=config.result_ttl, limits=self._pool_limits,
+        )
+        self._workers: dict[bytes, WorkerEntry] = {}
+        self._waiters: dict[str, list[tuple[bytes, int]]] = {}
+        self._outbox: list[tuple[zmq.Socket, list[bytes]]] = []
+        self._clients: zmq.Socket | None = None
+        self._workers_sock: zmq.Socket | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._heartbeat: asyncio.TimerHandle | None = None
+        self._stopped: asyncio.Event | None = None
+        self.endpoints: tuple[str, str] = ("", "")
+
+    def _pool_limits(self, pool: str) -> tuple[int | None, int | None]:
+        limits = self.config.limits.get(pool)
+        return (None, None) if limits is None else (limits.max_backlog, limits.max_tenant_backlog)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def bind(self) -> tuple[str, str]:
+        """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure."""
+        ctx = zmq.Context.instance()
+        max_frame = self.config.max_payload_bytes + FRAME_SLACK
+        sockets = []
+        for endpoint in (self.config.clients, self.config.workers):
+            sock = ctx.socket(zmq.ROUTER)
+            tune(sock, max_message_bytes=max_frame)
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                for other in sockets:
+                    other.close(linger=0)
+                raise OSError(f"cannot bind {endpoint}: {exc}") from None
+            sockets.append(sock)
+        self._clients, self._workers_sock = sockets
+        self.endpoints = tuple(s.getsockopt_string(zmq.LAST_ENDPOINT) for s in sockets)  # type: ignore[assignment]
+        return self.endpoints
+
+    async def serve(self) -> None:
+        """Run until `stop()`; `bind()` must have been called."""
+        assert self._clients is not None and self._workers_sock is not None, "bind() first"
+        loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        for sock in (self._clients, self._workers_sock):
+            loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
+        self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
+        self._pump()
+        await self._stopped.wait()
+        for sock in (self._clients, self._workers_sock):
+            loop.remove_reader(sock.getsockopt(zmq.FD))
+        for handle in (self._timer, self._heartbeat):
+            if handle is not None:
+                handle.cancel()
+        self._clients.close(linger=0)
+        self._workers_sock.close(linger=0)
+
+    def stop(self) -> None:
+        """Stop accepting and return from `serve()` (graceful: replies already made are sent first)."""
+        if self._stopped is not None:
+            self._flush()
+            self._stopped.set()
+
+    # ----------------------------------------------------------------- the loop
+
+    def _pump(self) -> None:
+        if self._stopped is None or self._stopped.is_set():
+            return
+        clients, workers = self._clients, self._workers_sock
+        while True:
+            now = self._clock()
+            handled = self._drain(workers, self._on_worker_message, now)
+            handled += self._drain(clients, self._on_client_message, now)
+            self._dispatch(now)
+            self._flush()
+            if not handled:
+                break
+        self._arm_timer()
+
+    def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], None], now: float) -> int:
+        count = 0
+        while count < DRAIN_BATCH and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            handle(recv_frames(sock), now)
+            count += 1
+        return count
+
+    def _dispatch(self, now: float) -> None:
+        workers = self._workers_sock
+        for worker_id, record, attempt in self._book.dispatch(now):
+            header = protocol.encode(protocol.Assign(
+                protocol.PROTOCOL_VERSION, record.id, attempt, record.pool, record.tenant, PRIORITIES[record.priority],
+            ))
+            self._outbox.append((workers, [worker_id, header, record.payload]))  # type: ignore[list-item]
+
+    def _flush(self) -> None:
+        for sock, frames in self._outbox:
+            try:
+                send_frames(sock, frames)
+            except zmq.ZMQError as exc:  # a peer's full queue must not stop the broker
+                log.warning("dropped a message to a peer: %s", exc)
+        self._outbox.clear()
+
+    def _arm_timer(self) -> None:
+        wake = self._book.next_wakeup()
+        if wake == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = wake
+        if wake is not None:
+            delay = max(0.0, wake - self._clock())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._pump()
+
+    def _on_heartbeat_tick(self) -> None:
+        """Beat to every worker, declare silent ones lost, and forget old finished records."""
+        now = self._clock()
+        deadline = now - self.config.heartbeat_interval * self.config.liveness
+        beat = protocol.encode(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
+        for worker_id, entry in list(self._workers.items()):
+            if entry.last_seen < deadline:
+                log.warning("worker %s silent for %.1f s: lost", worker_id.hex(), now - entry.last_seen)
+                self._lose_worker(worker_id, now)
+            else:
+                self._outbox.append((self._workers_sock, [worker_id, beat]))  # type: ignore[arg-type]
+        self._book.forget_expired_records(now)
+        self._heartbeat = asyncio.get_running_loop().call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
+        self._pump()
+
+    def _lose_worker(self, worker_id: bytes, now: float) -> None:
+        self._workers.pop(worker_id, None)
+        for record in self._book.lose_worker(worker_id, now):
+            log.info("task %s requeued after its worker was lost", record.id)
+
+    # ----------------------------------------------------------------- replies
+
+    def _reply(self, identity: bytes, message: Any, body: bytes | None = None) -> None:
+        frames = [identity, protocol.encode(message)]
+        if body is not None:
+            frames.append(body)
+        self._outbox.append((self._clients, frames))  # type: ignore[arg-type]
+
+    def _reply_error(self, sock: zmq.Socket, identity: bytes, rid: int, exc: CronoqError) -> None:
+        error = protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message)
+        self._outbox.append((sock, [identity, protocol.encode(error)]))
+
+    def _on_terminal(self, record: TaskRecord) -> None:
+        waiters = self._waiters.pop(record.id, None)
+        if waiters:
+            for identity, rid in waiters:
+                self._send_outcome(identity, rid, record)
+
+    def _send_outcome(self, identity: bytes, rid: int, record: TaskRecord) -> None:
+        outcome = protocol.Outcome(
+            protocol.PROTOCOL_VERSION, rid, record.id, record.state, **outcome_error_fields(record)
+        )
+        self._reply(identity, outcome, record.result if record.result is not None else None)
+
+    # ----------------------------------------------------------------- clients
+
+    def _on_client_message(self, frames: list[bytes], now: float) -> None:
+        identity = frames[0]
+        rid = 0
+        try:
+            if not protocol.MIN_FRAMES <= len(frames) - 1 <= protocol.MAX_FRAMES:
+                raise InvalidArgument(
+                    f"a request has {protocol.MIN_FRAMES} or {protocol.MAX_FRAMES} frames "
+                    f"(token, header, optional body), got {len(frames) - 1}"
+                )
+            header = frames[2]
+            rid = protocol.peek_rid(header)
+            principal = self._auth.identify(frames[1])
+            request = protocol.decode_client_request(header)
+            rid = request.rid
+            self._handle_client_request(identity, principal, request, frames[3] if len(frames) > 3 else None, now)
+        except CronoqError as exc:
+            self._reply_error(self._clients, identity, rid, exc)  # type: ignore[arg-type]
+
+    def _handle_client_request(self, identity: bytes, principal: Principal, request: Any,
+                               body: bytes | None, now: float) -> None:
+        match request:
+            case protocol.Submit():
+                principal.require("submit")
+                self._submit(identity, principal, request, body, now)
+            case protocol.Wait():
+                principal.require("wait")
+                record = self._visible_record(principal, request.id)
+                if record.finished_at is not None:
+                    self._send_outcome(identity, request.rid, record)
+                else:
+                    self._waiters.setdefault(record.id, []).append((identity, request.rid))
+            case protocol.Unwait():
+                principal.require("unwait")
+                waiters = self._waiters.get(request.id)
+                if waiters and (identity, request.rid) in waiters:
+                    waiters.remove((identity, request.rid))
+            case protocol.Status():
+                principal.require("status")
+                self._visible_record(principal, request.id)
+                info = self._book.info(request.id)
+                self._reply(identity, protocol.Info(
+                    protocol.PROTOCOL_VERSION, request.rid, info.id, info.pool, info.tenant, info.priority,
+                    info.state, info.attempts, info.submitted_at, info.started_at, info.finished_at,
+                    info.deadline, info.error,
+                ))
+            case protocol.Cancel():
+                principal.require("cancel")
+                self._visible_record(principal, request.id)
+                cancelled = self._book.cancel(request.id, now)
+                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, cancelled))
+            case protocol.Pause():
+                principal.require("pause")
+                self._pool_action(self._core.pause, request.pool)
+                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
+            case protocol.Resume():
+                principal.require("resume")
+                self._pool_action(self._core.resume, request.pool)
+                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
+            case protocol.Stats():
+                principal.require("stats")
+                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self.stats()))
+            case protocol.Ping():
+                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
+
+    def _submit(self, identity: bytes, principal: Principal, request: protocol.Submit,
+                body: bytes | None, now: float) -> None:
+        tenant = request.tenant
+        if principal.tenant is not None:
+            if tenant is None:
+                tenant = principal.tenant
+            elif tenant != principal.tenant:
+                raise PermissionDenied(
+                    f"this token is pinned to tenant {principal.tenant!r} and may not submit for tenant {tenant!r}"
+                )
+        if body is None:
+            raise InvalidArgument("a submit needs a body frame holding the msgpack payload")
+        record, duplicate = self._book.submit(SubmitRequest(
+            body, pool=request.pool, tenant=tenant, priority=request.priority, deadline=request.deadline,
+            delay=request.delay, key=request.key, max_retries=request.max_retries,
+        ), now)
+        if duplicate and not principal.may_see_tenant(record.tenant):
+            raise PermissionDenied("that idempotency key belongs to another tenant's task")
+        self._reply(identity, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
+
+    def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
+        record = self._book.get(task_id)
+        if not principal.may_see_tenant(record.tenant):
+            raise PermissionDenied(f"task {task_id} belongs to another tenant; this token is pinned to {principal.tenant!r}")
+        return record
+
+    def _pool_action(self, action: Callable[[str], None], pool: str) -> None:
+        if pool not in self._core.pool_names():
+            raise NotFound(f"no pool named {pool!r}; declared pools: {', '.join(sorted(self._core.pool_names()))}")
+        action(pool)
+
+    def stats(self) -> dict[str, Any]:
+        """Per-pool statistics from the core, plus the workers serving each pool."""
+        pools = self._core.stats()
+        for name, pool_stats in pools.items():
+            pool_stats["workers"] = sum(1 for w in self._workers.values() if name in w.pools)
+        return {"pools": pools, "workers": len(self._workers)}
+
+    # ----------------------------------------------------------------- workers
+
+    def _on_worker_message(self, frames: list[bytes], now: float) -> None:
+        identity = frames[0]
+        sock = self._workers_sock
+        rid = 0
+        try:
+            if not protocol.MIN_FRAMES <= len(frames) - 1 <= protocol.MAX_FRAMES:
+                raise InvalidArgument(f"a worker message has 2 or 3 frames, got {len(frames) - 1}")
+            principal = self._auth.identify(frames[1])
+            principal.require("serve")
+            message = protocol.decode_worker_message(frames[2])
+            rid = getattr(message, "rid", 0)
+            self._handle_worker_message(identity, message, frames[3] if len(frames) > 3 else None, now)
+        except CronoqError as exc:
+            self._reply_error(sock, identity, rid, exc)  # type: ignore[arg-type]
+
+    def _handle_worker_message(self, identity: bytes, message: Any, body: bytes | None, now: float) -> None:
+        entry = self._workers.get(identity)
+        if entry is not None:
+            entry.last_seen = now
+        match message:
+            case protocol.Ready():
+                self._register(identity, message, now)
+            case _ if entry is None:
+                if not isinstance(message, protocol.Bye):
+                    # We restarted, or declared this worker lost: it must announce itself again.
+                    self._to_worker(identity, protocol.Reregister(protocol.PROTOCOL_VERSION))
+            case protocol.Heartbeat():
+                pass
+            case protocol.Done():
+                self._complete(identity, message, body, now)
+            case protocol.Leave():
+                entry.leaving = True
+                self._core.add_worker(identity, [], 0)  # keeps its running tasks, takes no new ones
+                self._to_worker(identity, protocol.Left(protocol.PROTOCOL_VERSION))
+            case protocol.Bye():
+                self._lose_worker(identity, now)
+
+    def _to_worker(self, identity: bytes, message: Any) -> None:
+        self._outbox.append((self._workers_sock, [identity, protocol.encode(message)]))  # type: ignore[arg-type]
+
+    def _register(self, identity: bytes, ready: protocol.Ready, now: float) -> None:
+        known = {pool.name: pool for pool in self.config.pools}
+        accepting = set(self._core.pool_names())
+        if not ready.pools:
+            raise InvalidArgument("a worker must serve at least one pool")
+        for name in ready.pools:
+            if name not in accepting:
+                raise NotFound(f"no pool named {name!r} on this broker; declared pools: {', '.join(sorted(accepting))}")
+        for name, opinions in ready.settings.items():
+            if name not in known:
+                raise NotFound(f"settings given for pool {name!r}, which this worker does not serve")
+            problem = settings_disagreement(name, opinions, known[name])
+            if problem is not None:
+                raise FailedPrecondition(f"{problem}; the broker's config owns pool settings")
+        if ready.slots < 0:
+            raise InvalidArgument(f"slots must not be negative, got {ready.slots}")
+        self._core.add_worker(identity, ready.pools, ready.slots)
+        self._workers[identity] = WorkerEntry(list(ready.pools), now)
+        self._to_worker(identity, protocol.Welcome(
+            protocol.PROTOCOL_VERSION, ready.rid, self.config.heartbeat_interval, self.config.liveness,
+        ))
+        log.info("worker %s ready for pools %s with %d slots", identity.hex(), ", ".join(ready.pools), ready.slots)
+
+    def _complete(self, identity: bytes, done: protocol.Done, body: bytes | None, now: float) -> None:
+        if done.ok and body is not None and len(body) > self.config.max_payload_bytes:
+            self._book.complete(
+                identity, done.id, done.attempt, now, ok=False, error_type="InvalidArgument",
+                error_message=f"the result is {len(body)} bytes, over max_payload_bytes = {self.config.max_payload_bytes}",
+            )
+        elif done.ok:
+            self._book.complete(identity, done.id, done.attempt, now, ok=True, result=body if body is not None else b"\xc0")
+        else:
+            self._book.complete(
+                identity, done.id, done.attempt, now, ok=False, error_type=done.error_type,
+                error_message=done.error_message, traceback=done.traceback,
+            )
+        self._core.grant(identity, 1)
