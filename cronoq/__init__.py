@@ -1,0 +1,32 @@
+"""cronoq: a distributed task scheduler that shares workers fairly between tenants.
+
+See ../shared/CONTRACT.md (and the README) for the public API.
+"""
+
+from cronoq.book import TaskInfo
+from cronoq.client import Client, connect
+from cronoq.embedded import Scheduler
+from cronoq.errors import (
+    Cancelled,
+    CronoqError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    TaskFailed,
+    Unauthenticated,
+    Unavailable,
+)
+from cronoq.handles import TaskHandle
+from cronoq.pool import Pool
+from cronoq.worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cancelled", "Client", "CronoqError", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument",
+    "NotFound", "PermissionDenied", "Pool", "ResourceExhausted", "Scheduler", "TaskFailed", "TaskHandle",
+    "TaskInfo", "Unauthenticated", "Unavailable", "Worker", "connect",
+]

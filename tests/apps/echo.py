@@ -1,0 +1,22 @@
+"""Pools that test workers serve from a separate process (`cronoq-worker tests.apps.echo:pools`)."""
+
+import os
+import time
+
+import cronoq
+
+
+async def echo(payload):
+    return {"echo": payload, "pid": os.getpid()}
+
+
+def sleepy(payload):
+    """Sleeps `payload` seconds in a thread; reports which process ran it."""
+    time.sleep(float(payload))
+    return os.getpid()
+
+
+pools = [cronoq.Pool("default", echo), cronoq.Pool("slow", sleepy)]
+default = pools[0]
+llm_conflicting = cronoq.Pool("default", echo, max_in_flight=99)
+not_a_pool = 42

@@ -1,0 +1,100 @@
+"""Shared fixtures: run `async def` tests, start real brokers, and open either backend.
+
+The `backend` fixture is the heart of the scenario tests: one test body runs
+against the embedded `cronoq.Scheduler` and against a real `cronoq-broker`
+process with a real worker over tcp on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from typing import Any, AsyncIterator, Iterable
+
+import pytest
+
+import cronoq
+from tests.support import BrokerProcess, write_config
+
+
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run `async def` tests on a fresh event loop (no plugin needed)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), timeout=120))
+    return True
+
+
+@pytest.fixture
+def broker_factory(tmp_path):
+    """Start real broker processes from config text; all are stopped (SIGTERM) at teardown."""
+    started: list[BrokerProcess] = []
+
+    def start(config_text: str = "", *, env: dict[str, str] | None = None, name: str = "cronoq.toml") -> BrokerProcess:
+        path = write_config(tmp_path / name, config_text)
+        broker = BrokerProcess(path, env=env)
+        broker.start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
+class _BrokerBackend:
+    """Pools served by a real broker process and an in-process cronoq.Worker over tcp."""
+
+    name = "broker"
+
+    def __init__(self, broker_factory: Any) -> None:
+        self._broker_factory = broker_factory
+
+    @contextlib.asynccontextmanager
+    async def open(self, pools: Iterable[cronoq.Pool], concurrency: int = 1) -> AsyncIterator[Any]:
+        pools = list(pools)
+        broker = self._broker_factory(pools_toml(pools))
+        worker = cronoq.Worker(broker.workers, pools, concurrency=concurrency, heartbeat_interval=0.2)
+        runner = asyncio.get_running_loop().create_task(worker.run())
+        try:
+            async with cronoq.connect(broker.clients) as client:
+                yield client
+        finally:
+            await worker.stop()
+            await runner
+
+
+class _EmbeddedBackend:
+    name = "embedded"
+
+    @contextlib.asynccontextmanager
+    async def open(self, pools: Iterable[cronoq.Pool], concurrency: int = 1) -> AsyncIterator[Any]:
+        async with cronoq.Scheduler(list(pools), concurrency=concurrency) as sched:
+            yield sched
+
+
+@pytest.fixture(params=["embedded", "broker"])
+def backend(request, broker_factory):
+    """The same scheduling, embedded in-process or through a real broker process."""
+    if request.param == "embedded":
+        return _EmbeddedBackend()
+    return _BrokerBackend(broker_factory)
+
+
+def pools_toml(pools: Iterable[cronoq.Pool]) -> str:
+    """The broker config section that declares these pools with the same settings."""
+    lines = []
+    for pool in pools:
+        lines += ["[[pools]]", f'name = "{pool.name}"']
+        if pool.fair_share:
+            lines.append("fair_share = true")
+        if pool.max_in_flight is not None:
+            lines.append(f"max_in_flight = {pool.max_in_flight}")
+        if pool.tenant_weights:
+            lines.append(f"[pools.tenant_weights]")
+            lines += [f'"{tenant}" = {weight}' for tenant, weight in pool.tenant_weights.items()]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Test helpers that start real processes: the broker and command-line workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_config(path: Path, body: str, *, clients: str | None = None, workers: str | None = None,
+                 broker_extra: str = "") -> Path:
+    """Write a broker config on fresh loopback ports (unless `body` has its own [broker] table)."""
+    if "[broker]" not in body:
+        clients = clients or f"tcp://127.0.0.1:{free_port()}"
+        workers = workers or f"tcp://127.0.0.1:{free_port()}"
+        header = f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = 0.2\n{broker_extra}\n'
+        body = header + body
+    path.write_text(body)
+    return path
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def wait_for_line(proc: subprocess.Popen, log: Path, text: str, *, timeout: float = START_TIMEOUT) -> str:
+    """Poll the process's log file until a line contains `text`; fail showing what it printed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for line in log.read_text().splitlines():
+            if text in line:
+                return line
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"process never printed {text!r}; exit {proc.poll()}; it printed:\n{log.read_text()}")
+
+
+def _spawn(args: list[str], log: Path, *, env: dict[str, str] | None, cwd: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env=_env(env), cwd=cwd)
+
+
+class BrokerProcess:
+    """A real `cronoq-broker -c FILE` child process."""
+
+    def __init__(self, config_path: Path, *, env: dict[str, str] | None = None) -> None:
+        self.config_path = config_path
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.clients = ""
+        self.workers = ""
+
+    def start(self) -> "BrokerProcess":
+        self.log = self.config_path.with_suffix(".log")
+        self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), "--log-level", "WARNING"],
+                           self.log, env=self.env, cwd=self.config_path.parent)
+        line = wait_for_line(self.proc, self.log, "cronoq broker ready")
+        fields = dict(part.split("=", 1) for part in line[line.index("cronoq broker ready"):].split()[3:])
+        self.clients, self.workers = fields["clients"], fields["workers"]
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        """Signal the broker and wait for it; returns its exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("the broker did not exit within 10 s of SIGTERM")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_command(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 30.0,
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run one of cronoq's commands (as `python -m module`) and capture its output."""
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=_env(env), timeout=timeout, cwd=cwd,
+    )
+
+
+def start_worker_process(broker_workers: str, target: str, log: Path, *, concurrency: int = 1,
+                         env: dict[str, str] | None = None, extra: list[str] | None = None) -> subprocess.Popen:
+    """Start `cronoq-worker` as a child process (output to `log`); returns once it has registered."""
+    proc = _spawn(["-m", "cronoq.worker.cli", "--broker", broker_workers, "--concurrency", str(concurrency),
+                   "--heartbeat-interval", "0.2", *(extra or []), target], log, env=env, cwd=ROOT)
+    wait_for_line(proc, log, "registered with")
+    return proc
