@@ -1,0 +1,100 @@
+"""Text views of the broker's statistics, for `cronoq status` and `cronoq top`.
+
+Pure functions from the stats map (see `Broker.stats`) to text, so the same
+frame can be printed once, refreshed live, or compared in a test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BAR_WIDTH = 20
+CLASSES = ("critical", "high", "normal", "low")
+
+
+def _tenant_name(tenant: str) -> str:
+    return tenant if tenant else "(none)"
+
+
+def tenant_shares(pool: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, tuple[float, float]]:
+    """Per tenant: (actual share of dispatches, weighted share among the tenants that want work).
+
+    Actual shares count the dispatches since `previous` (the last frame) when
+    given, else all dispatches so far. A tenant wants work when it has tasks
+    queued or running, or was dispatched to in the window.
+    """
+    tenants = pool.get("tenants", {})
+    before = (previous or {}).get("tenants", {})
+    dispatched = {
+        name: t["dispatched"] - before.get(name, {}).get("dispatched", 0) for name, t in tenants.items()
+    }
+    total = sum(dispatched.values())
+    wanting = {
+        name: t["weight"] for name, t in tenants.items()
+        if t["queued"] or t["running"] or dispatched[name] > 0
+    }
+    weight_sum = sum(wanting.values())
+    return {
+        name: (dispatched[name] / total if total else 0.0, wanting.get(name, 0.0) / weight_sum if weight_sum else 0.0)
+        for name in tenants
+    }
+
+
+def status_text(stats: dict[str, Any]) -> str:
+    """`cronoq status`: per pool, backlog by class and tenant, running, workers and shares."""
+    lines = [f"workers connected: {stats.get('workers', 0)}"]
+    for name, pool in sorted(stats.get("pools", {}).items()):
+        flags = [word for word, on in (("paused", pool.get("paused")), ("draining", pool.get("draining")),
+                                       ("fair", pool.get("fair"))) if on]
+        cap = pool.get("max_in_flight")
+        lines.append("")
+        lines.append(
+            f"pool {name}{' [' + ', '.join(flags) + ']' if flags else ''}: queued {pool['queued']}, "
+            f"delayed {pool['delayed']}, running {pool['running']}{f'/{cap}' if cap else ''}, "
+            f"workers {pool.get('workers', 0)}, dispatched {pool['dispatched']}"
+        )
+        classes = pool.get("classes", {})
+        backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES if classes.get(cls, {}).get("queued"))
+        lines.append(f"  queued by class: {backlog or 'none'}")
+        shares = tenant_shares(pool, None)
+        if pool.get("tenants"):
+            lines.append(f"  {'tenant':<16} {'weight':>6} {'queued':>7} {'running':>7} {'dispatched':>10} {'share':>6} {'fair':>6} {'lag':>6}")
+        for tenant, t in sorted(pool.get("tenants", {}).items()):
+            actual, fair = shares[tenant]
+            fair_text = f"{fair:>6.0%}" if pool.get("fair") else f"{'-':>6}"
+            lines.append(
+                f"  {_tenant_name(tenant):<16} {t['weight']:>6g} {t['queued']:>7} {t['running']:>7} "
+                f"{t['dispatched']:>10} {actual:>6.0%} {fair_text} {t.get('lag', 0.0):>6.1f}"
+            )
+    return "\n".join(lines)
+
+
+def _bar(fraction: float) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * BAR_WIDTH)
+    return "#" * filled + "." * (BAR_WIDTH - filled)
+
+
+def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: float) -> str:
+    """`cronoq top`: one frame; with the previous frame, rates and shares are over the interval between them."""
+    lines = [f"cronoq top — workers {stats.get('workers', 0)}"]
+    before_pools = (previous or {}).get("pools", {})
+    for name, pool in sorted(stats.get("pools", {}).items()):
+        before = before_pools.get(name)
+        rate = ""
+        if before is not None and interval > 0:
+            rate = f", {(pool['dispatched'] - before['dispatched']) / interval:.1f} dispatches/s"
+        state = " (paused)" if pool.get("paused") else ""
+        lines.append("")
+        lines.append(
+            f"{name}{state}: queued {pool['queued']}, delayed {pool['delayed']}, running {pool['running']}, "
+            f"workers {pool.get('workers', 0)}{rate}"
+        )
+        shares = tenant_shares(pool, before)
+        for tenant, t in sorted(pool.get("tenants", {}).items()):
+            actual, fair = shares[tenant]
+            target = f"fair {fair:>4.0%} (weight {t['weight']:g})" if pool.get("fair") else "first come, first served"
+            lines.append(
+                f"  {_tenant_name(tenant):<14} {_bar(actual)} {actual:>5.0%} of dispatches, "
+                f"{target}, queued {t['queued']}, lag {t.get('lag', 0.0):+.1f}"
+            )
+    return "\n".join(lines)
