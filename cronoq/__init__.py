@@ -4,7 +4,7 @@ See ../shared/CONTRACT.md (and the README) for the public API.
 """
 
 from cronoq.book import TaskInfo
-from cronoq.client import Client, connect
+from cronoq.client import Client, SyncClient, connect, connect_sync
 from cronoq.embedded import Scheduler
 from cronoq.errors import (
     Cancelled,
@@ -26,7 +26,7 @@ from cronoq.worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cancelled", "Client", "CronoqError", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument",
+    "Cancelled", "Client", "SyncClient", "connect_sync", "CronoqError", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument",
     "NotFound", "PermissionDenied", "Pool", "ResourceExhausted", "Scheduler", "TaskFailed", "TaskHandle",
     "TaskInfo", "Unauthenticated", "Unavailable", "Worker", "connect",
 ]

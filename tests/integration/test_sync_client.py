@@ -1,0 +1,34 @@
+"""cronoq.connect_sync from plain blocking code, against a real broker and a command-line worker."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import cronoq
+from tests.support import start_worker_process
+
+
+def test_blocking_code_submits_and_waits(broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "default"\n[[pools]]\nname = "slow"\n')
+    worker = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "worker.log", concurrency=4)
+    try:
+        with cronoq.connect_sync(broker.clients) as sched:
+            handle = sched.submit({"q": 1}, tenant="acme")
+            assert handle.result(timeout=10)["echo"] == {"q": 1}
+            assert sched.status(handle.id).state == "succeeded"
+            # One client shared by many threads.
+            with ThreadPoolExecutor(8) as threads:
+                values = list(threads.map(lambda i: sched.submit(i).result(timeout=10)["echo"], range(40)))
+            assert values == list(range(40))
+            sched.pause("slow")
+            queued = sched.submit(0, pool="slow")
+            assert sched.cancel(queued.id) is True
+            with pytest.raises(cronoq.Cancelled):
+                queued.result(timeout=10)
+            with pytest.raises(cronoq.NotFound):
+                sched.status("missing")
+    finally:
+        worker.terminate()
+        assert worker.wait(10) == 0  # SIGTERM: the worker finishes and leaves cleanly
