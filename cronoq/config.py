@@ -27,7 +27,8 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from cronoq.core.settings import PoolSettings
+from cronoq.core.settings import PRIORITIES, PoolSettings
+from cronoq.schedules import Schedule, ScheduleError
 
 __all__ = [
     "BrokerConfig",
@@ -92,7 +93,7 @@ class BrokerConfig:
     exactly when `durability` is ``"none"``. `pools` lists the declared pools
     in file order (only ``default`` when none is declared) and `limits` has an
     entry for each of them. An empty `tokens` means an open broker.
-    `schedules` holds the raw ``[[schedules]]`` tables, each with a `name`.
+    `schedules` holds the validated ``[[schedules]]`` entries (see cronoq.schedules).
     """
 
     source: str
@@ -110,7 +111,7 @@ class BrokerConfig:
     limits: Mapping[str, PoolLimits] = field(default_factory=_default_limits)
     tokens: tuple[TokenSpec, ...] = ()
     curve_secret_key_file: Path | None = None
-    schedules: tuple[dict[str, Any], ...] = ()
+    schedules: tuple[Schedule, ...] = ()
 
     @property
     def auth_enabled(self) -> bool:
@@ -156,7 +157,7 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, enviro
         pools=pools,
         limits=limits,
         tokens=_tokens(top, environ),
-        schedules=_schedules(top),
+        schedules=_schedules(top, {pool.name for pool in pools}),
         **broker,
     )
 
@@ -169,6 +170,9 @@ _BROKER_KEYS = (
 )  # fmt: skip
 _POOL_KEYS = ("name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog")
 _TOKEN_KEYS = ("token_env", "role", "tenant")
+_SCHEDULE_KEYS = (
+    "name", "cron", "timezone", "pool", "tenant", "priority", "payload", "catch_up", "deadline", "max_retries",
+)
 
 
 def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
@@ -247,13 +251,35 @@ def _tokens(top: _Section, environ: Mapping[str, str]) -> tuple[TokenSpec, ...]:
     return tuple(tokens)
 
 
-def _schedules(top: _Section) -> tuple[dict[str, Any], ...]:
-    # Issue 6 defines schedules; until then keep each table as written, named.
-    out = []
-    for _, s in top.array_of_tables("schedules", "[[schedules]]", None):
-        s.require("name", _string, "a schedule name")
-        out.append(dict(s.table))
-    return tuple(out)
+def _schedules(top: _Section, pool_names: set[str]) -> tuple[Schedule, ...]:
+    schedules: list[Schedule] = []
+    seen: set[str] = set()
+    for _, s in top.array_of_tables("schedules", "[[schedules]]", _SCHEDULE_KEYS):
+        name = s.require("name", _pool_name, "a schedule name such as 'nightly-report'")
+        s = s.relabel(f"[[schedules]] {name!r}")
+        if name in seen:
+            raise s.error("name", f"duplicate schedule name {name!r}; schedule names must be unique")
+        seen.add(name)
+        pool = s.get("pool", _string, "default")
+        if pool not in pool_names:
+            raise s.error("pool", f"no pool named {pool!r}; declared pools: {', '.join(sorted(pool_names))}")
+        try:
+            schedule = Schedule(
+                name=name,
+                cron=s.require("cron", _string, "a cron expression such as '0 3 * * *'"),
+                pool=pool,
+                timezone=s.get("timezone", _string, "UTC"),
+                tenant=s.get("tenant", _string, None),
+                priority=s.get("priority", _choice(PRIORITIES), "normal"),
+                payload=s.table.get("payload"),
+                catch_up=s.get("catch_up", _bool, True),
+                deadline=s.get("deadline", _positive_number, None),
+                max_retries=s.get("max_retries", _non_negative_int, 0),
+            )
+        except ScheduleError as exc:
+            raise s.error("cron" if "cron" in str(exc) else "timezone", str(exc)) from None
+        schedules.append(schedule)
+    return tuple(schedules)
 
 
 # --- where a value sits, and how its errors read --------------------------------
@@ -363,6 +389,12 @@ def _resolve(base_dir: Path, path: str) -> Path:
 def _string(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise _Invalid(f"expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Invalid(f"expected a whole number, 0 or more, got {_show(value)}")
     return value
 
 

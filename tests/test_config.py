@@ -17,6 +17,7 @@ from cronoq.config import (
     parse_config,
 )
 from cronoq.core.settings import PoolSettings
+from cronoq.schedules import Schedule
 
 # The example of ../shared/CONTRACT.md section 2, verbatim.
 CONTRACT_EXAMPLE = """\
@@ -152,6 +153,14 @@ def test_all_extensions(tmp_path: Path) -> None:
         [[schedules]]
         name = "nightly"
         cron = "0 3 * * *"
+        pool = "q.1-x_y"
+        timezone = "Europe/Berlin"
+        tenant = "acme"
+        priority = "low"
+        payload = {report = "daily"}
+        catch_up = false
+        deadline = 600
+        max_retries = 2
         """,
     )
     assert (c.clients, c.workers) == ("ipc:///tmp/c.sock", "inproc://workers")
@@ -165,7 +174,10 @@ def test_all_extensions(tmp_path: Path) -> None:
         ("worker", None, b"worker-secret"),
         ("admin", None, b"admin-secret"),
     ]
-    assert c.schedules == ({"name": "nightly", "cron": "0 3 * * *"},)
+    assert c.schedules == (Schedule(
+        "nightly", "0 3 * * *", pool="q.1-x_y", timezone="Europe/Berlin", tenant="acme", priority="low",
+        payload={"report": "daily"}, catch_up=False, deadline=600.0, max_retries=2,
+    ),)
 
 
 # --- paths ----------------------------------------------------------------------
@@ -308,6 +320,15 @@ CASES = [
     ("[schedules]\nname = 'x'", ["schedules", "array of tables"]),
     ("[[schedules]]\ncron = '* * * * *'", ["[[schedules]] #1 name", "missing"]),
     ("[[schedules]]\nname = 3", ["[[schedules]] #1 name", "string"]),
+    ("[[schedules]]\nname = 'n'", ["[[schedules]] 'n' cron", "missing"]),
+    ("[[schedules]]\nname = 'n'\ncron = '61 * * * *'", ["[[schedules]] 'n' cron", "not a valid cron expression"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * *'", ["[[schedules]] 'n' cron", "five-field"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\ntimezone = 'Mars/Base'", ["[[schedules]] 'n' timezone", "Mars/Base"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\npool = 'gone'", ["[[schedules]] 'n' pool", "no pool named 'gone'"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\ncatch_up = 1", ["[[schedules]] 'n' catch_up", "true or false"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\nwhen = 1", ["[[schedules]] #1 when", "unknown key"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\n[[schedules]]\nname = 'n'\ncron = '* * * * *'",
+     ["[[schedules]] 'n' name", "duplicate schedule name"]),
 ]  # fmt: skip
 
 
