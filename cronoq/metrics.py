@@ -1,0 +1,170 @@
+"""Prometheus metrics for the broker, served from the broker's own loop.
+
+prometheus-client writes the text exposition format; we do not use its HTTP
+server, which runs in a thread and would read the broker's state while the
+loop changes it. Instead a small asyncio server on the broker's loop renders
+the registry on each scrape, and a custom collector reads the core's
+statistics at that moment. On the hot path the broker only bumps plain
+counters and histogram buckets (`task_finished`, `commit_took`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+log = logging.getLogger("cronoq.metrics")
+
+TASK_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+COMMIT_SECONDS_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class Histogram:
+    """Cumulative buckets as Prometheus wants them, at the cost of one bisect per observation."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class BrokerMetrics:
+    """What the broker counts as it goes; the rest is read from its statistics at scrape time."""
+
+    def __init__(self) -> None:
+        self.completions: Counter[tuple[str, str]] = Counter()
+        self.queue_wait: dict[str, Histogram] = {}
+        self.run_time: dict[str, Histogram] = {}
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+
+    def task_finished(self, pool: str, outcome: str, submitted_at: float, started_at: float | None,
+                      finished_at: float | None) -> None:
+        """Count a task that reached a terminal state, with its queue wait and run time."""
+        self.completions[(pool, outcome)] += 1
+        if started_at is not None:
+            self._histogram(self.queue_wait, pool).observe(max(0.0, started_at - submitted_at))
+            if finished_at is not None:
+                self._histogram(self.run_time, pool).observe(max(0.0, finished_at - started_at))
+
+    def commit_took(self, seconds: float) -> None:
+        self.commit_seconds.observe(seconds)
+
+    @staticmethod
+    def _histogram(by_pool: dict[str, Histogram], pool: str) -> Histogram:
+        histogram = by_pool.get(pool)
+        if histogram is None:
+            histogram = by_pool[pool] = Histogram(TASK_SECONDS_BUCKETS)
+        return histogram
+
+
+class BrokerCollector:
+    """A prometheus-client collector over the broker's statistics and its BrokerMetrics."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics) -> None:
+        self._stats = stats
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        pools = stats.get("pools", {})
+        yield _gauge("cronoq_workers_connected", "Workers registered with the broker.", [], [([], stats.get("workers", 0))])
+        yield _gauge("cronoq_pool_paused", "1 when the pool is paused (accepts but does not dispatch).", ["pool"],
+                     [([name], int(p["paused"])) for name, p in pools.items()])
+        yield _gauge("cronoq_queued_tasks", "Tasks waiting to be dispatched, by pool and priority class.",
+                     ["pool", "class"],
+                     [([name, cls], c["queued"]) for name, p in pools.items() for cls, c in p["classes"].items()])
+        yield _gauge("cronoq_delayed_tasks", "Tasks waiting for their delay or retry backoff.", ["pool"],
+                     [([name], p["delayed"]) for name, p in pools.items()])
+        yield _gauge("cronoq_running_tasks", "Tasks held by workers, by pool and priority class.", ["pool", "class"],
+                     [([name, cls], c["running"]) for name, p in pools.items() for cls, c in p["classes"].items()])
+        tenants = [(name, tenant or "", t) for name, p in pools.items() for tenant, t in p["tenants"].items()]
+        yield _gauge("cronoq_tenant_queued_tasks", "Tasks waiting, by pool and tenant ('' for none).",
+                     ["pool", "tenant"], [([pool, tenant], t["queued"]) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_tenant_running_tasks", "Tasks running, by pool and tenant.", ["pool", "tenant"],
+                     [([pool, tenant], t["running"]) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_tenant_weight", "The tenant's weight in the pool's fair share.", ["pool", "tenant"],
+                     [([pool, tenant], t["weight"]) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_tenant_lag_dispatches",
+                     "Dispatches the tenant trails (+) or leads (-) its weighted share; see docs/scheduling.md.",
+                     ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+        dispatches = CounterMetricFamily("cronoq_dispatches", "Tasks handed to workers.", labels=["pool", "tenant"])
+        for pool, tenant, t in tenants:
+            dispatches.add_metric([pool, tenant], t["dispatched"])
+        yield dispatches
+        completions = CounterMetricFamily("cronoq_task_completions", "Tasks that reached a terminal state, by outcome.",
+                                          labels=["pool", "outcome"])
+        for (pool, outcome), count in sorted(self._metrics.completions.items()):
+            completions.add_metric([pool, outcome], count)
+        yield completions
+        yield _histogram_family("cronoq_queue_wait_seconds", "Time from submission to (last) dispatch.",
+                                self._metrics.queue_wait)
+        yield _histogram_family("cronoq_run_time_seconds", "Time from (last) dispatch to the outcome.",
+                                self._metrics.run_time)
+        commit = HistogramMetricFamily("cronoq_journal_commit_seconds", "Time to write one group commit to disk.")
+        commit.add_metric([], self._metrics.commit_seconds.buckets(), self._metrics.commit_seconds.sum)
+        yield commit
+
+
+def _gauge(name: str, documentation: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _histogram_family(name: str, documentation: str, by_pool: dict[str, Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=["pool"])
+    for pool, histogram in sorted(by_pool.items()):
+        family.add_metric([pool], histogram.buckets(), histogram.sum)
+    return family
+
+
+def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(stats, metrics))  # type: ignore[arg-type]
+    return registry
+
+
+async def serve_metrics(address: str, registry: CollectorRegistry) -> asyncio.base_events.Server:
+    """Serve GET /metrics at "host:port" on the running loop; returns the asyncio server."""
+    host, _, port = address.rpartition(":")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass  # headers: nothing in them changes the answer
+            parts = request.split()
+            if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] in (b"/metrics", b"/"):
+                body, status = generate_latest(registry), b"200 OK"
+                content_type = b"text/plain; version=0.0.4; charset=utf-8"
+            else:
+                body, status, content_type = b"only GET /metrics is served here\n", b"404 Not Found", b"text/plain"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type +
+                         b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError) as exc:
+            log.debug("metrics request dropped: %s", exc)
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host.strip("[]") or "127.0.0.1", int(port))
