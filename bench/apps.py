@@ -1,0 +1,30 @@
+"""The cronoq pools the bench's workers serve (`cronoq-worker ... bench.apps:noop`)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import cronoq
+
+
+async def _noop(payload: dict[str, Any]) -> int:
+    """No work: hand back the task's number so the client can check every result."""
+    return payload["n"]
+
+
+_received = itertools.count()
+
+
+async def _arrival(payload: dict[str, Any]) -> list[Any]:
+    """The fairness run's handler: the order in which this worker started tasks.
+
+    Async handlers start on the worker's loop in the order their tasks
+    arrived, and one connection delivers in the broker's dispatch order, so
+    with one worker process this counter is the dispatch sequence.
+    """
+    return [next(_received), payload["n"]]
+
+
+noop = cronoq.Pool("default", _noop)
+fair = cronoq.Pool("fair", _arrival)

@@ -1,0 +1,191 @@
+"""The limit: a bare pyzmq relay with cronoq's socket pattern and no scheduling at all.
+
+client DEALER -> relay broker (ROUTER for clients, ROUTER for workers, both
+watched with `loop.add_reader` and drained until a full pass finds nothing)
+-> N worker processes (DEALER, `credit` tasks each at most) -> back.
+
+The broker only forwards frames and counts credit; the worker decodes the
+msgpack payload and encodes its result, as any real handler must. Whatever
+cronoq costs beyond this is the price of scheduling, bookkeeping and safety.
+
+Run as `python -m bench.relay broker CLIENTS_PORT WORKERS_PORT` or
+`python -m bench.relay worker WORKERS_PORT CREDIT`; the bench drives the
+client side in-process with `drive_relay`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import sys
+import time
+
+import msgpack
+import zmq
+
+from bench.common import Run, payload
+
+READY = b"ready"
+
+
+def _socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    return sock
+
+
+def _recv(sock: zmq.Socket) -> list[bytes]:
+    frames = [sock.recv(zmq.NOBLOCK)]
+    while sock.getsockopt(zmq.RCVMORE):
+        frames.append(sock.recv(zmq.NOBLOCK))
+    return frames
+
+
+def _send(sock: zmq.Socket, frames: list[bytes]) -> None:
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0))
+
+
+async def serve_broker(clients_port: int, workers_port: int) -> None:
+    """Forward client requests to workers with credit, and replies back, until SIGTERM."""
+    ctx = zmq.Context.instance()
+    clients, workers = _socket(ctx, zmq.ROUTER), _socket(ctx, zmq.ROUTER)
+    clients.bind(f"tcp://127.0.0.1:{clients_port}")
+    workers.bind(f"tcp://127.0.0.1:{workers_port}")
+    slots: collections.deque[bytes] = collections.deque()  # one entry per free worker slot, oldest first
+    waiting: collections.deque[list[bytes]] = collections.deque()  # requests no slot could take yet
+
+    def pump() -> None:
+        while True:
+            handled = 0
+            while workers.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                frames = _recv(workers)
+                handled += 1
+                if len(frames) == 3 and frames[1] == READY:
+                    slots.extend([frames[0]] * int(frames[2]))
+                else:  # [worker, client, header, result]: one slot back, reply to the client
+                    slots.append(frames[0])
+                    _send(clients, frames[1:])
+            while clients.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                waiting.append(_recv(clients))  # [client, token, header, body]
+                handled += 1
+            while slots and waiting:
+                client, _token, header, body = waiting.popleft()
+                _send(workers, [slots.popleft(), client, header, body])
+            if not handled:
+                return
+
+    loop = asyncio.get_running_loop()
+    for sock in (clients, workers):
+        loop.add_reader(sock.getsockopt(zmq.FD), pump)
+    print("relay broker ready", flush=True)
+    stop = asyncio.Event()
+    import signal
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    pump()
+    await stop.wait()
+
+
+async def serve_worker(workers_port: int, credit: int) -> None:
+    """Take tasks, decode the payload, answer with its `n`, until SIGTERM."""
+    ctx = zmq.Context.instance()
+    sock = _socket(ctx, zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{workers_port}")
+    packb, unpackb = msgpack.packb, msgpack.unpackb
+
+    def drain() -> None:
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            client, header, body = _recv(sock)
+            _send(sock, [client, header, packb(unpackb(body)["n"])])
+
+    loop = asyncio.get_running_loop()
+    loop.add_reader(sock.getsockopt(zmq.FD), drain)
+    _send(sock, [READY, str(credit).encode()])
+    print("relay worker ready", flush=True)
+    drain()
+    stop = asyncio.Event()
+    import signal
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    await stop.wait()
+
+
+async def drive_relay(address: str, tasks: int, window: int, *, timeout: float = 300.0) -> Run:
+    """Keep `window` requests in flight through the relay until `tasks` came back; every result is checked."""
+    ctx = zmq.Context.instance()
+    sock = _socket(ctx, zmq.DEALER)
+    sock.connect(address)
+    loop = asyncio.get_running_loop()
+    packb, unpackb = msgpack.packb, msgpack.unpackb
+    bodies = [packb(payload(n)) for n in range(tasks)]  # encoded up front: the client's cost is not the relay's
+    sent_at = [0.0] * tasks
+    latencies: list[float] = []
+    seen = bytearray(tasks)
+    done = loop.create_future()
+    next_task = 0
+
+    def send_one() -> None:
+        nonlocal next_task
+        n = next_task
+        next_task += 1
+        sent_at[n] = time.perf_counter()
+        _send(sock, [b"", packb(n), bodies[n]])
+
+    def drain() -> None:
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            header, result = _recv(sock)
+            n = unpackb(header)
+            latencies.append(time.perf_counter() - sent_at[n])
+            if unpackb(result) != n or seen[n]:
+                if not done.done():
+                    done.set_exception(RuntimeError(f"relay returned a wrong or repeated result for task {n}"))
+                return
+            seen[n] = 1
+            if next_task < tasks:
+                send_one()
+            elif len(latencies) == tasks and not done.done():
+                done.set_result(None)
+
+    fd = sock.getsockopt(zmq.FD)
+    loop.add_reader(fd, drain)
+    try:
+        started = time.perf_counter()
+        for _ in range(min(window, tasks)):
+            send_one()
+        drain()  # a send can swallow the FD's edge: look once by hand
+        await asyncio.wait_for(done, timeout)
+        elapsed = time.perf_counter() - started
+    finally:
+        loop.remove_reader(fd)
+        sock.close(linger=0)
+    return Run(tasks=len(latencies), elapsed=elapsed, latencies=latencies)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.relay")
+    sub = parser.add_subparsers(dest="role", required=True)
+    broker = sub.add_parser("broker")
+    broker.add_argument("clients_port", type=int)
+    broker.add_argument("workers_port", type=int)
+    worker = sub.add_parser("worker")
+    worker.add_argument("workers_port", type=int)
+    worker.add_argument("credit", type=int)
+    args = parser.parse_args(argv)
+    import uvloop
+
+    if args.role == "broker":
+        uvloop.run(serve_broker(args.clients_port, args.workers_port))
+    else:
+        uvloop.run(serve_worker(args.workers_port, args.credit))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
