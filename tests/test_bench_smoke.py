@@ -1,0 +1,46 @@
+"""The bench must not rot: a tiny run of the limit and of cronoq end to end completes with every task back.
+
+Speed is never asserted here; only that the runs finish and count right.
+"""
+
+from __future__ import annotations
+
+from bench import report
+from bench.fairness import deviations, sfq_bound
+from bench.settings import BenchSettings
+from bench.throughput import CRONOQ_VARIANTS, cronoq_rows, limit_rows
+
+TINY = BenchSettings(repeat=1, tasks=300, window=50, workers=2, concurrency=8, light_tasks=20)
+
+
+def _sane(row: dict, tasks: int) -> None:
+    assert row["tasks"] == tasks
+    assert row["tasks_per_s"] > 0
+    assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"]
+
+
+def test_limit_and_cronoq_rows_complete() -> None:
+    rows = limit_rows(TINY, lambda line: None)
+    # The plainest variant and the one the targets are about (durable, with tokens).
+    rows += cronoq_rows(TINY, lambda line: None, [CRONOQ_VARIANTS[0], CRONOQ_VARIANTS[-1]])
+    names = [row["name"] for row in rows]
+    assert names == [
+        "limit: bare pyzmq relay", "limit: one in flight",
+        "cronoq, durability none", "cronoq, durability none: one in flight",
+        "cronoq, durable, tokens", "cronoq, durable, tokens: one in flight",
+    ]
+    for row in rows:
+        _sane(row, TINY.light_tasks if row["kind"] == "light" else TINY.tasks)
+    report.add_ratios(rows)
+    assert rows[0]["vs_limit"] == 1.0
+    assert "cronoq, durable, tokens" in report.table(rows)
+
+
+def test_fairness_deviation_against_the_sfq_bound() -> None:
+    weights = {"a": 3, "b": 1, "c": 1}
+    assert sfq_bound(weights) == {"a": 8 / 5, "b": 6 / 5, "c": 6 / 5}
+    worst, prefix = deviations(list("cbaaa" * 10 + "aaa"), weights)
+    assert prefix == 46  # c's last dispatch: while all three are backlogged
+    assert worst["a"] <= 8 / 5 and worst["b"] <= 6 / 5
+    unfair, _ = deviations(list("aaaaaaaaaabcbc"), weights)
+    assert unfair["a"] > 8 / 5
