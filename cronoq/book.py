@@ -16,7 +16,7 @@ import random
 from collections import deque
 import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol
 
 from cronoq.core import (
     CANCELLED,
@@ -44,14 +44,15 @@ class TaskRecord:
     """What the book knows of one task. While the task is live the core's `Task` holds its state."""
 
     __slots__ = (
-        "id", "pool", "tenant", "priority", "payload", "key", "max_retries", "deadline",
-        "submitted_at", "started_at", "finished_at", "state", "attempts", "result",
+        "id", "pool", "tenant", "priority", "payload", "key", "submission", "max_retries", "deadline",
+        "not_before", "submitted_at", "started_at", "finished_at", "state", "attempts", "result",
         "error_type", "error_message", "traceback",
     )
 
     def __init__(
         self, id: str, pool: str, tenant: str | None, priority: int, payload: bytes, *,
         key: str | None, max_retries: int, deadline: float | None, submitted_at: float,
+        submission: str | None = None, not_before: float | None = None,
     ) -> None:
         self.id = id
         self.pool = pool
@@ -59,8 +60,10 @@ class TaskRecord:
         self.priority = priority
         self.payload = payload
         self.key = key
+        self.submission = submission
         self.max_retries = max_retries
         self.deadline = deadline
+        self.not_before = not_before  # when it may run next (delay, retry backoff); kept for recovery
         self.submitted_at = submitted_at
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -101,6 +104,23 @@ class SubmitRequest:
     delay: float | None = None
     key: str | None = None
     max_retries: int = 0
+    submission: str | None = None
+    """The client's unique id for this submission: a re-sent submit (lost reply) returns the first task."""
+
+
+class ChangeLog(Protocol):
+    """Where the book reports every change of a record, to make it durable (the broker's journal).
+
+    Each call describes the record as it is right after the change; nothing
+    is durable until the owner of the log commits it.
+    """
+
+    def accepted(self, record: TaskRecord) -> None: ...
+    def dispatched(self, record: TaskRecord) -> None: ...
+    def requeued(self, record: TaskRecord) -> None: ...
+    def finished(self, record: TaskRecord) -> None: ...
+    def forgotten(self, record: TaskRecord) -> None: ...
+    def paused(self, pool: str, paused: bool) -> None: ...
 
 
 def _check_name(what: str, value: str | None, *, optional: bool) -> None:
@@ -122,6 +142,7 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
     _check_name("key", request.key, optional=True)
+    _check_name("submission", request.submission, optional=True)
     priority = PRIORITY_CLASS.get(request.priority) if isinstance(request.priority, str) else None
     if priority is None:
         raise InvalidArgument(f"priority must be one of {', '.join(PRIORITIES)}, got {request.priority!r}")
@@ -154,6 +175,7 @@ class TaskBook:
         result_ttl: float = 86400.0,
         limits: Callable[[str], tuple[int | None, int | None]] = lambda pool: (None, None),
         rng: random.Random | None = None,
+        journal: ChangeLog | None = None,
     ) -> None:
         self.core = core
         self._new_id = new_id
@@ -163,8 +185,11 @@ class TaskBook:
         self.result_ttl = result_ttl
         self._limits = limits
         self._rng = rng or random.Random()
+        self.journal = journal
+        # Live records are kept in the order they last entered their queue (a snapshot restores that order).
         self.records: dict[str, TaskRecord] = {}
         self._keys: dict[tuple[str, str], str] = {}
+        self._submissions: dict[str, str] = {}
         self._finished: deque[tuple[float, str]] = deque()
 
     # ----------------------------------------------------------------- submit
@@ -172,6 +197,10 @@ class TaskBook:
     def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
         """Accept a task; returns its record and whether it is a duplicate of an earlier key."""
         priority = validate_submit(request, self.core.pool_names(), self.max_payload_bytes)
+        if request.submission is not None:
+            existing = self._submissions.get(request.submission)
+            if existing is not None:
+                return self.records[existing], True
         if request.key is not None:
             existing = self._keys.get((request.pool, request.key))
             if existing is not None:
@@ -181,9 +210,11 @@ class TaskBook:
         record = TaskRecord(
             self._new_id(), request.pool, request.tenant, priority, request.payload,
             key=request.key, max_retries=request.max_retries, deadline=deadline, submitted_at=now,
+            submission=request.submission, not_before=None if not request.delay else now + request.delay,
         )
-        not_before = None if not request.delay else now + request.delay
-        self._enter(record, now, not_before=not_before, attempts=0)
+        self._enter(record, now)
+        if self.journal is not None:
+            self.journal.accepted(record)
         return record, False
 
     def _check_backlog(self, pool: str, tenant: str | None) -> None:
@@ -198,27 +229,91 @@ class TaskBook:
                 "(max_tenant_backlog); retry later"
             )
 
-    def _enter(self, record: TaskRecord, now: float, *, not_before: float | None, attempts: int) -> None:
+    def _enter(self, record: TaskRecord, now: float) -> None:
+        """Queue a record's task in the core (DELAYED until its not_before) and keep the record."""
         task = Task(
             record.id, record.pool, tenant=record.tenant, priority=record.priority,
-            deadline=record.deadline, not_before=not_before, payload=record,
+            deadline=record.deadline, not_before=record.not_before, payload=record,
         )
-        task.attempts = attempts
+        task.attempts = record.attempts
         self.core.submit(task, now)
         record.state = task.state
+        self._keep(record)
+
+    def _keep(self, record: TaskRecord) -> None:
         self.records[record.id] = record
         if record.key is not None:
             self._keys[(record.pool, record.key)] = record.id
+        if record.submission is not None:
+            self._submissions[record.submission] = record.id
 
-    def restore(self, record: TaskRecord, now: float, *, not_before: float | None) -> None:
-        """Put a recovered record back: terminal ones are kept for lookups, live ones re-enter the core."""
-        if record.state in (SUCCEEDED, FAILED, CANCELLED, EXPIRED):
-            self.records[record.id] = record
-            if record.key is not None:
-                self._keys[(record.pool, record.key)] = record.id
-            self._finished.append((record.finished_at or now, record.id))
-            return
-        self._enter(record, now, not_before=not_before, attempts=record.attempts)
+    # ----------------------------------------------------------------- recovery
+
+    def recover(self, records: Iterable[TaskRecord], paused: Iterable[str], now: float) -> dict[str, int]:
+        """Carry on from durable state: `records` in the order a journal replay gives them.
+
+        Finished records are kept for lookups (in the order they finished);
+        queued and delayed ones re-enter their class; ones that were running
+        when the broker stopped were lost with their worker: they run again,
+        unless they have used up max_deliveries. Tasks of pools no longer
+        declared fail. Returns counts by what happened, for the start-up log.
+        """
+        for pool in paused:
+            if pool in self.core.pool_names():
+                self.core.pause(pool)
+        counts = {"finished": 0, "queued": 0, "requeued": 0, "failed": 0}
+        pools = set(self.core.pool_names())
+        for record in records:
+            if record.finished_at is not None:
+                self._keep(record)
+                self._finished.append((record.finished_at, record.id))
+                counts["finished"] += 1
+            elif record.pool not in pools:
+                self._keep(record)
+                self._finish(record, FAILED, now, error_type="NotFound",
+                             error_message=f"pool {record.pool!r} is no longer declared in the broker's config")
+                counts["failed"] += 1
+            elif record.state == RUNNING and record.attempts >= self.max_deliveries:
+                self._keep(record)
+                self._fail_lost(record, now)
+                counts["failed"] += 1
+            else:
+                if record.state == RUNNING:
+                    record.not_before = None
+                    if self.journal is not None:
+                        self.journal.requeued(record)
+                    counts["requeued"] += 1
+                else:
+                    counts["queued"] += 1
+                self._enter(record, now)
+        return counts
+
+    def kept(self) -> Iterator[TaskRecord]:
+        """Every kept record in the order `recover` wants them: finished ones as they finished, then live ones."""
+        records = self.records
+        for _, task_id in self._finished:
+            record = records.get(task_id)
+            if record is not None:
+                yield record
+        for record in list(records.values()):
+            if record.finished_at is None:
+                yield record
+
+    def paused_pools(self) -> list[str]:
+        """Names of the paused pools."""
+        return [name for name in self.core.pool_names() if self.core.is_paused(name)]
+
+    def pause(self, pool: str) -> None:
+        """Stop dispatching `pool` (durably); it still accepts tasks."""
+        self.core.pause(pool)
+        if self.journal is not None:
+            self.journal.paused(pool, True)
+
+    def resume(self, pool: str) -> None:
+        """Dispatch `pool` again."""
+        self.core.resume(pool)
+        if self.journal is not None:
+            self.journal.paused(pool, False)
 
     # ----------------------------------------------------------------- dispatch
 
@@ -228,11 +323,14 @@ class TaskBook:
             self._finish(task.payload, EXPIRED, now, error_type="DeadlineExceeded",
                          error_message="the task's deadline passed before it was dispatched")
         assignments = []
+        journal = self.journal
         for worker_id, task in self.core.dispatch(now):
             record: TaskRecord = task.payload
             record.state = RUNNING
             record.attempts = task.attempts
             record.started_at = now
+            if journal is not None:
+                journal.dispatched(record)
             assignments.append((worker_id, record, task.attempts))
         return assignments
 
@@ -249,7 +347,9 @@ class TaskBook:
             retry_at = now + self._backoff(task.attempts)
             self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
             record.state = task.state
+            record.not_before = retry_at
             record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
+            self._requeued(record)
             return record
         self.core.finish(task_id, now, worker_id=worker_id, attempt=attempt, state=SUCCEEDED if ok else FAILED)
         if ok:
@@ -271,15 +371,26 @@ class TaskBook:
             record: TaskRecord = task.payload
             if task.attempts >= self.max_deliveries:
                 self.core.cancel(task.id, now)
-                self._finish(
-                    record, FAILED, now, error_type="WorkerLost",
-                    error_message=f"the task's worker was lost on each of its {task.attempts} deliveries "
-                    f"(max_deliveries = {self.max_deliveries})",
-                )
+                self._fail_lost(record, now)
             else:
                 record.state = task.state
+                record.not_before = None
+                self._requeued(record)
                 requeued.append(record)
         return requeued
+
+    def _fail_lost(self, record: TaskRecord, now: float) -> None:
+        self._finish(
+            record, FAILED, now, error_type="WorkerLost",
+            error_message=f"the task's worker was lost on each of its {record.attempts} deliveries "
+            f"(max_deliveries = {self.max_deliveries})",
+        )
+
+    def _requeued(self, record: TaskRecord) -> None:
+        # It queues again behind the others: keep `records` in that order for snapshots.
+        self.records[record.id] = self.records.pop(record.id)
+        if self.journal is not None:
+            self.journal.requeued(record)
 
     def cancel(self, task_id: str, now: float) -> bool:
         """Cancel a task that has not been dispatched. False if it is running or finished."""
@@ -296,6 +407,8 @@ class TaskBook:
         record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
         record.payload = b""  # a finished task's payload is never needed again
         self._finished.append((now, record.id))
+        if self.journal is not None:
+            self.journal.finished(record)
         self._on_terminal(record)
 
     # ----------------------------------------------------------------- lookups
@@ -332,6 +445,10 @@ class TaskBook:
                 continue
             if record.key is not None and self._keys.get((record.pool, record.key)) == task_id:
                 del self._keys[(record.pool, record.key)]
+            if record.submission is not None and self._submissions.get(record.submission) == task_id:
+                del self._submissions[record.submission]
+            if self.journal is not None:
+                self.journal.forgotten(record)
             dropped += 1
         return dropped
 

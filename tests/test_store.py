@@ -1,0 +1,283 @@
+"""The journal and snapshots: what a task book wrote comes back after a crash, whatever was cut off.
+
+These drive a real TaskBook and a real Journal on real files with a fake
+clock; a "crash" drops the journal without committing what was pending,
+exactly what kill -9 between two passes of the broker's loop leaves behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from cronoq.book import SubmitRequest, TaskBook
+from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.store import frames
+from cronoq.store.journal import SNAPSHOT, Journal, StoreError, journal_path
+from cronoq.store.replay import Replay
+
+POOLS = [PoolSettings("a"), PoolSettings("b", tenant_weights={"acme": 3})]
+TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
+
+
+class World:
+    """A book with a journal in `data_dir`, a fake clock and one fake worker."""
+
+    def __init__(self, data_dir: Path, now: float = 1000.0, **journal_options: object) -> None:
+        self.data_dir = data_dir
+        self.now = now
+        self.journal, replay = Journal.open(data_dir, **journal_options)  # type: ignore[arg-type]
+        self.ids = (f"t{n}" for n in range(10**9))
+        self.core = SchedulerCore(POOLS)
+        self.finished: list[str] = []
+        self.book = TaskBook(self.core, new_id=lambda: next(self.ids), on_terminal=lambda r: self.finished.append(r.id),
+                             max_deliveries=3, result_ttl=100.0, rng=random.Random(1), journal=self.journal)
+        # Ids must not repeat across restarts: continue after the highest recovered one.
+        known = [int(task_id[1:]) for task_id in replay.records]
+        self.ids = (f"t{n}" for n in range(max(known, default=-1) + 1, 10**9))
+        self.recovered = self.book.recover(replay.records.values(), replay.paused, now)
+        self.journal.commit()
+
+    def crash(self) -> None:
+        """Like kill -9 between two passes: what was committed stays, the rest is gone."""
+        os.close(self.journal._fd)
+        os.close(self.journal._lock_fd)
+
+
+def picture(book: TaskBook) -> dict[str, tuple]:
+    """What a user can observe of every kept task (running ones come back queued, attempt counted)."""
+    out = {}
+    for task_id, record in book.records.items():
+        info = book.info(task_id)
+        state, error, payload = info.state, info.error, record.payload
+        if state == "running" and info.attempts >= book.max_deliveries:
+            state, payload = "failed", b""
+            error = (f"WorkerLost: the task's worker was lost on each of its {info.attempts} deliveries "
+                     f"(max_deliveries = {book.max_deliveries})")
+        elif state in ("running", "delayed"):
+            state = "queued"
+        out[task_id] = (info.pool, info.tenant, info.priority, state, info.attempts, info.deadline,
+                        payload, record.result, error, record.key, record.submission)
+    return out
+
+
+def random_workload(world: World, rng: random.Random, steps: int, *, commit: bool = True) -> None:
+    """Submissions, dispatches, outcomes, cancels, pauses, lost workers and forgetting, at random."""
+    book, core = world.book, world.core
+    workers = 0
+    for _ in range(steps):
+        world.now += rng.choice([0.0, 0.01, 0.5, 3.0])
+        op = rng.random()
+        if op < 0.4:
+            book.submit(SubmitRequest(
+                os.urandom(rng.randrange(1, 40)), pool=rng.choice("ab"), tenant=rng.choice([None, "acme", "globex"]),
+                priority=rng.choice(["critical", "high", "normal", "low"]),
+                deadline=rng.choice([None, None, 1.0, 50.0]), delay=rng.choice([None, None, 2.0]),
+                key=rng.choice([None, None, f"k{rng.randrange(20)}"]), max_retries=rng.choice([0, 0, 2]),
+                submission=rng.choice([None, f"s{rng.randrange(10**6)}"]),
+            ), world.now)
+        elif op < 0.5:
+            workers += 1
+            core.add_worker(f"w{workers}", ["a", "b"], rng.randrange(1, 4))
+        elif op < 0.7:
+            book.dispatch(world.now)
+        elif op < 0.85:
+            running = [t for t in core.tasks() if t.state == "running"]
+            if running:
+                task = rng.choice(running)
+                book.complete(task.worker, task.id, task.attempts, world.now, ok=rng.random() < 0.6,
+                              result=os.urandom(8), error_type="Boom", error_message="it broke")
+                core.grant(task.worker, 1)
+        elif op < 0.9:
+            live = [t.id for t in core.tasks()]
+            if live:
+                book.cancel(rng.choice(live), world.now)
+        elif op < 0.93:
+            pool = rng.choice("ab")
+            (book.resume if core.is_paused(pool) else book.pause)(pool)
+        elif op < 0.97:
+            if core.workers():
+                book.lose_worker(rng.choice(core.workers()), world.now)
+        else:
+            book.forget_expired_records(world.now)
+        if rng.random() < 0.5 and commit:
+            world.journal.commit()
+    book.dispatch(world.now)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_crash_loses_nothing_committed(tmp_path, seed):
+    rng = random.Random(seed)
+    world = World(tmp_path)
+    random_workload(world, rng, 300)
+    world.journal.commit()
+    before = picture(world.book)
+    paused = world.book.paused_pools()
+    random_workload(world, rng, 5, commit=False)  # changes never committed: as if the broker died before writing them
+    world.crash()
+
+    after = World(tmp_path, now=world.now)
+    assert picture(after.book) == before
+    assert after.book.paused_pools() == paused
+    # Idempotency keys and submission ids still point at their tasks.
+    for record in after.book.records.values():
+        for dedup in ({"key": record.key} if record.key else {}), {"submission": record.submission}:
+            if dedup.get("key") or dedup.get("submission"):
+                again, duplicate = after.book.submit(SubmitRequest(b"x", pool=record.pool, **dedup), after.now)
+                assert duplicate and again is record
+
+
+def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
+    world = World(tmp_path)
+    core, book = world.core, world.book
+    first, _ = book.submit(SubmitRequest(b"1", pool="a"), world.now)
+    core.add_worker("w", ["a"], 1)
+    book.dispatch(world.now)
+    world.journal.commit()
+    world.crash()
+    # Each restart finds it running (its worker is gone with the broker): it runs again, attempt counted.
+    for attempt in (2, 3):
+        world = World(tmp_path, now=world.now + 1)
+        assert world.recovered["requeued"] == 1
+        assert world.book.info(first.id).state == "queued"
+        world.core.add_worker("w", ["a"], 1)
+        assert [r.attempts for _, r, _ in world.book.dispatch(world.now)] == [attempt]
+        world.journal.commit()
+        world.crash()
+    world = World(tmp_path, now=world.now + 1)
+    info = world.book.info(first.id)
+    assert (info.state, info.attempts) == ("failed", 3) and "WorkerLost" in info.error
+
+
+def test_deadlines_that_passed_while_down_expire_and_delays_hold(tmp_path):
+    world = World(tmp_path)
+    late, _ = world.book.submit(SubmitRequest(b"x", pool="a", deadline=5.0), world.now)
+    later, _ = world.book.submit(SubmitRequest(b"y", pool="a", delay=60.0), world.now)
+    world.journal.commit()
+    world.crash()
+    world = World(tmp_path, now=world.now + 10)
+    world.book.dispatch(world.now)
+    assert world.book.info(late.id).state == "expired"
+    assert world.book.info(later.id).state == "delayed"
+    assert world.finished == [late.id]
+
+
+def _committed_world(tmp_path: Path, commits: int) -> tuple[World, list[dict]]:
+    world = World(tmp_path)
+    pictures = [picture(world.book)]
+    for n in range(commits):
+        world.book.submit(SubmitRequest(bytes([n]) * 20, pool="a", key=f"k{n}"), world.now)
+        world.journal.commit()
+        pictures.append(picture(world.book))
+    world.crash()
+    return world, pictures
+
+
+def test_a_torn_tail_is_reported_and_cut_at_every_offset(tmp_path, caplog):
+    world, pictures = _committed_world(tmp_path, 3)
+    path = journal_path(tmp_path, world.journal.generation)
+    whole = path.read_bytes()
+    last_frame_at = [offset for offset, _ in frames.FrameReader(path)][-1]
+    for cut in range(last_frame_at + 1, len(whole)):
+        path.write_bytes(whole[:cut])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cronoq.store"):
+            again = World(tmp_path)
+        assert picture(again.book) == pictures[2]
+        assert f"{path}: torn or corrupt tail at offset {last_frame_at}" in caplog.text
+        assert path.stat().st_size == last_frame_at
+        again.crash()
+
+
+def test_a_corrupt_frame_in_the_middle_cuts_the_journal_there(tmp_path, caplog):
+    world, pictures = _committed_world(tmp_path, 4)
+    path = journal_path(tmp_path, world.journal.generation)
+    offsets = [offset for offset, _ in frames.FrameReader(path)]
+    data = bytearray(path.read_bytes())
+    data[offsets[2] + frames.HEADER_SIZE + 3] ^= 0xFF  # flip a byte inside the second commit
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="cronoq.store"):
+        again = World(tmp_path)
+    assert picture(again.book) == pictures[1]
+    assert "checksum" in caplog.text and f"offset {offsets[2]}" in caplog.text
+
+
+def test_compaction_keeps_the_state_and_drops_old_journals(tmp_path):
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
+    random_workload(world, random.Random(7), 400)
+    world.journal.commit()
+    assert world.journal.wants_compaction(len(world.book.records))
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    random_workload(world, random.Random(8), 50)
+    world.journal.commit()
+    expected = picture(world.book)
+    world.crash()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.00000002", "lock", SNAPSHOT]
+    again = World(tmp_path, now=world.now)
+    assert picture(again.book) == expected
+
+
+def test_a_compaction_cut_short_leaves_a_recoverable_directory(tmp_path, monkeypatch):
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
+    random_workload(world, random.Random(3), 200)
+    world.journal.commit()
+    world.journal.compact(world.book.kept(), world.book.paused_pools())  # snapshot generation 2
+    random_workload(world, random.Random(4), 100)
+
+    def die_while_writing(path, bodies):
+        path.with_name(path.name + ".tmp").write_bytes(b"half a snapshot")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(frames, "write_atomically", die_while_writing)
+    with pytest.raises(OSError):
+        world.journal.compact(world.book.kept(), world.book.paused_pools())
+    # The old snapshot, journal 2 and the new journal 3 together still hold everything.
+    random_workload(world, random.Random(5), 50)
+    world.journal.commit()
+    expected = picture(world.book)
+    world.crash()
+    monkeypatch.undo()
+    again = World(tmp_path, now=world.now)
+    assert picture(again.book) == expected
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_data_dir_serves_one_broker_at_a_time(tmp_path):
+    world = World(tmp_path)
+    with pytest.raises(StoreError, match=f"data_dir {tmp_path} is in use by another broker \\(pid {os.getpid()}\\)"):
+        Journal.open(tmp_path)
+    world.journal.close()
+    Journal.open(tmp_path)[0].close()
+
+
+def test_a_damaged_snapshot_or_an_unknown_format_refuses_to_start(tmp_path):
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=0)
+    world.book.submit(SubmitRequest(b"x", pool="a"), world.now)
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    world.journal.close()
+    snapshot = tmp_path / SNAPSHOT
+    whole = snapshot.read_bytes()
+    snapshot.write_bytes(whole[:-3])
+    with pytest.raises(StoreError, match="snapshot is damaged"):
+        Journal.open(tmp_path)
+    snapshot.write_bytes(whole)
+    journal = journal_path(tmp_path, 2)
+    journal.write_bytes(b"")
+    fd = os.open(journal, os.O_WRONLY | os.O_APPEND)
+    frames.append(fd, b"\x91\x94\xa6cronoq\xa7journal\x63\x02")  # [["cronoq", "journal", 99, 2]]
+    os.close(fd)
+    with pytest.raises(StoreError, match="format 99"):
+        Journal.open(tmp_path)
+
+
+def test_replay_skips_changes_of_unknown_tasks():
+    from cronoq.store.records import Dispatched, Finished
+
+    replay = Replay()
+    replay.apply(Dispatched("nobody", 1, 0.0))
+    replay.apply(Finished("nobody", "succeeded", 0.0))
+    assert replay.records == {} and replay.orphans == 2
