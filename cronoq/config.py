@@ -45,7 +45,9 @@ DEFAULT_WORKERS = "tcp://127.0.0.1:5556"
 DEFAULT_DATA_DIR = "cronoq-data"
 DEFAULTS_SOURCE = "<defaults>"
 
-DURABILITIES: tuple[str, ...] = ("sync", "none")
+DURABILITIES: tuple[str, ...] = ("sync", "none", "fsync")
+"""sync: written to the OS before acknowledging (fdatasync'ed within a second); none: memory only;
+fsync: fdatasync'ed before acknowledging (see docs/durability.md)."""
 ROLES: tuple[str, ...] = ("client", "worker", "admin")
 ENDPOINT_SCHEMES: tuple[str, ...] = ("tcp://", "ipc://", "inproc://")
 

@@ -43,7 +43,12 @@ class _Message(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True)
 
 
 class Submit(_Message, tag="submit"):
-    """Queue a task. Body: the payload. Times are seconds from the broker's receipt."""
+    """Queue a task. Body: the payload. Times are seconds from the broker's receipt.
+
+    `submission` is the client's unique id for this submission: a client that
+    re-sends a submit whose reply it never got (the broker restarted, the
+    connection dropped) gets the task of the first one back, not a second task.
+    """
 
     rid: int
     pool: str = "default"
@@ -53,6 +58,7 @@ class Submit(_Message, tag="submit"):
     delay: Union[float, None] = None
     key: Union[str, None] = None
     max_retries: int = 0
+    submission: Union[str, None] = None
 
 
 class Wait(_Message, tag="wait"):
@@ -178,12 +184,15 @@ class Ready(_Message, tag="ready"):
     `settings` holds, per pool, only the settings the worker's `Pool` set
     explicitly (tenant_weights, fair_share, max_in_flight); the broker refuses
     the worker with FAILED_PRECONDITION when one disagrees with its config.
+    `concurrency` is the worker's total slots: the slots not free are busy with
+    tasks whose `Done` will return them, and no other `Done` may add a slot.
     """
 
     rid: int
     pools: list[str]
     slots: int
     settings: dict[str, dict[str, Any]] = {}
+    concurrency: Union[int, None] = None
 
 
 class Heartbeat(_Message, tag="heartbeat"):

@@ -23,11 +23,15 @@ def free_port() -> int:
 
 def write_config(path: Path, body: str, *, clients: str | None = None, workers: str | None = None,
                  broker_extra: str = "") -> Path:
-    """Write a broker config on fresh loopback ports (unless `body` has its own [broker] table)."""
+    """Write a broker config on fresh loopback ports (unless `body` has its own [broker] table).
+
+    Each config file gets its own data_dir beside it (`NAME-data` for `NAME.toml`): one broker per directory.
+    """
     if "[broker]" not in body:
         clients = clients or f"tcp://127.0.0.1:{free_port()}"
         workers = workers or f"tcp://127.0.0.1:{free_port()}"
-        header = f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = 0.2\n{broker_extra}\n'
+        header = (f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = 0.2\n'
+                  f'data_dir = "{path.stem}-data"\n{broker_extra}\n')
         body = header + body
     path.write_text(body)
     return path

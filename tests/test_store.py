@@ -44,8 +44,7 @@ class World:
 
     def crash(self) -> None:
         """Like kill -9 between two passes: what was committed stays, the rest is gone."""
-        os.close(self.journal._fd)
-        os.close(self.journal._lock_fd)
+        self.journal.abandon()
 
 
 def picture(book: TaskBook) -> dict[str, tuple]:

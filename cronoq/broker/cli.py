@@ -11,6 +11,9 @@ from typing import Sequence
 
 from cronoq.broker.server import Broker
 from cronoq.config import BrokerConfig, ConfigError, default_config, load_config
+from cronoq.store.journal import StoreError
+
+log = logging.getLogger("cronoq.broker")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,13 +43,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     broker = Broker(config)
     try:
+        recovered = broker.open()
+    except StoreError as exc:
+        print(f"cronoq-broker: {exc}", file=sys.stderr)
+        return 1
+    if recovered is not None:
+        log.info("carrying on from %s: %s", config.data_dir, ", ".join(f"{n} {what}" for what, n in recovered.items()))
+    try:
         broker.bind()
     except OSError as exc:
+        broker.close()
         print(f"cronoq-broker: {exc}", file=sys.stderr)
         return 1
     import uvloop
 
     uvloop.run(_serve(broker))
+    if broker.failure is not None:
+        print(f"cronoq-broker: {broker.failure}", file=sys.stderr)
+        return 1
     return 0
 
 

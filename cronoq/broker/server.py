@@ -2,9 +2,14 @@
 
 One pass of the loop (`_pump`): drain both sockets without blocking, handle
 every message (decode, authorize, call the book), expire and dispatch what
-the core says is due, then send every reply and assignment at once. Passes
+the core says is due, commit the pass's changes to the journal in one write
+(group commit), and only then send every reply and assignment at once: an
+`accepted` reply is never sent for a task that is not in the journal. Passes
 repeat until a pass finds both sockets empty; then the loop sleeps until a
 socket becomes readable, the core's next wake-up, or the heartbeat tick.
+
+No message, however malformed, may stop the loop: a refusal is answered
+where a reply can be routed, anything else costs that one message only.
 """
 
 from __future__ import annotations
@@ -23,9 +28,18 @@ from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_field
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.config import BrokerConfig
 from cronoq.core import PRIORITIES, SchedulerCore
-from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition
+from cronoq.errors import (
+    CronoqError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from cronoq.pool import settings_disagreement
-from cronoq.transport import recv_frames, send_frames, tune
+from cronoq.store.journal import Journal
+from cronoq.transport import send_frames, tune
 
 log = logging.getLogger("cronoq.broker")
 
@@ -33,6 +47,15 @@ log = logging.getLogger("cronoq.broker")
 DRAIN_BATCH = 512
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
+# A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
+# one frame more than that (to refuse it) and drop the rest as they arrive.
+KEPT_FRAMES = 1 + protocol.MAX_FRAMES + 1
+# Waits on one task: each costs a little memory until the task ends, so a flood of them is refused.
+MAX_WAITERS_PER_TASK = 1024
+# Seconds between fdatasyncs of the journal with durability "sync" (a power loss takes at most this much).
+SYNC_INTERVAL = 1.0
+# Seconds before trying again after a compaction failed (a full disk, say).
+COMPACTION_RETRY = 60.0
 
 
 @dataclass
@@ -42,6 +65,9 @@ class WorkerEntry:
     pools: list[str]
     last_seen: float
     leaving: bool = False
+    owed: int | None = None
+    """Slots busy with tasks the worker ran before it (re-)registered: their `Done` returns them.
+    None when the worker did not say its concurrency (any `Done` then returns a slot)."""
 
 
 class Broker:
@@ -65,7 +91,12 @@ class Broker:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
+        self._syncer: asyncio.TimerHandle | None = None
         self._stopped: asyncio.Event | None = None
+        self._journal: Journal | None = None
+        self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
+        self.failure: str | None = None
+        """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
 
     def _pool_limits(self, pool: str) -> tuple[int | None, int | None]:
@@ -73,6 +104,38 @@ class Broker:
         return (None, None) if limits is None else (limits.max_backlog, limits.max_tenant_backlog)
 
     # ----------------------------------------------------------------- lifecycle
+
+    def open(self) -> dict[str, int] | None:
+        """Lock data_dir and carry on from the state it holds; returns what recovery did (None: no data_dir).
+
+        Raises StoreError when the directory cannot be used. Call before `bind()`.
+        """
+        if self.config.data_dir is None:
+            return None
+        journal, replay = Journal.open(self.config.data_dir, fsync_each_commit=self.config.durability == "fsync")
+        self._journal = self._book.journal = journal
+        try:
+            counts = self._book.recover(replay.records.values(), replay.paused, self._clock())
+            journal.commit()
+            self._compact_if_worthwhile()
+        except BaseException:
+            self.close()
+            raise
+        return counts
+
+    def close(self) -> None:
+        """Release data_dir: commit and fsync what is left (nothing, after a failure). Idempotent."""
+        journal, self._journal = self._journal, None
+        self._book.journal = None
+        if journal is None:
+            return
+        try:
+            if self.failure is None:
+                journal.close()
+            else:
+                journal.abandon()
+        except OSError as exc:
+            log.error("could not close the journal in %s: %s", self.config.data_dir, exc)
 
     def bind(self) -> tuple[str, str]:
         """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure."""
@@ -102,20 +165,32 @@ class Broker:
         for sock in (self._clients, self._workers_sock):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
+        if self._journal is not None and not self._journal.fsync_each_commit:
+            self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
         self._pump()
         await self._stopped.wait()
         for sock in (self._clients, self._workers_sock):
             loop.remove_reader(sock.getsockopt(zmq.FD))
-        for handle in (self._timer, self._heartbeat):
+        for handle in (self._timer, self._heartbeat, self._syncer):
             if handle is not None:
                 handle.cancel()
         self._clients.close(linger=0)
         self._workers_sock.close(linger=0)
+        self.close()
 
     def stop(self) -> None:
-        """Stop accepting and return from `serve()` (graceful: replies already made are sent first)."""
+        """Stop accepting and return from `serve()` (graceful: changes are committed, replies sent)."""
+        if self._stopped is not None and not self._stopped.is_set():
+            if self._commit():
+                self._flush()
+            self._stopped.set()
+
+    def _fail(self, reason: str) -> None:
+        """Stop at once without answering: what this pass did is not durable, so nothing of it is confirmed."""
+        log.critical("%s; stopping without sending the replies of this pass", reason)
+        self.failure = reason
+        self._outbox.clear()
         if self._stopped is not None:
-            self._flush()
             self._stopped.set()
 
     # ----------------------------------------------------------------- the loop
@@ -129,6 +204,8 @@ class Broker:
             handled = self._drain(workers, self._on_worker_message, now)
             handled += self._drain(clients, self._on_client_message, now)
             self._dispatch(now)
+            if not self._commit():
+                return
             self._flush()
             if not handled:
                 break
@@ -137,9 +214,20 @@ class Broker:
     def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], None], now: float) -> int:
         count = 0
         while count < DRAIN_BATCH and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            handle(recv_frames(sock), now)
+            handle(_recv_bounded(sock), now)
             count += 1
         return count
+
+    def _commit(self) -> bool:
+        """Group commit: the changes of this pass reach the journal before any of its replies leave."""
+        journal = self._journal
+        if journal is not None and journal.dirty:
+            try:
+                journal.commit()
+            except OSError as exc:
+                self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+                return False
+        return True
 
     def _dispatch(self, now: float) -> None:
         workers = self._workers_sock
@@ -186,8 +274,34 @@ class Broker:
             else:
                 self._outbox.append((self._workers_sock, [worker_id, beat]))  # type: ignore[arg-type]
         self._book.forget_expired_records(now)
+        self._compact_if_worthwhile()
         self._heartbeat = asyncio.get_running_loop().call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         self._pump()
+
+    def _on_sync_tick(self) -> None:
+        """With durability "sync", bound what a power loss could take to about SYNC_INTERVAL."""
+        if self._journal is not None:
+            try:
+                self._journal.sync()
+            except OSError as exc:
+                self._fail(f"cannot fdatasync the journal in {self.config.data_dir}: {exc}")
+                return
+        self._syncer = asyncio.get_running_loop().call_later(SYNC_INTERVAL, self._on_sync_tick)
+
+    def _compact_if_worthwhile(self) -> None:
+        journal = self._journal
+        started = time.monotonic()
+        if journal is None or started < self._next_compaction or not journal.wants_compaction(len(self._book.records)):
+            return
+        try:
+            size = journal.compact(self._book.kept(), self._book.paused_pools())
+        except OSError as exc:  # the old snapshot and journals are still whole: carry on, try again later
+            log.error("could not compact the journal in %s: %s; trying again in %g s",
+                      self.config.data_dir, exc, COMPACTION_RETRY)
+            self._next_compaction = started + COMPACTION_RETRY
+            return
+        log.info("compacted the journal: a snapshot of %d records (%d bytes) in %.3f s",
+                 len(self._book.records), size, time.monotonic() - started)
 
     def _lose_worker(self, worker_id: bytes, now: float) -> None:
         self._workers.pop(worker_id, None)
@@ -224,11 +338,7 @@ class Broker:
         identity = frames[0]
         rid = 0
         try:
-            if not protocol.MIN_FRAMES <= len(frames) - 1 <= protocol.MAX_FRAMES:
-                raise InvalidArgument(
-                    f"a request has {protocol.MIN_FRAMES} or {protocol.MAX_FRAMES} frames "
-                    f"(token, header, optional body), got {len(frames) - 1}"
-                )
+            _check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
             header = frames[2]
             rid = protocol.peek_rid(header)
             principal = self._auth.identify(frames[1])
@@ -237,6 +347,10 @@ class Broker:
             self._handle_client_request(identity, principal, request, frames[3] if len(frames) > 3 else None, now)
         except CronoqError as exc:
             self._reply_error(self._clients, identity, rid, exc)  # type: ignore[arg-type]
+        except Exception:  # a bug: it must cost this one message, never the broker
+            log.exception("failed to handle a client message; it was dropped")
+            self._reply_error(self._clients, identity, rid, Unavailable(  # type: ignore[arg-type]
+                "the broker failed to handle this request (see its log); try again"))
 
     def _handle_client_request(self, identity: bytes, principal: Principal, request: Any,
                                body: bytes | None, now: float) -> None:
@@ -250,7 +364,7 @@ class Broker:
                 if record.finished_at is not None:
                     self._send_outcome(identity, request.rid, record)
                 else:
-                    self._waiters.setdefault(record.id, []).append((identity, request.rid))
+                    self._add_waiter(record.id, identity, request.rid)
             case protocol.Unwait():
                 principal.require("unwait")
                 waiters = self._waiters.get(request.id)
@@ -272,11 +386,11 @@ class Broker:
                 self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, cancelled))
             case protocol.Pause():
                 principal.require("pause")
-                self._pool_action(self._core.pause, request.pool)
+                self._pool_action(self._book.pause, request.pool)
                 self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Resume():
                 principal.require("resume")
-                self._pool_action(self._core.resume, request.pool)
+                self._pool_action(self._book.resume, request.pool)
                 self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Stats():
                 principal.require("stats")
@@ -298,11 +412,19 @@ class Broker:
             raise InvalidArgument("a submit needs a body frame holding the msgpack payload")
         record, duplicate = self._book.submit(SubmitRequest(
             body, pool=request.pool, tenant=tenant, priority=request.priority, deadline=request.deadline,
-            delay=request.delay, key=request.key, max_retries=request.max_retries,
+            delay=request.delay, key=request.key, max_retries=request.max_retries, submission=request.submission,
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
-            raise PermissionDenied("that idempotency key belongs to another tenant's task")
+            raise PermissionDenied("that idempotency key (or submission id) belongs to another tenant's task")
         self._reply(identity, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
+
+    def _add_waiter(self, task_id: str, identity: bytes, rid: int) -> None:
+        waiters = self._waiters.setdefault(task_id, [])
+        if (identity, rid) in waiters:  # a client re-sent its wait: one outcome is enough
+            return
+        if len(waiters) >= MAX_WAITERS_PER_TASK:
+            raise ResourceExhausted(f"task {task_id} already has {MAX_WAITERS_PER_TASK} waiters; retry later")
+        waiters.append((identity, rid))
 
     def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
         record = self._book.get(task_id)
@@ -329,8 +451,7 @@ class Broker:
         sock = self._workers_sock
         rid = 0
         try:
-            if not protocol.MIN_FRAMES <= len(frames) - 1 <= protocol.MAX_FRAMES:
-                raise InvalidArgument(f"a worker message has 2 or 3 frames, got {len(frames) - 1}")
+            _check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
             principal = self._auth.identify(frames[1])
             principal.require("serve")
             message = protocol.decode_worker_message(frames[2])
@@ -338,6 +459,8 @@ class Broker:
             self._handle_worker_message(identity, message, frames[3] if len(frames) > 3 else None, now)
         except CronoqError as exc:
             self._reply_error(sock, identity, rid, exc)  # type: ignore[arg-type]
+        except Exception:  # a bug: it must cost this one message, never the broker
+            log.exception("failed to handle a worker message; it was dropped")
 
     def _handle_worker_message(self, identity: bytes, message: Any, body: bytes | None, now: float) -> None:
         entry = self._workers.get(identity)
@@ -353,7 +476,7 @@ class Broker:
             case protocol.Heartbeat():
                 pass
             case protocol.Done():
-                self._complete(identity, message, body, now)
+                self._complete(identity, entry, message, body, now)
             case protocol.Leave():
                 entry.leaving = True
                 self._core.add_worker(identity, [], 0)  # keeps its running tasks, takes no new ones
@@ -380,24 +503,54 @@ class Broker:
                 raise FailedPrecondition(f"{problem}; the broker's config owns pool settings")
         if ready.slots < 0:
             raise InvalidArgument(f"slots must not be negative, got {ready.slots}")
+        owed = None
+        if ready.concurrency is not None:
+            owed = ready.concurrency - ready.slots - len(self._core.worker_tasks(identity))
+            if ready.slots > ready.concurrency or owed < 0:
+                raise InvalidArgument(f"slots ({ready.slots}) and the tasks held cannot exceed concurrency "
+                                      f"({ready.concurrency})")
         self._core.add_worker(identity, ready.pools, ready.slots)
-        self._workers[identity] = WorkerEntry(list(ready.pools), now)
+        self._workers[identity] = WorkerEntry(list(ready.pools), now, owed=owed)
         self._to_worker(identity, protocol.Welcome(
             protocol.PROTOCOL_VERSION, ready.rid, self.config.heartbeat_interval, self.config.liveness,
         ))
         log.info("worker %s ready for pools %s with %d slots", identity.hex(), ", ".join(ready.pools), ready.slots)
 
-    def _complete(self, identity: bytes, done: protocol.Done, body: bytes | None, now: float) -> None:
+    def _complete(self, identity: bytes, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
+                  now: float) -> None:
+        """A lease's outcome. Stale ones change no task; replayed ones return no slot the worker never used."""
         if done.ok and body is not None and len(body) > self.config.max_payload_bytes:
-            self._book.complete(
+            record = self._book.complete(
                 identity, done.id, done.attempt, now, ok=False, error_type="InvalidArgument",
                 error_message=f"the result is {len(body)} bytes, over max_payload_bytes = {self.config.max_payload_bytes}",
             )
         elif done.ok:
-            self._book.complete(identity, done.id, done.attempt, now, ok=True, result=body if body is not None else b"\xc0")
+            record = self._book.complete(identity, done.id, done.attempt, now, ok=True,
+                                         result=body if body is not None else b"\xc0")
         else:
-            self._book.complete(
+            record = self._book.complete(
                 identity, done.id, done.attempt, now, ok=False, error_type=done.error_type,
                 error_message=done.error_message, traceback=done.traceback,
             )
+        if record is None and entry.owed is not None:
+            if entry.owed <= 0:
+                return  # a lease this worker does not hold, and no slot is owed: a replay
+            entry.owed -= 1  # a task it ran before registering again: that slot is free now
         self._core.grant(identity, 1)
+
+
+def _recv_bounded(sock: zmq.Socket) -> list[bytes]:
+    """Receive one routed message without blocking, keeping at most KEPT_FRAMES of its frames."""
+    frames = [sock.recv(zmq.NOBLOCK)]
+    while sock.getsockopt(zmq.RCVMORE):
+        frame = sock.recv(zmq.NOBLOCK)
+        if len(frames) < KEPT_FRAMES:
+            frames.append(frame)
+    return frames
+
+
+def _check_frame_count(frames: list[bytes], rule: str) -> None:
+    count = len(frames) - 1
+    if not protocol.MIN_FRAMES <= count <= protocol.MAX_FRAMES:
+        got = f"more than {protocol.MAX_FRAMES}" if count > protocol.MAX_FRAMES else str(count)
+        raise InvalidArgument(f"{rule}, got {got}")

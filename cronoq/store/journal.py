@@ -228,8 +228,17 @@ class Journal:
             self.commit()
             os.fsync(self._fd)
         finally:
-            os.close(self._fd)
-            os.close(self._lock_fd)
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Release the directory without writing what is pending (after a write failed; or a test's crash)."""
+        self._pending = []
+        for fd in (self._fd, self._lock_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fd = self._lock_fd = -1
 
 
 # --------------------------------------------------------------------- files

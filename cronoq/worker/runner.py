@@ -172,6 +172,7 @@ class Worker:
             protocol.PROTOCOL_VERSION, next(self._rids), pools=list(self.pools),
             slots=self.concurrency - len(self._running),
             settings={name: pool.explicit_settings() for name, pool in self.pools.items() if pool.explicit_settings()},
+            concurrency=self.concurrency,
         ))
 
     def _on_command(self, frames: list[bytes]) -> None:
