@@ -73,8 +73,10 @@ class Channel:
         self._on_message = on_message
         self._loop = asyncio.get_running_loop()
         self._fd = sock.getsockopt(zmq.FD)
-        self._drain_scheduled = False
+        self._drain_scheduled = True
         self._loop.add_reader(self._fd, self._drain)
+        # The FD only signals changes: what arrived before it was watched is found by one first drain.
+        self._loop.call_soon(self._drain)
 
     def _drain(self) -> None:
         self._drain_scheduled = False

@@ -2,6 +2,12 @@
 
 Every request gets a request id; replies are matched to waiting futures by
 that id, so submits pipeline instead of taking one round trip each.
+
+The connection outlives a broker restart (the Lazy Pirate pattern): ZeroMQ
+reconnects by itself, and on each new connection the client re-sends every
+request still waiting for its reply — a `wait` the restarted broker never
+heard of, a `submit` whose reply was lost. Each submit carries a submission
+id of its own, so the broker answers a re-sent one with the first task.
 """
 
 from __future__ import annotations
@@ -9,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any, Generator
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
 from cronoq.book import TaskInfo, seconds_from_now
@@ -21,6 +30,19 @@ from cronoq.transport import Channel, context, token_bytes, tune
 
 DEFAULT_CLIENT_ADDRESS = "tcp://127.0.0.1:5555"
 DEFAULT_REQUEST_TIMEOUT = 30.0
+# ZeroMQ heartbeats on the connection, so a broker that vanished without closing it (its host died)
+# is noticed and the connection made again, which re-sends what is outstanding.
+ZMTP_HEARTBEAT_MS = 1000
+ZMTP_HEARTBEAT_TIMEOUT_MS = 5000
+
+
+@dataclass
+class _Outstanding:
+    """A request waiting for its reply: what to re-send on a new connection, and who waits."""
+
+    future: asyncio.Future[tuple[Any, bytes | None]]
+    frames: list[bytes]
+    resend: bool
 
 
 class Client:
@@ -32,8 +54,14 @@ class Client:
         self.request_timeout = request_timeout
         self._token = token_bytes(token)
         self._rids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[tuple[Any, bytes | None]]] = {}
+        self._submissions = itertools.count(1)
+        self._submission_prefix = uuid.uuid4().hex[:16]
+        self._pending: dict[int, _Outstanding] = {}
         self._channel: Channel | None = None
+        self._monitor: Channel | None = None
+        self._connections = 0
+        self.reconnects = 0
+        """How many times the connection to the broker was made again (and outstanding requests re-sent)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -50,32 +78,60 @@ class Client:
         if self._channel is None:
             sock = context().socket(zmq.DEALER)
             tune(sock)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
+            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             try:
                 sock.connect(self.address)
             except zmq.ZMQError as exc:
+                sock.disable_monitor()
+                monitor.close(linger=0)
                 sock.close(linger=0)
                 raise InvalidArgument(f"cannot connect to broker address {self.address!r}: {exc}") from None
             self._channel = Channel(sock, self._on_reply)
+            self._monitor = Channel(monitor, self._on_connection_event)
         return self
 
     async def close(self) -> None:
         """Close the connection; requests still waiting fail with Unavailable."""
+        if self._monitor is not None:
+            if self._channel is not None:
+                self._channel.sock.disable_monitor()
+            self._monitor.close()
+            self._monitor = None
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(Unavailable("the client connection was closed"))
+        for outstanding in self._pending.values():
+            if not outstanding.future.done():
+                outstanding.future.set_exception(Unavailable("the client connection was closed"))
         self._pending.clear()
+
+    def _on_connection_event(self, frames: list[bytes]) -> None:
+        """A handshake with the broker completed. After the first, re-send what is outstanding."""
+        if parse_monitor_message(frames)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            return
+        self._connections += 1
+        if self._connections == 1 or self._channel is None:
+            return  # requests sent before the first connection were queued and went out with it
+        self.reconnects += 1
+        for outstanding in list(self._pending.values()):
+            if outstanding.resend and not outstanding.future.done():
+                try:
+                    self._channel.send(outstanding.frames)
+                except zmq.Again:
+                    break  # the queue is full: the request timeout will tell the caller
 
     # ----------------------------------------------------------------- requests
 
-    def _send(self, message: Any, body: bytes | None = None) -> asyncio.Future[tuple[Any, bytes | None]]:
+    def _send(self, message: Any, body: bytes | None = None, *, resend: bool = True
+              ) -> asyncio.Future[tuple[Any, bytes | None]]:
+        """Send a request and return the future of its reply; `resend`: safe to send again on a new connection."""
         if self._channel is None:
             raise Unavailable("this client is not connected: use `await cronoq.connect(...)` or `async with`")
         future = asyncio.get_running_loop().create_future()
-        self._pending[message.rid] = future
         frames = [self._token, protocol.encode(message)] if body is None else [self._token, protocol.encode(message), body]
+        self._pending[message.rid] = _Outstanding(future, frames, resend)
         try:
             self._channel.send(frames)
         except zmq.Again:
@@ -83,8 +139,9 @@ class Client:
             raise Unavailable(f"the send queue to {self.address} is full; is the broker running?") from None
         return future
 
-    async def _request(self, message: Any, body: bytes | None = None) -> tuple[Any, bytes | None]:
-        future = self._send(message, body)
+    async def _request(self, message: Any, body: bytes | None = None, *, resend: bool = True
+                       ) -> tuple[Any, bytes | None]:
+        future = self._send(message, body, resend=resend)
         try:
             return await asyncio.wait_for(future, self.request_timeout)
         except asyncio.TimeoutError:
@@ -98,9 +155,10 @@ class Client:
             reply = protocol.decode_client_reply(frames[0])
         except CronoqError:
             return  # not ours to answer; a broken reply cannot be matched to a request
-        future = self._pending.pop(reply.rid, None)
-        if future is None or future.done():
-            return
+        outstanding = self._pending.pop(reply.rid, None)
+        if outstanding is None or outstanding.future.done():
+            return  # a second reply to a request that was re-sent, or one given up on
+        future = outstanding.future
         if isinstance(reply, protocol.Error):
             future.set_exception(error_from_code(reply.code, reply.message))
         else:
@@ -118,6 +176,7 @@ class Client:
             protocol.PROTOCOL_VERSION, next(self._rids), pool=pool, tenant=tenant, priority=priority,
             deadline=seconds_from_now(deadline, "deadline", now), delay=seconds_from_now(delay, "delay", now),
             key=key, max_retries=max_retries,
+            submission=f"{self._submission_prefix}-{next(self._submissions):x}",
         )
         reply, _ = await self._request(message, protocol.encode_body(payload))
         return TaskHandle(reply.id, self, duplicate=reply.duplicate)
@@ -146,7 +205,9 @@ class Client:
 
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task not yet dispatched; False if it already runs or has finished."""
-        reply, _ = await self._request(protocol.Cancel(protocol.PROTOCOL_VERSION, next(self._rids), task_id))
+        # Not re-sent on a new connection: a second cancel of a cancelled task would answer False.
+        reply, _ = await self._request(protocol.Cancel(protocol.PROTOCOL_VERSION, next(self._rids), task_id),
+                                       resend=False)
         return bool(reply.value)
 
     async def pause(self, pool: str) -> None:
