@@ -41,7 +41,8 @@ def free_port() -> int:
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a child: the repo on PYTHONPATH (so `bench.*` imports), unbuffered output."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # The repo goes last: PYTHONPATH=/some/copy runs the bench against a modified copy of cronoq.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT)]))
     env["PYTHONUNBUFFERED"] = "1"
     if extra:
         env.update(extra)

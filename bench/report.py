@@ -33,9 +33,10 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def _cpu_text(row: dict[str, Any]) -> str:
-    """CPU per task of the system under test: broker + workers for cronoq and the relay, all of a peer's processes."""
+    """CPU per task: broker + workers + client for cronoq and the relay; workers and redis for a peer."""
     if "cpu_us_per_task_broker" in row:
-        return f"{row['cpu_us_per_task_broker']:,.0f} + {row.get('cpu_us_per_task_workers', float('nan')):,.0f}"
+        return (f"{row['cpu_us_per_task_broker']:,.0f} + {row.get('cpu_us_per_task_workers', float('nan')):,.0f}"
+                f" + {row.get('cpu_us_per_task_client', float('nan')):,.0f}")
     if "cpu_us_per_task_peer" in row:
         return f"{row['cpu_us_per_task_peer']:,.0f}"
     return "—"

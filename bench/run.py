@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/run.py` runs from anywhere
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # `python bench/run.py` runs from anywhere
 
 from bench import report  # noqa: E402
 from bench.common import ROOT, Children, log_dir  # noqa: E402

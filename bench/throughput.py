@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Callable, Coroutine
 
 from bench.common import Run, median_of
@@ -28,10 +29,11 @@ def _run_async(coro: Coroutine[Any, Any, Run]) -> Run:
 
 def _measured(stack: Stack, drive: Callable[[], Coroutine[Any, Any, Run]]) -> dict[str, Any]:
     """One run, with the CPU each process group used during it."""
-    before = stack.cpu()
+    before, client_before = stack.cpu(), time.process_time()
     run = _run_async(drive())
-    after = stack.cpu()
+    after, client_after = stack.cpu(), time.process_time()
     run.cpu = {group: after[group] - before[group] for group in after}
+    run.cpu["client"] = client_after - client_before  # the load generator runs in this process
     return run.summary()
 
 
