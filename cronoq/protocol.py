@@ -31,6 +31,9 @@ PROTOCOL_VERSION = 1
 # Frame counts a peer may send (token + header, plus an optional body).
 MIN_FRAMES = 2
 MAX_FRAMES = 3
+# Headers longer than this are not searched for a request id: decoding garbage that size costs more than
+# routing its error is worth (real headers are a few hundred bytes).
+PEEK_LIMIT = 64 * 1024
 
 
 class _Message(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -273,6 +276,8 @@ def _decoding(decoder: msgspec.msgpack.Decoder, header: bytes, what: str) -> Any
         message = decoder.decode(header)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise InvalidArgument(f"malformed {what}: {exc}") from None
+    except RecursionError:  # msgpack nested deeper than the stack: garbage, not a crash
+        raise InvalidArgument(f"malformed {what}: nested too deeply") from None
     if message.v != PROTOCOL_VERSION:
         raise InvalidArgument(
             f"unsupported protocol version {message.v} in {what}; this broker speaks {PROTOCOL_VERSION}"
@@ -302,9 +307,11 @@ def decode_worker_command(header: bytes) -> WorkerCommand:
 
 def peek_rid(header: bytes) -> int:
     """Best effort: the request id of a header that failed to decode, so the error can be routed (0 if none)."""
+    if len(header) > PEEK_LIMIT:
+        return 0
     try:
         raw = msgspec.msgpack.decode(header)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return 0
     if isinstance(raw, list) and len(raw) > 2 and type(raw[2]) is int:
         return raw[2]

@@ -336,20 +336,17 @@ class Broker:
 
     def _on_client_message(self, frames: list[bytes], now: float) -> None:
         identity = frames[0]
-        rid = 0
+        request = None
         try:
             _check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-            header = frames[2]
-            rid = protocol.peek_rid(header)
             principal = self._auth.identify(frames[1])
-            request = protocol.decode_client_request(header)
-            rid = request.rid
+            request = protocol.decode_client_request(frames[2])
             self._handle_client_request(identity, principal, request, frames[3] if len(frames) > 3 else None, now)
         except CronoqError as exc:
-            self._reply_error(self._clients, identity, rid, exc)  # type: ignore[arg-type]
+            self._reply_error(self._clients, identity, _rid_of(request, frames), exc)  # type: ignore[arg-type]
         except Exception:  # a bug: it must cost this one message, never the broker
             log.exception("failed to handle a client message; it was dropped")
-            self._reply_error(self._clients, identity, rid, Unavailable(  # type: ignore[arg-type]
+            self._reply_error(self._clients, identity, _rid_of(request, frames), Unavailable(  # type: ignore[arg-type]
                 "the broker failed to handle this request (see its log); try again"))
 
     def _handle_client_request(self, identity: bytes, principal: Principal, request: Any,
@@ -547,6 +544,13 @@ def _recv_bounded(sock: zmq.Socket) -> list[bytes]:
         if len(frames) < KEPT_FRAMES:
             frames.append(frame)
     return frames
+
+
+def _rid_of(request: Any, frames: list[bytes]) -> int:
+    """The request id an error goes back with: the decoded one, else whatever the header frame shows."""
+    if request is not None:
+        return request.rid
+    return protocol.peek_rid(frames[2]) if len(frames) > 2 else 0
 
 
 def _check_frame_count(frames: list[bytes], rule: str) -> None:

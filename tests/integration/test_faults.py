@@ -1,0 +1,330 @@
+"""Faults against the real broker process: kill -9, SIGTERM, frozen workers, lost replies, overload.
+
+Every test waits on conditions with generous timeouts; none asserts speed.
+The broker runs with heartbeat_interval 0.2 (liveness 3: a worker silent for
+0.6 s is lost) and durable state in a data_dir beside its config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any, Awaitable, Callable
+
+import msgspec
+import pytest
+import zmq
+
+import cronoq
+from cronoq import protocol
+from tests.support import BrokerProcess, start_worker_process
+
+WAIT = 30.0
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = WAIT) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting until {what}")
+
+
+def restart(broker: BrokerProcess, started: list[BrokerProcess]) -> BrokerProcess:
+    """The same config (ports, data_dir) in a new process; stopped at teardown like the first."""
+    again = BrokerProcess(broker.config_path, env=broker.env).start()
+    started.append(again)
+    return again
+
+
+@pytest.fixture
+def restarted():
+    started: list[BrokerProcess] = []
+    yield started
+    for broker in started:
+        broker.stop()
+
+
+def pool_stats(stats: dict[str, Any], pool: str) -> tuple[int, int, int]:
+    p = stats["pools"][pool]
+    return p["queued"], p["delayed"], p["running"]
+
+
+# --------------------------------------------------------------------- kill -9 with 1,000 tasks
+
+
+FAULT_POOLS = """
+[[pools]]
+name = "work"
+[[pools]]
+name = "slow"
+[[pools]]
+name = "held"
+fair_share = true
+"""
+
+
+def fault_pools(ran: list[Any]) -> list[cronoq.Pool]:
+    async def work(payload):
+        ran.append(payload["n"])
+        if payload.get("fail"):
+            raise RuntimeError(f"task {payload['n']} fails on purpose")
+        return {"echo": payload}
+
+    async def slow(payload):
+        ran.append(payload["n"])
+        await asyncio.sleep(payload["sleep"])
+        return {"echo": payload}
+
+    return [cronoq.Pool("work", work), cronoq.Pool("slow", slow), cronoq.Pool("held", work)]
+
+
+async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_factory, restarted):
+    broker = broker_factory(FAULT_POOLS, name="faults.toml")
+    ran: list[Any] = []
+    work, slow, held = fault_pools(ran)
+    loop = asyncio.get_running_loop()
+    workers = [cronoq.Worker(broker.workers, [work, held], concurrency=8, heartbeat_interval=0.2),
+               cronoq.Worker(broker.workers, [slow], concurrency=4, heartbeat_interval=0.2)]
+    runs = [loop.create_task(w.run()) for w in workers]
+    expected: dict[str, Any] = {}  # task id -> the value, or the exception class, its result must give
+    allowed_runs: dict[int, range] = {}  # payload number -> how many times its handler may run
+    counter = iter(range(10**6))
+
+    async def submit(pool: str, outcome: Any = None, runs_allowed: range = range(1, 2), **options: Any
+                     ) -> cronoq.TaskHandle:
+        n = next(counter)
+        payload = {"n": n, **options.pop("payload", {})}
+        handle = await client.submit(payload, pool=pool, **options)
+        assert handle.id not in expected
+        expected[handle.id] = outcome if outcome is not None else {"echo": payload}
+        allowed_runs[n] = runs_allowed
+        return handle
+
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            # Finished before the crash: successes (some with keys) and failures.
+            done_before = [await submit("work", key=f"key-{n}" if n % 15 == 0 else None) for n in range(300)]
+            done_before += [await submit("work", cronoq.TaskFailed, payload={"fail": True}) for _ in range(50)]
+            for handle in done_before:
+                await asyncio.gather(handle.result(timeout=WAIT), return_exceptions=True)
+            # In the middle of their retries (backoff 0.5 s, 1 s, 2 s) when the broker dies.
+            for _ in range(20):  # 4 runs, one more if the crash interrupted one
+                await submit("work", cronoq.TaskFailed, range(4, 6), payload={"fail": True}, max_retries=3)
+            # Queued in a paused pool, for several tenants and classes, some with keys and deadlines.
+            await client.pause("held")
+            tenants, classes = ["acme", "globex", None], ["critical", "high", "normal", "low"]
+            for n in range(460):
+                await submit("held", tenant=tenants[n % 3], priority=classes[n % 4],
+                             deadline=600 if n % 5 == 0 else None, key=f"held-{n}" if n % 7 == 0 else None)
+            cancelled = [await submit("held", cronoq.Cancelled, range(0, 1)) for _ in range(20)]
+            for handle in cancelled:
+                assert await client.cancel(handle.id)
+            # Running on a worker when the broker dies: they run again, their attempt counted.
+            running = [await submit("slow", None, range(2, 3), payload={"sleep": 2.5}) for _ in range(4)]
+            queued_slow = [await submit("slow", payload={"sleep": 0.01}) for _ in range(16)]
+            # Delayed past the restart, and deadlines that pass while the broker is down.
+            for _ in range(80):
+                await submit("work", delay=3.0)
+            expiring = [await submit("held", cronoq.DeadlineExceeded, range(0, 1), deadline=1.0) for _ in range(50)]
+            assert len(expected) == 1000
+
+            async def slow_ones_running() -> bool:
+                return pool_stats(await client.stats(), "slow")[2] == 4
+            await until(slow_ones_running, "four slow tasks run")
+            waits = [loop.create_task(client.result(task_id, timeout=120)) for task_id in expected]
+            await asyncio.sleep(0.3)  # let the waits reach the broker: the restart must re-send them
+
+            broker.kill()  # SIGKILL: no flush, no goodbye
+            await asyncio.sleep(1.2)  # the deadline=1.0 tasks expire while no broker runs
+            broker = restart(broker, restarted)
+
+            stats = await client.stats()
+            assert stats["pools"]["held"]["paused"], "a paused pool stays paused"
+            assert pool_stats(stats, "held")[0] == 460  # 460 queued; the 50 expired, the 20 cancelled
+            for n in range(0, 300, 15):  # keys still find their tasks
+                again = await client.submit({"n": -1}, pool="work", key=f"key-{n}")
+                assert again.duplicate and again.id == done_before[n].id
+            await client.resume("held")
+
+            outcomes = await asyncio.gather(*waits, return_exceptions=True)
+            for task_id, outcome in zip(expected, outcomes):
+                want = expected[task_id]
+                if isinstance(want, type):
+                    assert isinstance(outcome, want), (task_id, outcome)
+                else:
+                    assert outcome == want, (task_id, outcome)
+            for handle in running:
+                assert (await client.status(handle.id)).attempts == 2
+            for handle in expiring + cancelled + queued_slow:
+                assert (await client.status(handle.id)).state in ("expired", "cancelled", "succeeded")
+            stats = await client.stats()
+            assert all(pool_stats(stats, pool) == (0, 0, 0) for pool in ("work", "slow", "held"))
+        # No duplicate: every task ran as often as it should (once, unless the crash interrupted it or it
+        # was retried), and nothing ran that was not submitted.
+        assert set(ran) <= set(allowed_runs)
+        wrong = {n: ran.count(n) for n, allowed in allowed_runs.items() if ran.count(n) not in allowed}
+        assert not wrong, f"payload number: times run {wrong}"
+    finally:
+        for worker in workers:
+            await worker.stop()
+        await asyncio.gather(*runs, return_exceptions=True)
+
+
+# --------------------------------------------------------------------- SIGTERM
+
+
+async def test_sigterm_then_restart_carries_on_where_it_stopped(broker_factory, restarted):
+    broker = broker_factory('[[pools]]\nname = "default"\n', name="term.toml")
+    async with cronoq.connect(broker.clients) as client:
+        await client.pause("default")
+        queued = [await client.submit(n, tenant="acme", priority="high") for n in range(20)]
+        later = await client.submit("later", delay=1.0)
+        assert broker.stop(signal.SIGTERM) == 0
+        broker = restart(broker, restarted)
+        assert (await client.stats())["pools"]["default"]["paused"]
+        info = await client.status(queued[0].id)
+        assert (info.state, info.tenant, info.priority) == ("queued", "acme", "high")
+        await client.resume("default")
+        async with _worker(broker, cronoq.Pool("default", _echo)):
+            assert [await h.result(timeout=WAIT) for h in queued] == list(range(20))
+            assert await later.result(timeout=WAIT) == "later"
+
+
+async def _echo(payload):
+    return payload
+
+
+class _worker:
+    """An in-process worker for the length of an `async with`."""
+
+    def __init__(self, broker: BrokerProcess, pool: cronoq.Pool, concurrency: int = 4) -> None:
+        self.worker = cronoq.Worker(broker.workers, pool, concurrency=concurrency, heartbeat_interval=0.2)
+
+    async def __aenter__(self) -> cronoq.Worker:
+        self.run = asyncio.get_running_loop().create_task(self.worker.run())
+        return self.worker
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.worker.stop()
+        await self.run
+
+
+# --------------------------------------------------------------------- a frozen worker
+
+
+async def test_a_worker_frozen_past_its_liveness_cannot_complete_its_task_again(broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "default"\n[[pools]]\nname = "slow"\n', name="frozen.toml")
+    frozen = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "frozen.log")
+    other = None
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            task = await client.submit(1.5, pool="slow")  # sleeps 1.5 s, returns the worker's pid
+
+            async def attempt_runs(n: int) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    info = await client.status(task.id)
+                    return (info.state, info.attempts) == ("running", n)
+                return check
+            await until(await attempt_runs(1), "the first worker runs the task")
+            frozen.send_signal(signal.SIGSTOP)
+            other = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "other.log")
+            await until(await attempt_runs(2), "the task runs again on the other worker")
+            frozen.send_signal(signal.SIGCONT)  # its handler finishes and reports attempt 1, too late
+            assert await task.result(timeout=WAIT) == other.pid
+            info = await client.status(task.id)
+            assert (info.state, info.attempts) == ("succeeded", 2)
+            # The thawed worker registers again and serves; the task's outcome does not change.
+            quick = [await client.submit(0, pool="slow") for _ in range(6)]
+            assert {await h.result(timeout=WAIT) for h in quick} <= {frozen.pid, other.pid}
+            assert await client.result(task.id, timeout=5) == other.pid
+    finally:
+        for proc in (frozen, other):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+
+
+# --------------------------------------------------------------------- lost replies (Lazy Pirate)
+
+
+def _raw_request(endpoint: str, header: bytes, body: bytes | None = None, timeout_ms: int = 10_000) -> Any:
+    """One request over a fresh DEALER; returns the decoded reply header."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart([b"", header] + ([body] if body is not None else []))
+        assert sock.poll(timeout_ms), "no reply from the broker"
+        return protocol.decode_client_reply(sock.recv_multipart()[0])
+    finally:
+        sock.close()
+
+
+async def test_a_submit_resent_after_the_broker_died_mid_reply_creates_one_task(broker_factory, restarted):
+    broker = broker_factory("", name="pirate.toml")
+    submit = protocol.encode(protocol.Submit(protocol.PROTOCOL_VERSION, 1, submission="3f7a9c-1"))
+    body = msgspec.msgpack.encode("once")
+    # The broker accepted (the reply proves the task is in its journal) and then died: from its side this is
+    # exactly "died before the reply left"; the client never counts on that reply and sends again.
+    first = _raw_request(broker.clients, submit, body)
+    broker.kill()
+    broker = restart(broker, restarted)
+    again = _raw_request(broker.clients, submit, body)
+    assert (again.id, again.duplicate, first.duplicate) == (first.id, True, False)
+
+    # The real client, whose submit reaches a broker that dies before reading it: re-sent on reconnect.
+    async with cronoq.connect(broker.clients) as client:
+        await client.ping()
+        broker.proc.send_signal(signal.SIGSTOP)
+        pending = asyncio.get_running_loop().create_task(client.submit("twice?"))
+        await asyncio.sleep(0.3)
+        broker.kill()
+        broker = restart(broker, restarted)
+        handle = await asyncio.wait_for(pending, WAIT)
+        assert client.reconnects >= 1
+        assert pool_stats(await client.stats(), "default") == (2, 0, 0)  # "once" and "twice?", one each
+        async with _worker(broker, cronoq.Pool("default", _echo)):
+            assert await handle.result(timeout=WAIT) == "twice?"
+            assert await client.result(first.id, timeout=WAIT) == "once"
+
+
+# --------------------------------------------------------------------- overload
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_a_flood_past_max_backlog_is_refused_and_nothing_accepted_is_lost(broker_factory, restarted):
+    broker = broker_factory('[[pools]]\nname = "capped"\nmax_backlog = 100\nmax_tenant_backlog = 40\n',
+                            name="flood.toml")
+    accepted: dict[str, list[cronoq.TaskHandle]] = {}
+    async with cronoq.connect(broker.clients) as client:
+        before = rss_kib(broker.proc.pid)
+        for tenant in ("a", "b", "c", "d"):
+            results = await asyncio.gather(*(client.submit([tenant, n], pool="capped", tenant=tenant)
+                                             for n in range(2_000)), return_exceptions=True)
+            refused = [r for r in results if isinstance(r, Exception)]
+            assert all(isinstance(r, cronoq.ResourceExhausted) for r in refused)
+            accepted[tenant] = [r for r in results if not isinstance(r, Exception)]
+        assert {t: len(h) for t, h in accepted.items()} == {"a": 40, "b": 40, "c": 20, "d": 0}
+        assert rss_kib(broker.proc.pid) - before < 64 * 1024, "8,000 refused submits must not grow the broker"
+
+        broker.kill()
+        broker = restart(broker, restarted)
+        with pytest.raises(cronoq.ResourceExhausted, match="max_backlog"):
+            await client.submit("still full", pool="capped", tenant="e")
+        async with _worker(broker, cronoq.Pool("capped", _echo), concurrency=8):
+            for tenant, handles in accepted.items():
+                assert [await h.result(timeout=WAIT) for h in handles] == [[tenant, n] for n in range(len(handles))]
+        assert (await client.submit("room again", pool="capped", tenant="e")).id
