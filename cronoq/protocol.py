@@ -31,9 +31,6 @@ PROTOCOL_VERSION = 1
 # Frame counts a peer may send (token + header, plus an optional body).
 MIN_FRAMES = 2
 MAX_FRAMES = 3
-# Headers longer than this are not searched for a request id: decoding garbage that size costs more than
-# routing its error is worth (real headers are a few hundred bytes).
-PEEK_LIMIT = 64 * 1024
 
 
 class _Message(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -305,17 +302,23 @@ def decode_worker_command(header: bytes) -> WorkerCommand:
     return _decoding(_worker_command_decoder, header, "broker command")
 
 
+class _RidPeek(msgspec.Struct, array_like=True):
+    """The start every request header shares; the rest is skipped unread, so garbage costs little."""
+
+    tag: str
+    v: int
+    rid: int
+
+
+_rid_decoder = msgspec.msgpack.Decoder(_RidPeek)
+
+
 def peek_rid(header: bytes) -> int:
     """Best effort: the request id of a header that failed to decode, so the error can be routed (0 if none)."""
-    if len(header) > PEEK_LIMIT:
-        return 0
     try:
-        raw = msgspec.msgpack.decode(header)
+        return _rid_decoder.decode(header).rid
     except (msgspec.DecodeError, RecursionError):
         return 0
-    if isinstance(raw, list) and len(raw) > 2 and type(raw[2]) is int:
-        return raw[2]
-    return 0
 
 
 def encode_body(value: Any) -> bytes:

@@ -50,6 +50,9 @@ FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
 # one frame more than that (to refuse it) and drop the rest as they arrive.
 KEPT_FRAMES = 1 + protocol.MAX_FRAMES + 1
+# Messages libzmq queues per connection before it stops reading that peer's socket (TCP then pushes
+# back on the peer): bounds what a flood from one connection can pile up in the broker's memory.
+RECEIVE_HWM = 1000
 # Waits on one task: each costs a little memory until the task ends, so a flood of them is refused.
 MAX_WAITERS_PER_TASK = 1024
 # Seconds between fdatasyncs of the journal with durability "sync" (a power loss takes at most this much).
@@ -145,6 +148,7 @@ class Broker:
         for endpoint in (self.config.clients, self.config.workers):
             sock = ctx.socket(zmq.ROUTER)
             tune(sock, max_message_bytes=max_frame)
+            sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:

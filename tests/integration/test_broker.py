@@ -191,7 +191,7 @@ async def test_a_command_line_worker_serves_and_a_killed_worker_loses_no_task(br
     try:
         async with cronoq.connect(broker.clients) as client:
             assert (await (await client.submit("hi")).result(timeout=10))["echo"] == "hi"
-            task = await client.submit(30, pool="slow")
+            task = await client.submit(2, pool="slow")  # sleeps 2 s, returns the pid of the worker that ran it
             for _ in range(200):
                 if (await client.status(task.id)).state == "running":
                     break
@@ -208,6 +208,10 @@ async def test_a_command_line_worker_serves_and_a_killed_worker_loses_no_task(br
             assert (info.state, info.attempts) == ("running", 2)
             quick = await client.submit(0, pool="slow")
             assert await quick.result(timeout=20) == second.pid
+            # The lost run's task completes elsewhere, once, with the attempt the loss cost counted.
+            assert await task.result(timeout=20) == second.pid
+            info = await client.status(task.id)
+            assert (info.state, info.attempts) == ("succeeded", 2)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
