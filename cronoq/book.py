@@ -20,7 +20,6 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol
 
 from cronoq.core import (
     CANCELLED,
-    DELAYED,
     EXPIRED,
     FAILED,
     PRIORITIES,

@@ -8,7 +8,6 @@ The broker runs with heartbeat_interval 0.2 (liveness 3: a worker silent for
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from typing import Any, Awaitable, Callable
@@ -19,7 +18,7 @@ import zmq
 
 import cronoq
 from cronoq import protocol
-from tests.support import BrokerProcess, start_worker_process
+from tests.support import BrokerProcess, free_port, start_worker_process
 
 WAIT = 30.0
 
@@ -193,6 +192,19 @@ async def test_sigterm_then_restart_carries_on_where_it_stopped(broker_factory, 
         async with _worker(broker, cronoq.Pool("default", _echo)):
             assert [await h.result(timeout=WAIT) for h in queued] == list(range(20))
             assert await later.result(timeout=WAIT) == "later"
+
+
+async def test_durability_none_keeps_nothing_over_a_restart(broker_factory, restarted):
+    broker = broker_factory('[broker]\ndurability = "none"\nheartbeat_interval = 0.2\n'
+                            f'clients = "tcp://127.0.0.1:{free_port()}"\nworkers = "tcp://127.0.0.1:{free_port()}"\n',
+                            name="memory.toml")
+    async with cronoq.connect(broker.clients) as client:
+        task = await client.submit("gone")
+        broker.kill()
+        broker = restart(broker, restarted)
+        with pytest.raises(cronoq.NotFound):
+            await client.status(task.id)
+    assert not (broker.config_path.parent / "cronoq-data").exists()
 
 
 async def _echo(payload):
