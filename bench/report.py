@@ -161,7 +161,7 @@ def draw(path: Path, rows: list[dict[str, Any]], sequence: list[str], weights: d
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
         ax.set_xlabel("queued tasks (backlog)")
-        ax.set_ylabel("µs per submit + dispatch + finish")
+        ax.set_ylabel(f"µs per {dispatch[0].get('operation', 'cycle').split(' (')[0]}")
         ax.set_title("Core dispatch cost as the backlog grows")
         ax.legend()
 
@@ -181,7 +181,7 @@ def draw(path: Path, rows: list[dict[str, Any]], sequence: list[str], weights: d
         ax.set_ylim(0, 1)
         ax.set_xlabel("dispatches so far")
         ax.set_ylabel("share of dispatches")
-        ax.set_title("Fairness under load, weights 3:1:1 (dotted: weighted share)")
+        ax.set_title("Fairness under load, weights 3:1:1 (dotted: share)")
         ax.legend()
 
     fig.tight_layout()

@@ -68,6 +68,7 @@ def _version(args: list[str]) -> str:
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
+    import cronoq
     import msgpack
     import msgspec
     import uvloop
@@ -81,6 +82,9 @@ def machine() -> dict[str, Any]:
         "msgspec": msgspec.__version__, "uvloop": uvloop.__version__,
         "redis_server": _version(["redis-server", "--version"]),
         "cronoq_commit": _version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        # Which cronoq ran: the repo's, or a copy put first on PYTHONPATH (see bench/README.md).
+        "cronoq_path": str(Path(cronoq.__file__).resolve().parent.parent),
+        "cronoq_uncommitted_changes": bool(_version(["git", "-C", str(ROOT), "status", "--porcelain", "cronoq"])),
     }
     try:
         import celery

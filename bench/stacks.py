@@ -56,12 +56,18 @@ def relay_stack(workers: int, credit: int) -> Iterator[Stack]:
             Children.stop(proc)
 
 
-def broker_config(*, durable: bool, tokens: bool, data_dir: Path, pools: str = '[[pools]]\nname = "default"\n',
-                  heartbeat: float = 1.0) -> tuple[str, str, str]:
-    """A broker config on fresh loopback ports; returns (toml text, clients address, workers address)."""
+def broker_config(*, durable: bool | str, tokens: bool, data_dir: Path,
+                  pools: str = '[[pools]]\nname = "default"\n', heartbeat: float = 1.0) -> tuple[str, str, str]:
+    """A broker config on fresh loopback ports; returns (toml text, clients address, workers address).
+
+    `durable`: False for durability "none", True for the default durability
+    (only `data_dir` set), or a durability name to write out (e.g. "fsync").
+    """
     clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     lines = ["[broker]", f'clients = "{clients}"', f'workers = "{workers}"', f"heartbeat_interval = {heartbeat}"]
     lines.append(f'data_dir = "{data_dir}"' if durable else 'durability = "none"')
+    if isinstance(durable, str):
+        lines.append(f'durability = "{durable}"')
     text = "\n".join(lines) + "\n\n" + pools + "\n"
     if tokens:
         for env, role in (("BENCH_CLIENT_TOKEN", "client"), ("BENCH_WORKER_TOKEN", "worker"),
@@ -110,7 +116,7 @@ def start_cronoq_worker(workers_address: str, target: str, concurrency: int, log
 
 
 @contextlib.contextmanager
-def cronoq_stack(*, durable: bool, tokens: bool, workers: int, concurrency: int, target: str = "bench.apps:noop",
+def cronoq_stack(*, durable: bool | str, tokens: bool, workers: int, concurrency: int, target: str = "bench.apps:noop",
                  pools: str = '[[pools]]\nname = "default"\n') -> Iterator[Stack]:
     """A real broker (durable in a temp data_dir, or durability none) and `workers` worker processes."""
     with tempfile.TemporaryDirectory(prefix="cronoq-bench-") as tmp:
