@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"cronoq bench: {', '.join(sections)}; {'quick' if s.quick else 'full'} run, repeat {s.repeat}; "
         f"child logs in {log_dir()}")
+    info = machine()  # before the run: the commit is the one we started on, even if others commit meanwhile
+    if os.environ.get("BENCH_CRONOQ_NOTE"):
+        info["cronoq_note"] = os.environ["BENCH_CRONOQ_NOTE"]  # e.g. how a copy on PYTHONPATH was made
     busy0, ours0, wall0 = _busy_seconds(), _our_seconds(), time.perf_counter()
     try:
         rows, sequence, failures = run_sections(s, sections, log)
@@ -173,7 +176,6 @@ def main(argv: list[str] | None = None) -> int:
 
     report.add_ratios(rows)
     checks = report.targets(rows)
-    info = machine()
     print(f"\ncronoq bench ({'quick' if s.quick else 'full'}, medians of {s.repeat}) on {info['cores']} cores, "
           f"Python {info['python']}; other processes used {foreign_cores:.2f} cores on average meanwhile\n")
     print(report.table(rows))
