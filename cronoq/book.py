@@ -194,7 +194,7 @@ class TaskBook:
     # ----------------------------------------------------------------- submit
 
     def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
-        """Accept a task; returns its record and whether it is a duplicate of an earlier key."""
+        """Accept a task; returns its record, and whether it is an earlier task with the same key or submission."""
         priority = validate_submit(request, self.core.pool_names(), self.max_payload_bytes)
         if request.submission is not None:
             existing = self._submissions.get(request.submission)

@@ -280,3 +280,25 @@ def test_replay_skips_changes_of_unknown_tasks():
     replay.apply(Dispatched("nobody", 1, 0.0))
     replay.apply(Finished("nobody", "succeeded", 0.0))
     assert replay.records == {} and replay.orphans == 2
+
+
+def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tmp_path):
+    from cronoq import protocol
+    from cronoq.broker.server import Broker
+    from cronoq.config import parse_config
+
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}}, source="test", base_dir=tmp_path,
+                          environ={})
+    broker = Broker(config, clock=lambda: 1000.0)
+    broker.open()
+    journal = broker._journal
+    good_fd = journal._fd
+    journal._fd = os.open(tmp_path / "data" / "lock", os.O_RDONLY)  # as if the disk refused every write
+    broker._on_client_message([b"client", b"", protocol.encode(protocol.Submit(1, 7)), b"\xc0"], 1000.0)
+    assert broker._outbox, "an accepted reply is ready..."
+    assert not broker._commit()
+    assert broker.failure and "cannot write the journal" in broker.failure
+    assert not broker._outbox, "...and never sent, since the task is not on disk"
+    os.close(good_fd)
+    broker.close()
+    assert Journal.open(tmp_path / "data")[1].records == {}

@@ -39,7 +39,7 @@ from cronoq.errors import (
     Unavailable,
 )
 from cronoq.pool import settings_disagreement
-from cronoq.store.journal import Journal
+from cronoq.store.journal import Journal, StoreError
 from cronoq.transport import send_frames, tune
 
 log = logging.getLogger("cronoq.broker")
@@ -124,12 +124,15 @@ class Broker:
             self._journal = self._book.journal = journal
             try:
                 counts = self._book.recover(replay.records.values(), replay.paused, self._clock())
-                journal.commit()
-                self._compact_if_worthwhile()
+                journal.commit()  # what recovery decided (requeued, failed) before anything else happens
+            except OSError as exc:
+                self.close()
+                raise StoreError(f"cannot write to data_dir {self.config.data_dir}: {exc}") from None
             except BaseException:
                 self.close()
                 raise
             del replay
+            self._compact_if_worthwhile()
             gc.freeze()
         finally:
             gc.enable()
@@ -305,6 +308,8 @@ class Broker:
         journal = self._journal
         started = time.monotonic()
         if journal is None or started < self._next_compaction or not journal.wants_compaction(len(self._book.records)):
+            return
+        if not self._commit():  # a failed commit is fatal; a failed compaction is not
             return
         try:
             size = journal.compact(self._book.kept(), self._book.paused_pools())
