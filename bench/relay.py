@@ -6,7 +6,8 @@ watched with `loop.add_reader` and drained until a full pass finds nothing)
 
 The broker only forwards frames and counts credit, with the leanest socket
 calls pyzmq offers (see `_recv`/`_send`); the worker decodes the
-msgpack payload and encodes its result, as any real handler must. Whatever
+msgpack payload and encodes its result (with msgspec, like cronoq), as any
+real handler must. Whatever
 cronoq costs beyond this is the price of scheduling, bookkeeping and safety.
 
 Run as `python -m bench.relay broker CLIENTS_PORT WORKERS_PORT` or
@@ -22,7 +23,7 @@ import collections
 import sys
 import time
 
-import msgpack
+import msgspec
 import zmq
 
 from bench.common import Run, payload
@@ -113,7 +114,7 @@ async def serve_worker(workers_port: int, credit: int) -> None:
     ctx = zmq.Context.instance()
     sock = _socket(ctx, zmq.DEALER)
     sock.connect(f"tcp://127.0.0.1:{workers_port}")
-    packb, unpackb = msgpack.packb, msgpack.unpackb
+    packb, unpackb = msgspec.msgpack.encode, msgspec.msgpack.decode
 
     def drain() -> None:
         while (frames := _recv(sock)) is not None:
@@ -139,7 +140,7 @@ async def drive_relay(address: str, tasks: int, window: int, *, timeout: float =
     sock = _socket(ctx, zmq.DEALER)
     sock.connect(address)
     loop = asyncio.get_running_loop()
-    packb, unpackb = msgpack.packb, msgpack.unpackb
+    packb, unpackb = msgspec.msgpack.encode, msgspec.msgpack.decode
     bodies = [packb(payload(n)) for n in range(tasks)]  # encoded up front: the client's cost is not the relay's
     sent_at = [0.0] * tasks
     latencies: list[float] = []

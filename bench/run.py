@@ -69,7 +69,6 @@ def _version(args: list[str]) -> str:
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import cronoq
-    import msgpack
     import msgspec
     import uvloop
     import zmq
@@ -78,7 +77,7 @@ def machine() -> dict[str, Any]:
                       if line.startswith("model name")), platform.processor())
     info: dict[str, Any] = {
         "cores": os.cpu_count(), "cpu": cpu_model, "python": platform.python_version(), "os": platform.platform(),
-        "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "msgpack": ".".join(map(str, msgpack.version)),
+        "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
         "msgspec": msgspec.__version__, "uvloop": uvloop.__version__,
         "redis_server": _version(["redis-server", "--version"]),
         "cronoq_commit": _version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
