@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 15.0
@@ -117,3 +119,22 @@ def start_worker_process(broker_workers: str, target: str, log: Path, *, concurr
                    "--heartbeat-interval", "0.2", *(extra or []), target], log, env=env, cwd=ROOT)
     wait_for_line(proc, log, "registered with")
     return proc
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 30.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds (never a speed assertion)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting until {what}")
+
+
+def rss_kib(pid: int) -> int:
+    """The resident memory of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")

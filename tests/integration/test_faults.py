@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from typing import Any, Awaitable, Callable
 
 import msgspec
@@ -18,19 +17,9 @@ import zmq
 
 import cronoq
 from cronoq import protocol
-from tests.support import BrokerProcess, free_port, start_worker_process
+from tests.support import BrokerProcess, free_port, rss_kib, start_worker_process, until
 
 WAIT = 30.0
-
-
-async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = WAIT) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if await condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting until {what}")
 
 
 def restart(broker: BrokerProcess, started: list[BrokerProcess]) -> BrokerProcess:
@@ -237,15 +226,15 @@ async def test_a_worker_frozen_past_its_liveness_cannot_complete_its_task_again(
         async with cronoq.connect(broker.clients) as client:
             task = await client.submit(1.5, pool="slow")  # sleeps 1.5 s, returns the worker's pid
 
-            async def attempt_runs(n: int) -> Callable[[], Awaitable[bool]]:
+            def attempt_runs(n: int) -> Callable[[], Awaitable[bool]]:
                 async def check() -> bool:
                     info = await client.status(task.id)
                     return (info.state, info.attempts) == ("running", n)
                 return check
-            await until(await attempt_runs(1), "the first worker runs the task")
+            await until(attempt_runs(1), "the first worker runs the task")
             frozen.send_signal(signal.SIGSTOP)
             other = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "other.log")
-            await until(await attempt_runs(2), "the task runs again on the other worker")
+            await until(attempt_runs(2), "the task runs again on the other worker")
             frozen.send_signal(signal.SIGCONT)  # its handler finishes and reports attempt 1, too late
             assert await task.result(timeout=WAIT) == other.pid
             info = await client.status(task.id)
@@ -307,14 +296,6 @@ async def test_a_submit_resent_after_the_broker_died_mid_reply_creates_one_task(
 
 
 # --------------------------------------------------------------------- overload
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 async def test_a_flood_past_max_backlog_is_refused_and_nothing_accepted_is_lost(broker_factory, restarted):

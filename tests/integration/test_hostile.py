@@ -22,7 +22,8 @@ import cronoq
 from cronoq import protocol
 from cronoq.broker.server import Broker
 from cronoq.config import parse_config
-from tests.integration.test_faults import WAIT, rss_kib, until
+from tests.integration.test_faults import WAIT
+from tests.support import rss_kib, until
 from tests.test_protocol_fuzz import TAGS, values
 
 V = protocol.PROTOCOL_VERSION
