@@ -112,12 +112,14 @@ async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_fac
             cancelled = [await submit("held", cronoq.Cancelled, range(0, 1)) for _ in range(20)]
             for handle in cancelled:
                 assert await client.cancel(handle.id)
-            # Running on a worker when the broker dies: they run again, their attempt counted.
-            running = [await submit("slow", None, range(2, 3), payload={"sleep": 2.5}) for _ in range(4)]
-            queued_slow = [await submit("slow", payload={"sleep": 0.01}) for _ in range(16)]
-            # Delayed past the restart, and deadlines that pass while the broker is down.
+            # Delayed past the restart.
             for _ in range(80):
-                await submit("work", delay=3.0)
+                await submit("work", delay=5.0)
+            # Running on a worker when the broker dies (submitted last, so they surely still run then):
+            # they run again, their attempt counted. Behind them, queued ones.
+            running = [await submit("slow", None, range(2, 3), payload={"sleep": 3.0}) for _ in range(4)]
+            queued_slow = [await submit("slow", payload={"sleep": 0.01}) for _ in range(16)]
+            # Deadlines that pass while the broker is down.
             expiring = [await submit("held", cronoq.DeadlineExceeded, range(0, 1), deadline=1.0) for _ in range(50)]
             assert len(expected) == 1000
 
