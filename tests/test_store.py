@@ -302,3 +302,29 @@ def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tm
     os.close(good_fd)
     broker.close()
     assert Journal.open(tmp_path / "data")[1].records == {}
+
+
+def test_the_broker_compacts_a_journal_grown_much_larger_than_its_state(tmp_path):
+    from cronoq import protocol
+    from cronoq.broker.server import Broker
+    from cronoq.config import parse_config
+
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}}, source="test", base_dir=tmp_path,
+                          environ={})
+    broker = Broker(config, clock=lambda: 1000.0)
+    broker.open()
+    for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records for 200 kept tasks
+        broker._on_client_message([b"c", b"", protocol.encode(protocol.Submit(1, rid)), b"\xc0"], 1000.0)
+        task_id = protocol.decode_client_reply(broker._outbox.pop()[1][1]).id
+        broker._on_client_message([b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
+    assert broker._commit()
+    broker._outbox.clear()
+    journal = broker._journal
+    journal.compact_min_bytes, journal.compact_ratio = 1, 1.5
+    broker._compact_if_worthwhile()
+    assert journal.generation == 2 and journal.records == 0
+    broker.close()
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["journal.00000002", "lock", SNAPSHOT]
+    again = Broker(config, clock=lambda: 1000.0)
+    assert again.open() == {"finished": 200, "queued": 0, "requeued": 0, "failed": 0}
+    again.close()
