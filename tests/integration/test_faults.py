@@ -17,7 +17,7 @@ import zmq
 
 import cronoq
 from cronoq import protocol
-from tests.support import BrokerProcess, free_port, rss_kib, start_worker_process, until
+from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
 
 WAIT = 30.0
 
@@ -323,3 +323,13 @@ async def test_a_flood_past_max_backlog_is_refused_and_nothing_accepted_is_lost(
             for tenant, handles in accepted.items():
                 assert [await h.result(timeout=WAIT) for h in handles] == [[tenant, n] for n in range(len(handles))]
         assert (await client.submit("room again", pool="capped", tenant="e")).id
+
+
+def test_a_second_broker_on_the_same_data_dir_is_refused_clearly(broker_factory, tmp_path):
+    first = broker_factory("", name="first.toml")
+    second = tmp_path / "second.toml"
+    second.write_text(f'[broker]\nclients = "tcp://127.0.0.1:{free_port()}"\nworkers = "tcp://127.0.0.1:{free_port()}"\n'
+                      f'data_dir = "{first.config_path.parent / "first-data"}"\n')
+    result = run_command(["-m", "cronoq.broker.cli", "-c", str(second)])
+    assert result.returncode == 1
+    assert "is in use by another broker" in result.stderr and "Traceback" not in result.stderr
