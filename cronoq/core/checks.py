@@ -1,0 +1,63 @@
+"""Checks of what callers hand the core, with messages that say what to send instead.
+
+The core refuses malformed input at its boundary (InvalidArgument, NotFound)
+so that its structures only ever hold tasks and settings it can order by.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from cronoq.core.settings import PRIORITIES, PoolSettings
+from cronoq.core.task import Task
+from cronoq.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from cronoq.core.pool import Pool
+
+
+def no_pool_message(name: object, pool: Pool | None, accepting: list[str]) -> str:
+    """Why `name` takes no tasks (unknown, or draining after a reload), and what does."""
+    if pool is not None:
+        return f"pool {name!r} was removed from the config and is draining; use one of {accepting}"
+    return f"no pool named {name!r}; declared pools: {accepting}"
+
+
+def is_time(value: object) -> bool:
+    """Whether `value` can be a time on the caller's clock: an int or a float, not NaN."""
+    return type(value) in (int, float) and not math.isnan(value)  # type: ignore[arg-type]
+
+
+def check_task(task: Task) -> None:
+    """Refuse fields the core cannot order by, with a message that says what to send instead."""
+    if type(task.id) is not str or not task.id:
+        raise InvalidArgument(f"a task id must be a non-empty string, got {task.id!r}")
+    priority = task.priority
+    if type(priority) is not int or not 0 <= priority < len(PRIORITIES):
+        raise InvalidArgument(f"priority must be a class number 0..{len(PRIORITIES) - 1}, got {priority!r}")
+    tenant = task.tenant
+    if tenant is not None and (type(tenant) is not str or not tenant):
+        raise InvalidArgument(f"tenant must be a non-empty string or None, got {tenant!r}")
+    if task.deadline is not None and not is_time(task.deadline):
+        raise InvalidArgument(f"deadline must be a number or None, got {task.deadline!r}")
+    if task.not_before is not None and not is_time(task.not_before):
+        raise InvalidArgument(f"not_before must be a number or None, got {task.not_before!r}")
+    if type(task.attempts) is not int or task.attempts < 0:
+        raise InvalidArgument(f"attempts must be an int >= 0, got {task.attempts!r}")
+
+
+def check_settings(s: PoolSettings) -> None:
+    """Refuse pool settings the core cannot schedule by (weights must be positive and finite)."""
+    if not isinstance(s, PoolSettings):
+        raise InvalidArgument(f"expected PoolSettings, got {type(s).__name__}")
+    if not isinstance(s.name, str) or not s.name:
+        raise InvalidArgument(f"a pool name must be a non-empty string, got {s.name!r}")
+    for tenant, weight in s.tenant_weights.items():
+        if type(weight) not in (int, float) or not 0 < weight < math.inf:
+            raise InvalidArgument(
+                f"pool {s.name!r}: the weight of tenant {tenant!r} must be a positive number, got {weight!r}"
+            )
+    cap = s.max_in_flight
+    if cap is not None and (type(cap) is not int or cap < 1):
+        raise InvalidArgument(f"pool {s.name!r}: max_in_flight must be an int >= 1 or None, got {cap!r}")

@@ -1,0 +1,641 @@
+"""SchedulerCore: the scheduler of cronoq as a pure state machine.
+
+How the pieces fit (the rules are CONTRACT.md section 5; docs/scheduling.md
+explains them at length):
+
+    SchedulerCore
+      _tasks    id -> Task, every live task (queued, delayed, running)
+      _timers   heap of delayed tasks by min(not_before, deadline)
+      _expiry   heap of queued tasks that have a deadline, by deadline
+      _ready    workers with a free slot, least recently ready first
+      _pools    name -> Pool
+                  classes[0..3]  critical, high, normal, low: strict order
+                    edf   heap (deadline, arrival) of queued deadline tasks
+                    rest  FairQueue: tenant flows, head tags in a heap by (S, arrival)
+                          or FifoQueue: one chain in arrival order
+      (a flow or FifoQueue is a Chain: a FIFO linked through Task._next)
+
+A dispatch walks a pool's classes from critical to low and takes the first
+task it finds: in a class, the EDF heap goes first (a task with a deadline
+is not part of the fair share), then the fair queue. The fair queue is
+start-time fair queuing with the tags given late: only the head task of each
+backlogged tenant holds a start tag `S = max(V, F[t])`, assigned when it
+becomes the head; `V` per class is the tag of the last task dispatched and
+`F[t] = S + 1/w`. Because only heads are tagged, new weights reach the whole
+backlog by re-tagging the heads (O(tenants)) on a reload.
+
+Deadlines live in two heaps that share each entry tuple: the class's EDF heap
+orders dispatch, the core's expiry heap finds what `expire(now)` must remove
+in O(log n). A delayed task sits only in the timer heap until `expire(now)`
+moves it into its class, where it gets its arrival number (and, in a fair
+pool, its tag when it reaches the head of its tenant's flow).
+
+Nothing is removed from the middle of a heap or chain: a task that leaves
+early (cancelled, expired, dispatched while also in the expiry heap) leaves a
+stale entry behind, recognised because its task's `_seq` or state no longer
+matches. Each structure counts its stale entries and rebuilds itself before
+they outnumber its live ones.
+
+Time is never read here: every operation that depends on it takes `now`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from heapq import heappush
+from typing import Hashable, Iterable, Iterator
+
+from cronoq.core.pool import Pool
+from cronoq.core.settings import PoolSettings
+from cronoq.core.task import (
+    CANCELLED,
+    DELAYED,
+    EXPIRED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Task,
+)
+from cronoq.core.checks import check_settings, check_task, is_time, no_pool_message
+from cronoq.core.timers import TimerHeap
+from cronoq.core.workers import Worker
+from cronoq.errors import InvalidArgument, NotFound
+
+_FINISHED = {SUCCEEDED: SUCCEEDED, FAILED: FAILED}  # maps to our own constants (identity checks)
+
+
+class SchedulerCore:
+    """Decides which task each worker runs next, for every pool. Pure: no I/O, no clock.
+
+    Drive it with `now` from any monotonic clock: `submit` tasks, `add_worker`
+    and `grant` slots as workers report, then `expire(now)` and
+    `dispatch(now)` (in that order, with the same `now`) whenever something
+    changes or `next_wakeup()` comes. Leases are closed with `finish` or
+    `requeue`; a lost worker's leases come back with `remove_worker`.
+    """
+
+    def __init__(self, pools: Iterable[PoolSettings]) -> None:
+        self._pools: dict[str, Pool] = {}
+        self._tasks: dict[str, Task] = {}
+        self._workers: dict[Hashable, Worker] = {}
+        self._ready: OrderedDict[Hashable, Worker] = OrderedDict()
+        self._timers = TimerHeap(DELAYED)
+        self._expiry = TimerHeap(QUEUED)
+        self._seq = 0
+        # Pools that are dispatchable and have a ready worker: 0 means dispatch()
+        # can return [] at once, which is the common case for an idle broker.
+        self._matchable = 0
+        self.configure(pools)
+
+    # -- pools -------------------------------------------------------------
+
+    def configure(self, pools: Iterable[PoolSettings]) -> None:
+        """Apply a (re)loaded list of pools.
+
+        New pools appear; existing pools take their new settings, and new
+        weights re-order the queued backlog at once. Pools not listed stop
+        accepting tasks (draining) and disappear once they hold no task.
+        Raises InvalidArgument (changing nothing) on a duplicate name or an
+        invalid setting.
+        """
+        settings = list(pools)
+        names: set[str] = set()
+        for s in settings:
+            check_settings(s)
+            if s.name in names:
+                raise InvalidArgument(f"pool {s.name!r} is declared twice; give each pool one entry")
+            names.add(s.name)
+        for s in settings:
+            pool = self._pools.get(s.name)
+            if pool is None:
+                self._pools[s.name] = Pool(s)
+            else:
+                pool.draining = False
+                pool.apply(s)
+                self._refresh(pool)
+        for pool in list(self._pools.values()):
+            if pool.name not in names:
+                pool.draining = True
+                self._drop_if_drained(pool)
+
+    def pool_names(self) -> list[str]:
+        """Names of the pools that accept tasks (draining pools excluded)."""
+        return [name for name, pool in self._pools.items() if not pool.draining]
+
+    def pause(self, pool: str) -> None:
+        """Stop dispatching from `pool`; it still accepts tasks and deadlines still expire."""
+        p = self._pool(pool)
+        p.paused = True
+        self._refresh(p)
+
+    def resume(self, pool: str) -> None:
+        """Dispatch from `pool` again."""
+        p = self._pool(pool)
+        p.paused = False
+        self._refresh(p)
+
+    def is_paused(self, pool: str) -> bool:
+        """Whether `pool` is paused."""
+        return self._pool(pool).paused
+
+    # -- tasks -------------------------------------------------------------
+
+    def submit(self, task: Task, now: float) -> None:
+        """Accept a task: DELAYED until `not_before` if that is later than `now`, else QUEUED.
+
+        Raises NotFound for an unknown or draining pool, InvalidArgument for a
+        duplicate live id or a malformed field. A deadline already past is
+        accepted and reported by the next `expire(now)`. `attempts` is kept.
+        """
+        pool = self._pools.get(task.pool)
+        if pool is None or pool.draining:
+            raise NotFound(no_pool_message(task.pool, pool, self.pool_names()))
+        task_id = task.id
+        # The common shape (plain priority, str or no tenant, no times) is
+        # checked inline; anything else goes through the full check.
+        priority = task.priority
+        tenant = task.tenant
+        deadline = task.deadline
+        not_before = task.not_before
+        attempts = task.attempts
+        if (
+            task_id.__class__ is not str
+            or not task_id
+            or priority.__class__ is not int
+            or not 0 <= priority <= 3
+            or not (tenant is None or (tenant.__class__ is str and tenant))
+            or deadline is not None
+            or not_before is not None
+            or attempts.__class__ is not int
+            or attempts < 0
+        ):
+            check_task(task)
+        if task._seq:
+            raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
+        if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
+            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+        ts = pool.tenants.get(tenant)
+        if ts is None:
+            ts = pool.tenant_stats(tenant)
+        task._ts = ts
+        if not_before is not None and not_before > now:
+            self._delay(pool, task)
+            return
+        # _enqueue and ClassQueue.push, inline: this is half of every task's trip through the core.
+        self._seq = seq = self._seq + 1
+        task._seq = seq
+        task.state = QUEUED
+        cls = pool.classes[priority]
+        if deadline is None:
+            cls.rest.push(task)
+        else:
+            entry = (deadline, seq, task)
+            heappush(cls.edf, entry)
+            self._expiry.push(entry)
+        cls.queued += 1
+        pool.queued += 1
+        ts.queued += 1
+        if not pool.dispatchable:
+            self._refresh(pool)
+
+    def cancel(self, task_id: str, now: float) -> Task | None:
+        """Cancel a queued or delayed task and return it; None if it is running or unknown."""
+        task = self._tasks.get(task_id)
+        if task is None or task.state is RUNNING:
+            return None
+        pool = self._pools[task.pool]
+        self._unqueue(pool, task, CANCELLED)
+        self._refresh(pool)
+        self._drop_if_drained(pool)
+        return task
+
+    def expire(self, now: float) -> list[Task]:
+        """Release delayed tasks that are due and expire every task whose deadline <= now.
+
+        Returns the expired tasks (state EXPIRED, no longer held).
+        """
+        expired: list[Task] = []
+        touched: set[Pool] = set()
+        for task in self._timers.pop_due(now):
+            pool = self._pools[task.pool]
+            touched.add(pool)
+            pool.classes[task.priority].delayed -= 1
+            pool.delayed -= 1
+            task._ts.delayed -= 1  # type: ignore[union-attr]
+            deadline = task.deadline
+            if deadline is not None and deadline <= now:
+                self._forget(task, EXPIRED)
+                expired.append(task)
+            else:
+                self._enqueue(pool, task)
+        for task in self._expiry.pop_due(now):
+            pool = self._pools[task.pool]
+            touched.add(pool)
+            cls = pool.classes[task.priority]
+            cls.queued -= 1
+            pool.queued -= 1
+            task._ts.queued -= 1  # type: ignore[union-attr]
+            self._forget(task, EXPIRED)
+            cls.discard(task)
+            expired.append(task)
+        for pool in touched:
+            self._refresh(pool)
+            self._drop_if_drained(pool)
+        return expired
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time a delayed task becomes due or a queued/delayed task's deadline passes."""
+        timer = self._timers.peek_key()
+        deadline = self._expiry.peek_key()
+        if timer is None:
+            return deadline
+        if deadline is None:
+            return timer
+        return min(timer, deadline)
+
+    def get(self, task_id: str) -> Task | None:
+        """The live (queued, delayed or running) task with this id, or None."""
+        return self._tasks.get(task_id)
+
+    def tasks(self) -> Iterator[Task]:
+        """Every live task, in no particular order."""
+        return iter(list(self._tasks.values()))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._tasks
+
+    # -- workers -----------------------------------------------------------
+
+    def add_worker(self, worker_id: Hashable, pools: Iterable[str], free_slots: int) -> None:
+        """Register a worker (or replace a known one's pools and slots, keeping its leases).
+
+        Raises NotFound naming the first pool that does not accept tasks. With
+        free slots it becomes the most recently ready worker.
+        """
+        wanted: list[Pool] = []
+        for name in pools:
+            pool = self._pools.get(name)
+            if pool is None or pool.draining:
+                raise NotFound(no_pool_message(name, pool, self.pool_names()))
+            if pool not in wanted:
+                wanted.append(pool)
+        if type(free_slots) is not int or free_slots < 0:
+            raise InvalidArgument(f"free_slots must be an int >= 0, got {free_slots!r}")
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._workers[worker_id] = Worker(worker_id)
+        else:
+            if worker.free:
+                self._unready(worker)
+            for pool in worker.pools:
+                pool.workers.discard(worker)
+        worker.pools = wanted
+        worker.rr = 0
+        worker.free = free_slots
+        for pool in wanted:
+            pool.workers.add(worker)
+        if free_slots:
+            self._make_ready(worker)
+
+    def grant(self, worker_id: Hashable, slots: int = 1) -> None:
+        """The worker reports `slots` more free slots (unknown workers are ignored)."""
+        if type(slots) is not int or slots < 0:
+            raise InvalidArgument(f"slots must be an int >= 0, got {slots!r}")
+        worker = self._workers.get(worker_id)
+        if worker is None or not slots:
+            return
+        was_free = worker.free
+        worker.free = was_free + slots
+        if not was_free:
+            self._make_ready(worker)
+
+    def remove_worker(self, worker_id: Hashable, now: float) -> list[Task]:
+        """Forget a worker; its running tasks go back to their class (QUEUED) and are returned."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return []
+        if worker.free:
+            self._unready(worker)
+        for pool in worker.pools:
+            pool.workers.discard(worker)
+        back = list(worker.running.values())
+        worker.running.clear()
+        for task in back:
+            pool = self._pools[task.pool]
+            self._release(pool, task)
+            self._enqueue(pool, task)
+            self._refresh(pool)
+        return back
+
+    def workers(self) -> list[Hashable]:
+        """Ids of the known workers."""
+        return list(self._workers)
+
+    def free_slots(self, worker_id: Hashable) -> int:
+        """The free slots the core counts for a worker (0 if unknown)."""
+        worker = self._workers.get(worker_id)
+        return worker.free if worker is not None else 0
+
+    def worker_tasks(self, worker_id: Hashable) -> list[Task]:
+        """The tasks a worker holds, in dispatch order ([] if unknown)."""
+        worker = self._workers.get(worker_id)
+        return list(worker.running.values()) if worker is not None else []
+
+    # -- dispatch and leases -----------------------------------------------
+
+    def dispatch(self, now: float, limit: int | None = None) -> list[tuple[Hashable, Task]]:
+        """Hand out tasks to workers with free slots; returns (worker id, task) pairs.
+
+        Each assignment goes to the least recently ready worker that has a
+        free slot and serves a pool with a task to give; that worker then
+        becomes the most recently ready. At most `limit` assignments (None: as
+        many as possible). Returned tasks are RUNNING with `worker` set and
+        `attempts` incremented.
+        """
+        if not self._matchable or limit == 0:
+            return []
+        remaining = -1 if limit is None else limit
+        out: list[tuple[Hashable, Task]] = []
+        ready = self._ready
+        candidates: Iterable[Worker] = ready.values()
+        while True:
+            # One round: each candidate, in LRU order, gets at most one task.
+            # `_ready` is not reordered during the round (it is being iterated);
+            # the workers served move to its back afterwards, in the order
+            # served, which is exactly where one-at-a-time dispatch puts them.
+            served: list[Worker] | None = None  # made only if a second task is wanted
+            for worker in candidates:
+                pools = worker.pools
+                if len(pools) == 1:
+                    pool = pools[0]
+                    if not pool.dispatchable:
+                        continue
+                else:
+                    pool = self._choose_pool(worker, now)  # type: ignore[assignment]
+                    if pool is None:
+                        continue
+                task = pool.take(now)
+                if task is None:
+                    continue  # only overdue tasks were left; expire() will report them
+                task.state = RUNNING
+                task.worker = worker_id = worker.id
+                task.attempts += 1
+                worker.free -= 1
+                worker.running[task.id] = task
+                if task.deadline is not None:
+                    self._expiry.stale()
+                cap = pool.max_in_flight
+                if not pool.queued or (cap is not None and pool.running >= cap):
+                    self._refresh(pool)
+                out.append((worker_id, task))
+                remaining -= 1
+                if served is None:
+                    if not remaining:
+                        # One task asked for (the common call): no second round to prepare.
+                        if worker.free:
+                            ready.move_to_end(worker_id)
+                        else:
+                            self._unready(worker)
+                        return out
+                    served = [worker]
+                else:
+                    served.append(worker)
+                if not remaining or not self._matchable:
+                    break
+            if not served:
+                break
+            for worker in served:
+                if worker.free:
+                    ready.move_to_end(worker.id)
+                else:
+                    self._unready(worker)
+            if not remaining or not self._matchable:
+                break
+            # Workers skipped this round had nothing to take, and dispatching
+            # only makes less available: only the ones served can take more.
+            candidates = [w for w in served if w.free]
+        return out
+
+    def finish(self, task_id: str, now: float, *, worker_id: Hashable, attempt: int, state: str) -> Task | None:
+        """Close the lease (task_id, attempt) of worker_id as SUCCEEDED or FAILED and return the task.
+
+        A stale lease (the task is not running that attempt on that worker)
+        returns None and changes nothing. Does not grant slots.
+        """
+        final = _FINISHED.get(state)
+        if final is None:
+            raise InvalidArgument(f"a finished task is {SUCCEEDED!r} or {FAILED!r}, not {state!r}")
+        task = self._lease(task_id, worker_id, attempt)
+        if task is None:
+            return None
+        pool = self._pools[task.pool]
+        self._release(pool, task)
+        self._forget(task, final)
+        self._refresh(pool)
+        self._drop_if_drained(pool)
+        return task
+
+    def requeue(
+        self,
+        task_id: str,
+        now: float,
+        *,
+        worker_id: Hashable,
+        attempt: int,
+        not_before: float | None = None,
+    ) -> Task | None:
+        """Send a running lease back to run again: QUEUED now, or DELAYED until `not_before`.
+
+        The task keeps its deadline and attempts and gets a fresh arrival (and
+        start tag). A stale lease returns None and changes nothing.
+        """
+        if not_before is not None and not is_time(not_before):
+            raise InvalidArgument(f"not_before must be a number or None, got {not_before!r}")
+        task = self._lease(task_id, worker_id, attempt)
+        if task is None:
+            return None
+        pool = self._pools[task.pool]
+        self._release(pool, task)
+        if not_before is not None:
+            task.not_before = not_before
+        if not_before is not None and not_before > now:
+            self._delay(pool, task)
+        else:
+            self._enqueue(pool, task)
+        self._refresh(pool)
+        return task
+
+    # -- counts ------------------------------------------------------------
+
+    def backlog(self, pool: str) -> int:
+        """Tasks of `pool` not yet running (queued + delayed), O(1)."""
+        p = self._pool(pool)
+        return p.queued + p.delayed
+
+    def queued(self, pool: str) -> int:
+        """Queued tasks of `pool`."""
+        return self._pool(pool).queued
+
+    def delayed(self, pool: str) -> int:
+        """Delayed tasks of `pool`."""
+        return self._pool(pool).delayed
+
+    def running(self, pool: str) -> int:
+        """Running tasks of `pool`."""
+        return self._pool(pool).running
+
+    def tenant_backlog(self, pool: str, tenant: str | None) -> int:
+        """Tasks of `tenant` in `pool` not yet running (queued + delayed), O(1)."""
+        ts = self._pool(pool).tenants.get(tenant or None)  # "" names the untenanted, as in stats()
+        return ts.queued + ts.delayed if ts is not None else 0
+
+    def lag(self, pool: str, tenant: str | None) -> float:
+        """Dispatches `tenant` trails (+) or leads (-) its weighted share in `pool` (docs/scheduling.md)."""
+        return self._pool(pool).lag(tenant)
+
+    def stats(self) -> dict[str, dict]:
+        """A JSON-friendly picture of every pool: flags, counts per class and per tenant, lag.
+
+        {pool: {"paused", "draining", "fair", "max_in_flight", "running",
+        "queued", "delayed", "dispatched", "workers", "ready_workers",
+        "classes": {"critical": {"queued", "delayed", "running", "dispatched"
+        [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
+        "queued", "delayed", "running", "dispatched", "lag"}}}}
+        """
+        return {name: pool.stats() for name, pool in self._pools.items()}
+
+    # -- internals ---------------------------------------------------------
+
+    def _pool(self, name: str) -> Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            raise NotFound(f"no pool named {name!r}; known pools: {list(self._pools)}")
+        return pool
+
+    def _enqueue(self, pool: Pool, task: Task) -> None:
+        """Put a held task into its class as QUEUED with a fresh arrival number."""
+        self._seq = seq = self._seq + 1
+        task._seq = seq
+        task.state = QUEUED
+        cls = pool.classes[task.priority]
+        entry = cls.push(task)
+        if entry is not None:
+            self._expiry.push(entry)
+        cls.queued += 1
+        pool.queued += 1
+        task._ts.queued += 1  # type: ignore[union-attr]
+        if not pool.dispatchable:
+            self._refresh(pool)
+
+    def _delay(self, pool: Pool, task: Task) -> None:
+        """Hold a task as DELAYED until its not_before (or its deadline, if that comes first)."""
+        self._seq += 1
+        task._seq = self._seq
+        task.state = DELAYED
+        due = task.not_before
+        deadline = task.deadline
+        if deadline is not None and deadline < due:  # type: ignore[operator]
+            due = deadline
+        self._timers.push((due, task._seq, task))  # type: ignore[arg-type]
+        pool.classes[task.priority].delayed += 1
+        pool.delayed += 1
+        task._ts.delayed += 1  # type: ignore[union-attr]
+
+    def _unqueue(self, pool: Pool, task: Task, state: str) -> None:
+        """Remove a queued or delayed task from its structures (lazily) and end it in `state`."""
+        cls = pool.classes[task.priority]
+        ts = task._ts
+        if task.state is QUEUED:
+            cls.queued -= 1
+            pool.queued -= 1
+            ts.queued -= 1  # type: ignore[union-attr]
+            self._forget(task, state)
+            cls.discard(task)
+            if task.deadline is not None:
+                self._expiry.stale()
+        else:
+            cls.delayed -= 1
+            pool.delayed -= 1
+            ts.delayed -= 1  # type: ignore[union-attr]
+            self._forget(task, state)
+            self._timers.stale()
+
+    def _forget(self, task: Task, state: str) -> None:
+        task.state = state
+        task.worker = None
+        del self._tasks[task.id]
+
+    def _lease(self, task_id: str, worker_id: Hashable, attempt: int) -> Task | None:
+        """The running task if (task_id, attempt) is a current lease of worker_id, else None."""
+        task = self._tasks.get(task_id)
+        if task is None or task.state is not RUNNING or task.attempts != attempt or task.worker != worker_id:
+            return None
+        return task
+
+    def _release(self, pool: Pool, task: Task) -> None:
+        """A running task leaves its worker: uncount it as running."""
+        worker = self._workers.get(task.worker)
+        if worker is not None:
+            worker.running.pop(task.id, None)
+        task.worker = None
+        pool.classes[task.priority].running -= 1
+        pool.running -= 1
+        task._ts.running -= 1  # type: ignore[union-attr]
+
+    def _choose_pool(self, worker: Worker, now: float) -> Pool | None:
+        """Of the worker's pools, the one whose next task has the best class, then the
+        earliest deadline; ties go round-robin, starting after the pool chosen last."""
+        pools = worker.pools
+        n = len(pools)
+        best: Pool | None = None
+        best_key: tuple[int, float] | None = None
+        best_at = 0
+        for i in range(n):
+            at = (worker.rr + i) % n
+            pool = pools[at]
+            if not pool.dispatchable:
+                continue
+            key = pool.peek_key(now)
+            if key is not None and (best_key is None or key < best_key):
+                best, best_key, best_at = pool, key, at
+        if best is not None:
+            worker.rr = best_at + 1
+        return best
+
+    def _refresh(self, pool: Pool) -> None:
+        """Recompute whether `pool` can be dispatched from and keep `_matchable` in step."""
+        dispatchable = pool.should_dispatch()
+        if dispatchable is not pool.dispatchable:
+            pool.dispatchable = dispatchable
+            if pool.ready_workers:
+                self._matchable += 1 if dispatchable else -1
+
+    def _make_ready(self, worker: Worker) -> None:
+        self._ready[worker.id] = worker
+        for pool in worker.pools:
+            pool.ready_workers += 1
+            if pool.ready_workers == 1 and pool.dispatchable:
+                self._matchable += 1
+
+    def _unready(self, worker: Worker) -> None:
+        del self._ready[worker.id]
+        for pool in worker.pools:
+            pool.ready_workers -= 1
+            if not pool.ready_workers and pool.dispatchable:
+                self._matchable -= 1
+
+    def _drop_if_drained(self, pool: Pool) -> None:
+        """A draining pool disappears once it holds no task."""
+        if not pool.draining or pool.live():
+            return
+        del self._pools[pool.name]
+        # An empty pool is not dispatchable, so it counts in no `_matchable`;
+        # its workers keep their place in the ready order.
+        for worker in pool.workers:
+            worker.pools.remove(pool)
+            worker.rr = 0
+        pool.workers.clear()

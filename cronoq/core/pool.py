@@ -1,0 +1,271 @@
+"""A pool inside the core: four strict priority classes and the counts around them.
+
+Each `ClassQueue` holds one priority class of one pool: an EDF heap of its
+queued tasks that have a deadline, ahead of a `FairQueue` or `FifoQueue` for
+the rest. A `Pool` walks its classes from critical to low and takes the first
+task it finds. Counts (per class, per tenant, per pool) are kept as tasks
+move so that stats and the broker's backlog limits cost O(1).
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
+
+from cronoq.core.fairqueue import FairQueue, FifoQueue
+from cronoq.core.settings import PRIORITIES, PoolSettings
+from cronoq.core.task import QUEUED, Task
+from cronoq.core.timers import TimedEntry
+from cronoq.core.weights import Weights
+
+if TYPE_CHECKING:
+    from cronoq.core.workers import Worker
+
+INF = float("inf")
+
+# Counts of tenants with no task left are dropped once the table has doubled
+# past this size, so a churn of one-off tenants cannot grow it without bound
+# while ordinary pools (fewer tenants than this) keep every tenant's counters.
+_KEEP_IDLE_TENANTS = 1024
+
+
+class TenantStats:
+    """Counts of one tenant's tasks in one pool (untenanted tasks count under None)."""
+
+    __slots__ = ("tenant", "queued", "delayed", "running", "dispatched")
+
+    def __init__(self, tenant: str | None) -> None:
+        self.tenant = tenant
+        self.queued = 0
+        self.delayed = 0
+        self.running = 0
+        self.dispatched = 0
+
+
+class ClassQueue:
+    """One priority class of one pool: deadline tasks by EDF, then the rest."""
+
+    __slots__ = ("edf", "edf_stale", "rest", "queued", "delayed", "running", "dispatched")
+
+    def __init__(self, rest: FairQueue | FifoQueue) -> None:
+        # (deadline, arrival seq, task): earliest deadline first, ties by arrival.
+        self.edf: list[TimedEntry] = []
+        self.edf_stale = 0
+        self.rest = rest
+        self.queued = 0  # tasks in state QUEUED in this class
+        self.delayed = 0
+        self.running = 0
+        self.dispatched = 0
+
+    def push(self, task: Task) -> TimedEntry | None:
+        """Queue a task (state and `_seq` already set); returns its EDF entry if it has a deadline."""
+        deadline = task.deadline
+        if deadline is None:
+            self.rest.push(task)
+            return None
+        entry = (deadline, task._seq, task)
+        heappush(self.edf, entry)
+        return entry
+
+    def pop(self, now: float) -> Task | None:
+        """Remove and return the next task of this class, never one whose deadline <= now."""
+        edf = self.edf
+        while edf:
+            deadline, seq, task = edf[0]
+            heappop(edf)
+            if seq != task._seq or task.state is not QUEUED:
+                self.edf_stale -= 1
+                continue
+            if deadline <= now:
+                # Overdue: it stays QUEUED for expire() to report, but leaves the
+                # heap now. expire()/cancel() will count it stale as if it were
+                # still here, so count that in advance.
+                self.edf_stale -= 1
+                continue
+            return task
+        return self.rest.pop()
+
+    def peek_deadline(self, now: float) -> float | None:
+        """Deadline of the task pop(now) would return (inf if it has none), None if nothing is ready."""
+        edf = self.edf
+        while edf:
+            deadline, seq, task = edf[0]
+            if seq == task._seq and task.state is QUEUED and deadline > now:
+                return deadline
+            heappop(edf)
+            self.edf_stale -= 1
+        return INF if self.rest else None
+
+    def discard(self, task: Task) -> None:
+        """Forget a queued task that just left without being popped (cancelled or expired)."""
+        if task.deadline is None:
+            self.rest.discard(task)
+            return
+        self.edf_stale += 1
+        if self.edf_stale * 2 > len(self.edf):
+            self.edf = [e for e in self.edf if e[1] == e[2]._seq and e[2].state is QUEUED]
+            heapify(self.edf)
+            self.edf_stale = 0
+
+
+class Pool:
+    """One pool: its settings, its four classes, its counts and its place in dispatch."""
+
+    __slots__ = (
+        "name",
+        "settings",
+        "weights",
+        "fair",
+        "max_in_flight",
+        "paused",
+        "draining",
+        "classes",
+        "queued",
+        "delayed",
+        "running",
+        "tenants",
+        "tenants_sweep_at",
+        "dispatchable",
+        "ready_workers",
+        "workers",
+    )
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.name = settings.name
+        self.settings = settings
+        self.weights = Weights(settings.tenant_weights)
+        self.fair = settings.fair
+        self.max_in_flight = settings.max_in_flight
+        self.paused = False
+        self.draining = False
+        self.classes: tuple[ClassQueue, ...] = tuple(ClassQueue(self._new_rest()) for _ in PRIORITIES)
+        self.queued = 0
+        self.delayed = 0
+        self.running = 0
+        self.tenants: dict[str | None, TenantStats] = {}
+        self.tenants_sweep_at = _KEEP_IDLE_TENANTS
+        # Maintained by SchedulerCore: a queued task, not paused, under max_in_flight.
+        self.dispatchable = False
+        self.ready_workers = 0  # workers serving this pool that have a free slot
+        self.workers: set[Worker] = set()
+
+    def weight(self, tenant: str | None) -> float:
+        """The current weight of `tenant` in this pool."""
+        return self.weights.weight(tenant)
+
+    def tenant_stats(self, tenant: str | None) -> TenantStats:
+        """The counts record of `tenant`, created on first use."""
+        ts = self.tenants.get(tenant)
+        if ts is None:
+            if len(self.tenants) >= self.tenants_sweep_at:
+                self.tenants = {
+                    t: rec for t, rec in self.tenants.items() if rec.queued or rec.delayed or rec.running
+                }
+                self.tenants_sweep_at = max(_KEEP_IDLE_TENANTS, 2 * len(self.tenants))
+            ts = self.tenants[tenant] = TenantStats(tenant)
+        return ts
+
+    def dispatched(self) -> int:
+        """Tasks dispatched from this pool so far (re-dispatches included)."""
+        return sum(cls.dispatched for cls in self.classes)
+
+    def live(self) -> int:
+        """Tasks of this pool the core still holds (queued, delayed or running)."""
+        return self.queued + self.delayed + self.running
+
+    def should_dispatch(self) -> bool:
+        """Whether a worker may be given a task of this pool now (before looking at deadlines)."""
+        cap = self.max_in_flight
+        return self.queued > 0 and not self.paused and (cap is None or self.running < cap)
+
+    def take(self, now: float) -> Task | None:
+        """Pop the next task by class, then EDF, then fair share or FIFO, and count it as running."""
+        for cls in self.classes:
+            if cls.queued:
+                # Most classes hold no deadline task: go straight to the fair/FIFO part.
+                task = cls.pop(now) if cls.edf else cls.rest.pop()
+                if task is not None:
+                    cls.queued -= 1
+                    cls.running += 1
+                    cls.dispatched += 1
+                    self.queued -= 1
+                    self.running += 1
+                    ts = task._ts
+                    ts.queued -= 1  # type: ignore[union-attr]
+                    ts.running += 1  # type: ignore[union-attr]
+                    ts.dispatched += 1  # type: ignore[union-attr]
+                    return task
+        return None
+
+    def peek_key(self, now: float) -> tuple[int, float] | None:
+        """(class, deadline or inf) of the task take(now) would return, or None."""
+        for number, cls in enumerate(self.classes):
+            if cls.queued:
+                deadline = cls.peek_deadline(now)
+                if deadline is not None:
+                    return (number, deadline)
+        return None
+
+    def apply(self, settings: PoolSettings) -> None:
+        """Take new settings; a change of weights re-tags the queued backlog at once."""
+        was_fair = self.fair
+        self.settings = settings
+        self.weights = Weights(settings.tenant_weights, self.weights)
+        self.fair = settings.fair
+        self.max_in_flight = settings.max_in_flight
+        for cls in self.classes:
+            if self.fair != was_fair:
+                # The kind of queue changes: move the backlog over in arrival
+                # order; a new fair queue starts from V = 0.
+                backlog = cls.rest.tasks_in_order()
+                cls.rest = self._new_rest()
+                for task in backlog:
+                    cls.rest.push(task)
+            elif isinstance(cls.rest, FairQueue):
+                cls.rest.reweight(self.weights)
+
+    def lag(self, tenant: str | None) -> float:
+        """The tenant's lag summed over the classes (see docs/scheduling.md)."""
+        return sum(cls.rest.lag(tenant) for cls in self.classes)
+
+    def stats(self) -> dict[str, object]:
+        """This pool's part of SchedulerCore.stats(): plain dicts, ints, floats and bools."""
+        classes: dict[str, dict[str, object]] = {}
+        for name, cls in zip(PRIORITIES, self.classes):
+            entry: dict[str, object] = {
+                "queued": cls.queued,
+                "delayed": cls.delayed,
+                "running": cls.running,
+                "dispatched": cls.dispatched,
+            }
+            if isinstance(cls.rest, FairQueue):
+                entry["virtual_time"] = cls.rest.virtual_time()
+            classes[name] = entry
+        tenants = {
+            "" if tenant is None else tenant: {
+                "weight": self.weight(tenant),
+                "queued": ts.queued,
+                "delayed": ts.delayed,
+                "running": ts.running,
+                "dispatched": ts.dispatched,
+                "lag": self.lag(tenant),
+            }
+            for tenant, ts in self.tenants.items()
+        }
+        return {
+            "paused": self.paused,
+            "draining": self.draining,
+            "fair": self.fair,
+            "max_in_flight": self.max_in_flight,
+            "running": self.running,
+            "queued": self.queued,
+            "delayed": self.delayed,
+            "dispatched": self.dispatched(),
+            "workers": len(self.workers),
+            "ready_workers": self.ready_workers,
+            "classes": classes,
+            "tenants": tenants,
+        }
+
+    def _new_rest(self) -> FairQueue | FifoQueue:
+        return FairQueue(self.weights) if self.fair else FifoQueue()

@@ -1,0 +1,68 @@
+"""Tenant weights as exact tag steps.
+
+SFQ adds 1/w to a tenant's tag at every dispatch. In floats those sums drift
+(three steps of 1/3 fall short of 1), and ties the contract breaks by arrival
+would be broken by rounding instead. So every 1/w is written as an integer
+number of units of 1/scale, where scale is the lcm of the weights' numerators,
+and tags are integers. Weights are read as the decimals they were written as
+(0.5 is 1/2, 2.5 is 5/2). Only weights whose scale would exceed 2^40 fall back
+to float tags.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from math import lcm
+from typing import Mapping, Union
+
+Tag = Union[int, float]
+
+# Beyond this the integer tags would turn into slow big numbers; use floats.
+_MAX_SCALE = 1 << 40
+
+
+class Weights:
+    """The tenant weights of one pool, with each 1/w as an exact tag step.
+
+    `scale` is the number of tag units per dispatch of a weight-1 tenant (None
+    when tags are floats). It only grows across reloads (each new scale is a
+    multiple of the previous one), so existing tags convert exactly.
+    """
+
+    __slots__ = ("weights", "scale", "steps", "default_step")
+
+    def __init__(self, weights: Mapping[str, float], previous: Weights | None = None) -> None:
+        self.weights = {tenant: float(w) for tenant, w in weights.items()}
+        exact = {tenant: _as_fraction(w) for tenant, w in weights.items()}
+        scale: int | None = 1 if previous is None else previous.scale
+        if scale is not None:
+            for f in exact.values():
+                scale = lcm(scale, f.numerator)
+                if scale > _MAX_SCALE:
+                    scale = None
+                    break
+        self.scale = scale
+        self.steps: dict[str, Tag]
+        if scale is None:
+            self.steps = {tenant: 1.0 / w for tenant, w in self.weights.items()}
+            self.default_step: Tag = 1.0
+        else:
+            self.steps = {tenant: scale * f.denominator // f.numerator for tenant, f in exact.items()}
+            self.default_step = scale
+
+    def weight(self, tenant: str | None) -> float:
+        """The weight of `tenant` (1 when unlisted or untenanted)."""
+        return 1.0 if tenant is None else self.weights.get(tenant, 1.0)
+
+    def step(self, tenant: str | None) -> Tag:
+        """1/w of `tenant` in tag units."""
+        return self.default_step if tenant is None else self.steps.get(tenant, self.default_step)
+
+    def to_dispatches(self, tag: Tag) -> float:
+        """A tag (or tag difference) in dispatches of a weight-1 tenant."""
+        return float(tag) if self.scale is None else tag / self.scale
+
+
+def _as_fraction(weight: float) -> Fraction:
+    # Via the shortest decimal repr, so 0.1 is 1/10 and not the binary float's fraction.
+    return Fraction(weight) if isinstance(weight, int) else Fraction(repr(float(weight)))
