@@ -27,6 +27,7 @@ from cronoq.core import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    PoolSettings,
     SchedulerCore,
     Task,
 )
@@ -185,6 +186,7 @@ class TaskBook:
         self._limits = limits
         self._rng = rng or random.Random()
         self.journal = journal
+        self._accepting = frozenset(core.pool_names())  # asked on every submit: kept, not rebuilt
         # Live records are kept in the order they last entered their queue (a snapshot restores that order).
         self.records: dict[str, TaskRecord] = {}
         self._keys: dict[tuple[str, str], str] = {}
@@ -195,7 +197,7 @@ class TaskBook:
 
     def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
         """Accept a task; returns its record, and whether it is an earlier task with the same key or submission."""
-        priority = validate_submit(request, self.core.pool_names(), self.max_payload_bytes)
+        priority = validate_submit(request, self._accepting, self.max_payload_bytes)
         if request.submission is not None:
             existing = self._submissions.get(request.submission)
             if existing is not None:
@@ -297,6 +299,11 @@ class TaskBook:
         for record in list(records.values()):
             if record.finished_at is None:
                 yield record
+
+    def configure(self, pools: Iterable[PoolSettings]) -> None:
+        """Take new pool settings (a reload): new weights apply to the queued backlog at once."""
+        self.core.configure(pools)
+        self._accepting = frozenset(self.core.pool_names())
 
     def paused_pools(self) -> list[str]:
         """Names of the paused pools."""
