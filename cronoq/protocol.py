@@ -48,6 +48,8 @@ class Submit(_Message, tag="submit"):
     `submission` is the client's unique id for this submission: a client that
     re-sends a submit whose reply it never got (the broker restarted, the
     connection dropped) gets the task of the first one back, not a second task.
+    `watch` asks for the task's `Outcome` too, under this submit's rid, as if a
+    `Wait` had followed: one message per task fewer for clients that await results.
     """
 
     rid: int
@@ -59,6 +61,7 @@ class Submit(_Message, tag="submit"):
     key: Union[str, None] = None
     max_retries: int = 0
     submission: Union[str, None] = None
+    watch: bool = False
 
 
 class Wait(_Message, tag="wait"):

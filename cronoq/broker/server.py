@@ -385,11 +385,7 @@ class Broker:
                 self._submit(identity, principal, request, body, now)
             case protocol.Wait():
                 principal.require("wait")
-                record = self._visible_record(principal, request.id)
-                if record.finished_at is not None:
-                    self._send_outcome(identity, request.rid, record)
-                else:
-                    self._add_waiter(record.id, identity, request.rid)
+                self._wait_for(self._visible_record(principal, request.id), identity, request.rid)
             case protocol.Unwait():
                 principal.require("unwait")
                 waiters = self._waiters.get(request.id)
@@ -442,6 +438,15 @@ class Broker:
         if duplicate and not principal.may_see_tenant(record.tenant):
             raise PermissionDenied("that idempotency key (or submission id) belongs to another tenant's task")
         self._reply(identity, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
+        if request.watch:
+            self._wait_for(record, identity, request.rid)
+
+    def _wait_for(self, record: TaskRecord, identity: bytes, rid: int) -> None:
+        """Answer with the task's outcome under `rid`: now if it has one, else when it ends."""
+        if record.finished_at is not None:
+            self._send_outcome(identity, rid, record)
+        else:
+            self._add_waiter(record.id, identity, rid)
 
     def _add_waiter(self, task_id: str, identity: bytes, rid: int) -> None:
         waiters = self._waiters.setdefault(task_id, [])

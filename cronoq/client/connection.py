@@ -45,6 +45,19 @@ class _Outstanding:
     resend: bool
 
 
+@dataclass
+class _Watch:
+    """A task submitted with `watch`: its outcome will come under the submit's rid.
+
+    The future only ever gets a result (the outcome reply, or None when the watch was lost and an
+    explicit wait is needed), never an exception, so an outcome nobody asks for is dropped silently
+    with its handle.
+    """
+
+    future: asyncio.Future[tuple[Any, bytes | None] | None]
+    task_id: str | None = None
+
+
 class Client:
     """A connection to a broker's client endpoint. Await it, or use it as an async context manager."""
 
@@ -57,6 +70,8 @@ class Client:
         self._submissions = itertools.count(1)
         self._submission_prefix = uuid.uuid4().hex[:16]
         self._pending: dict[int, _Outstanding] = {}
+        self._watches: dict[int, _Watch] = {}  # by the submit's rid
+        self._watched: dict[str, _Watch] = {}  # the same, by task id once accepted
         self._channel: Channel | None = None
         self._monitor: Channel | None = None
         self._connections = 0
@@ -106,6 +121,11 @@ class Client:
             if not outstanding.future.done():
                 outstanding.future.set_exception(Unavailable("the client connection was closed"))
         self._pending.clear()
+        for watch in self._watches.values():
+            if not watch.future.done():
+                watch.future.set_result(None)
+        self._watches.clear()
+        self._watched.clear()
 
     def _on_connection_event(self, frames: list[bytes]) -> None:
         """A handshake with the broker completed. After the first, re-send what is outstanding."""
@@ -115,12 +135,16 @@ class Client:
         if self._connections == 1 or self._channel is None:
             return  # requests sent before the first connection were queued and went out with it
         self.reconnects += 1
-        for outstanding in list(self._pending.values()):
-            if outstanding.resend and not outstanding.future.done():
-                try:
-                    self._channel.send(outstanding.frames)
-                except zmq.Again:
-                    break  # the queue is full: the request timeout will tell the caller
+        resends = [outstanding.frames for outstanding in self._pending.values()
+                   if outstanding.resend and not outstanding.future.done()]
+        # A restarted broker forgot who watches which task: ask again, under the same rids.
+        resends += [[self._token, protocol.encode(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))]
+                    for rid, watch in self._watches.items() if watch.task_id is not None]
+        for frames in resends:
+            try:
+                self._channel.send(frames)
+            except zmq.Again:
+                break  # the queue is full: the request timeout will tell the caller
 
     # ----------------------------------------------------------------- requests
 
@@ -155,14 +179,31 @@ class Client:
             reply = protocol.decode_client_reply(frames[0])
         except CronoqError:
             return  # not ours to answer; a broken reply cannot be matched to a request
+        watch = self._watches.get(reply.rid)
+        if watch is not None and (isinstance(reply, protocol.Outcome) or watch.task_id is not None):
+            self._end_watch(reply.rid, watch, reply if isinstance(reply, protocol.Outcome) else None,
+                            frames[1] if len(frames) > 1 else None)
+            return
         outstanding = self._pending.pop(reply.rid, None)
         if outstanding is None or outstanding.future.done():
             return  # a second reply to a request that was re-sent, or one given up on
         future = outstanding.future
         if isinstance(reply, protocol.Error):
+            self._watches.pop(reply.rid, None)  # a refused submit has nothing to watch
             future.set_exception(error_from_code(reply.code, reply.message))
         else:
+            if isinstance(reply, protocol.Accepted) and watch is not None:
+                watch.task_id = reply.id
+                self._watched[reply.id] = watch
             future.set_result((reply, frames[1] if len(frames) > 1 else None))
+
+    def _end_watch(self, rid: int, watch: _Watch, outcome: protocol.Outcome | None, body: bytes | None) -> None:
+        """The watched task's outcome came (or the broker refused the watch: fall back to `wait`)."""
+        del self._watches[rid]
+        if watch.task_id is not None and self._watched.get(watch.task_id) is watch:
+            del self._watched[watch.task_id]
+        if not watch.future.done():
+            watch.future.set_result(None if outcome is None else (outcome, body))
 
     # ----------------------------------------------------------------- API
 
@@ -176,13 +217,30 @@ class Client:
             protocol.PROTOCOL_VERSION, next(self._rids), pool=pool, tenant=tenant, priority=priority,
             deadline=seconds_from_now(deadline, "deadline", now), delay=seconds_from_now(delay, "delay", now),
             key=key, max_retries=max_retries,
-            submission=f"{self._submission_prefix}-{next(self._submissions):x}",
+            submission=f"{self._submission_prefix}-{next(self._submissions):x}", watch=True,
         )
-        reply, _ = await self._request(message, protocol.encode_body(payload))
+        body = protocol.encode_body(payload)
+        # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
+        self._watches[message.rid] = _Watch(asyncio.get_running_loop().create_future())
+        try:
+            reply, _ = await self._request(message, body)
+        except BaseException:
+            self._watches.pop(message.rid, None)
+            raise
         return TaskHandle(reply.id, self, duplicate=reply.duplicate)
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
+        watch = self._watched.get(task_id)
+        if watch is not None:
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(watch.future), timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
+            if outcome is not None:
+                reply, body = outcome
+                return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message,
+                                     reply.traceback)
         rid = next(self._rids)
         future = self._send(protocol.Wait(protocol.PROTOCOL_VERSION, rid, task_id))
         try:
