@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Awaitable, Callable, Sequence
 
-from cronoq import views
+from cronoq import curve, views
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, Client
 from cronoq.errors import CronoqError
 
@@ -30,6 +30,8 @@ def _common_options() -> argparse.ArgumentParser:
                         help="environment variable holding the token (default CRONOQ_TOKEN)")
     common.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds to wait for the broker's reply (default {DEFAULT_TIMEOUT:g})")
+    common.add_argument("--curve-public-key", metavar="KEY_OR_FILE",
+                        help="the broker's CURVE public key (40 Z85 characters or its NAME.key file): encrypt")
     return common
 
 
@@ -66,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("pause", "stop dispatching a pool (it still accepts tasks)"), ("resume", "dispatch a paused pool again")):
         sub = commands.add_parser(name, parents=[common], help=text)
         sub.add_argument("pool", metavar="POOL")
+
+    commands.add_parser("reload", parents=[common], help="make the broker reread its config file (like SIGHUP)")
+
+    keygen = commands.add_parser("keygen", help="write a CURVE key pair for the broker (no broker needed)")
+    keygen.add_argument("--dir", default=".", help="where to write NAME.key and NAME.key_secret (default .)")
+    keygen.add_argument("--name", default="broker", help="the files' name (default broker)")
     return parser
 
 
@@ -151,24 +159,46 @@ async def _resume(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _reload(client: Client, args: argparse.Namespace) -> int:
+    changes = await client.reload()
+    print(f"reloaded; pools added: {', '.join(changes['pools_added']) or 'none'}; "
+          f"draining: {', '.join(changes['pools_draining']) or 'none'}")
+    if changes["needs_restart"]:
+        print(f"kept until a restart: {', '.join(changes['needs_restart'])}")
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    public_file, secret_file = curve.keygen(args.dir, args.name)
+    print(f"public key:  {public_file}  (give it to clients and workers: --curve-public-key {public_file})")
+    print(f"secret key:  {secret_file}  (the broker's: [broker] curve_secret_key_file; keep it private)")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
     "status": _status, "top": _top, "submit": _submit, "inspect": _inspect,
-    "cancel": _cancel, "pause": _pause, "resume": _resume,
+    "cancel": _cancel, "pause": _pause, "resume": _resume, "reload": _reload,
 }
 
 
 async def _run(args: argparse.Namespace) -> int:
     token = os.environ.get(args.token_env)
-    async with Client(args.broker, token, request_timeout=args.timeout) as client:
+    async with Client(args.broker, token, request_timeout=args.timeout,
+                      curve_public_key=args.curve_public_key) as client:
         return await COMMANDS[args.command](client, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "keygen":
+            return _keygen(args)
         return asyncio.run(_run(args))
     except CronoqError as exc:
         print(f"cronoq {args.command}: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cronoq {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

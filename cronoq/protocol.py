@@ -112,13 +112,20 @@ class Stats(_Message, tag="stats"):
     rid: int
 
 
+class Reload(_Message, tag="reload"):
+    """Reread the broker's config file (as SIGHUP does). Admin only. Answered with `Ok` (value: what changed)
+    or an `Error` FAILED_PRECONDITION naming what is wrong with the file; the running config then stays."""
+
+    rid: int
+
+
 class Ping(_Message, tag="ping"):
     """Liveness probe; answered with `Ok` (value: the protocol version)."""
 
     rid: int
 
 
-ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Ping]
+ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping]
 
 
 # --------------------------------------------------------------- broker -> client

@@ -117,6 +117,10 @@ class ScheduleClock:
                 self._next[name] = schedule.next_tick(tick)
         return fired
 
+    def next_tick(self, name: str) -> float:
+        """When the schedule `name` fires next."""
+        return self._next[name]
+
     def next_wakeup(self) -> float | None:
         """When the next tick of any schedule is due."""
         return min(self._next.values(), default=None)

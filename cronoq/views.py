@@ -6,6 +6,7 @@ frame can be printed once, refreshed live, or compared in a test.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 BAR_WIDTH = 20
@@ -66,7 +67,18 @@ def status_text(stats: dict[str, Any]) -> str:
                 f"  {_tenant_name(tenant):<16} {t['weight']:>6g} {t['queued']:>7} {t['running']:>7} "
                 f"{t['dispatched']:>10} {actual:>6.0%} {fair_text} {t.get('lag', 0.0):>6.1f}"
             )
+    schedules = stats.get("schedules", {})
+    if schedules:
+        lines += ["", "schedules:"]
+    for name, schedule in sorted(schedules.items()):
+        last = "never" if schedule["last_fired"] is None else _clock_time(schedule["last_fired"])
+        lines.append(f"  {name:<16} {schedule['cron']!r} ({schedule['timezone']}) -> pool {schedule['pool']}, "
+                     f"last fired {last}, next {_clock_time(schedule['next_tick'])}")
     return "\n".join(lines)
+
+
+def _clock_time(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _bar(fraction: float) -> str:

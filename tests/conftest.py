@@ -33,9 +33,10 @@ def broker_factory(tmp_path):
     """Start real broker processes from config text; all are stopped (SIGTERM) at teardown."""
     started: list[BrokerProcess] = []
 
-    def start(config_text: str = "", *, env: dict[str, str] | None = None, name: str = "cronoq.toml") -> BrokerProcess:
-        path = write_config(tmp_path / name, config_text)
-        broker = BrokerProcess(path, env=env)
+    def start(config_text: str = "", *, env: dict[str, str] | None = None, name: str = "cronoq.toml",
+              broker_extra: str = "", args: list[str] | None = None) -> BrokerProcess:
+        path = write_config(tmp_path / name, config_text, broker_extra=broker_extra)
+        broker = BrokerProcess(path, env=env, args=args)
         broker.start()
         started.append(broker)
         return broker

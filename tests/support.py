@@ -70,16 +70,17 @@ def _spawn(args: list[str], log: Path, *, env: dict[str, str] | None, cwd: Path)
 class BrokerProcess:
     """A real `cronoq-broker -c FILE` child process."""
 
-    def __init__(self, config_path: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config_path: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
         self.config_path = config_path
         self.env = env
+        self.args = args or ["--log-level", "WARNING"]
         self.proc: subprocess.Popen | None = None
         self.clients = ""
         self.workers = ""
 
     def start(self) -> "BrokerProcess":
         self.log = self.config_path.with_suffix(".log")
-        self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), "--log-level", "WARNING"],
+        self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), *self.args],
                            self.log, env=self.env, cwd=self.config_path.parent)
         line = wait_for_line(self.proc, self.log, "cronoq broker ready")
         fields = dict(part.split("=", 1) for part in line[line.index("cronoq broker ready"):].split()[3:])

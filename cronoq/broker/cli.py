@@ -9,24 +9,45 @@ import signal
 import sys
 from typing import Sequence
 
+from cronoq import logs
 from cronoq.broker.server import Broker
+from cronoq.errors import CronoqError
 from cronoq.config import BrokerConfig, ConfigError, default_config, load_config
 from cronoq.store.journal import StoreError
 
 log = logging.getLogger("cronoq.broker")
 
 
+class _StartFailed(Exception):
+    """The broker could not start serving; the message says why."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronoq-broker", description="Run the cronoq broker.")
     parser.add_argument("-c", "--config", metavar="FILE", help="the TOML config (default: built-in defaults)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="key=value lines (text, the default) or one JSON object per line")
     return parser
+
+
+def _reload(broker: Broker) -> None:
+    """SIGHUP: reread the config; an invalid file is logged and the running config stays."""
+    try:
+        broker.reload()
+    except CronoqError:
+        pass  # already logged with the reason
 
 
 async def _serve(broker: Broker) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, broker.stop)
+    loop.add_signal_handler(signal.SIGHUP, _reload, broker)
+    try:
+        await broker.start_metrics()
+    except OSError as exc:
+        raise _StartFailed(f"cannot serve metrics at {broker.config.metrics}: {exc}") from None
     clients, workers = broker.endpoints
     print(f"cronoq broker ready clients={clients} workers={workers}", flush=True)
     await broker.serve()
@@ -34,8 +55,7 @@ async def _serve(broker: Broker) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s",
-                        stream=sys.stderr)
+    logs.configure(args.log_level, args.log_format)
     try:
         config: BrokerConfig = load_config(args.config) if args.config else default_config()
     except ConfigError as exc:
@@ -57,7 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     import uvloop
 
-    uvloop.run(_serve(broker))
+    try:
+        uvloop.run(_serve(broker))
+    except _StartFailed as exc:
+        broker.close()
+        print(f"cronoq-broker: {exc}", file=sys.stderr)
+        return 1
     if broker.failure is not None:
         print(f"cronoq-broker: {broker.failure}", file=sys.stderr)
         return 1

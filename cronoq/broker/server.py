@@ -15,6 +15,7 @@ where a reply can be routed, anything else costs that one message only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import itertools
 import logging
@@ -28,7 +29,7 @@ import zmq
 from cronoq import protocol
 from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields
 from cronoq.broker.auth import Authenticator, Principal
-from cronoq.config import BrokerConfig
+from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import PRIORITIES, SchedulerCore
 from cronoq.errors import (
     CronoqError,
@@ -39,6 +40,9 @@ from cronoq.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from cronoq.broker.cron import CronRunner
+from cronoq.curve import load_secret_key, serve_encrypted
+from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.pool import settings_disagreement
 from cronoq.store.journal import Journal, StoreError
 from cronoq.transport import recv_frames, send_frames, tune
@@ -59,6 +63,8 @@ RECEIVE_HWM = 1000
 MAX_WAITERS_PER_TASK = 1024
 # Seconds between fdatasyncs of the journal with durability "sync" (a power loss takes at most this much).
 SYNC_INTERVAL = 1.0
+# Config keys a reload cannot change in a running broker.
+RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file")
 # Seconds before trying again after a compaction failed (a full disk, say).
 COMPACTION_RETRY = 60.0
 
@@ -100,6 +106,9 @@ class Broker:
         self._stopped: asyncio.Event | None = None
         self._journal: Journal | None = None
         self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
+        self._cron: CronRunner | None = None
+        self.metrics = BrokerMetrics()
+        self._metrics_server: asyncio.base_events.Server | None = None
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
@@ -157,11 +166,19 @@ class Broker:
         """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure."""
         ctx = zmq.Context.instance()
         max_frame = self.config.max_payload_bytes + FRAME_SLACK
+        secret_key = None
+        if self.config.curve_secret_key_file is not None:
+            try:
+                secret_key = load_secret_key(self.config.curve_secret_key_file)
+            except InvalidArgument as exc:
+                raise OSError(str(exc)) from None
         sockets = []
         for endpoint in (self.config.clients, self.config.workers):
             sock = ctx.socket(zmq.ROUTER)
             tune(sock, max_message_bytes=max_frame)
             sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+            if secret_key is not None:
+                serve_encrypted(sock, secret_key)
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
@@ -174,11 +191,19 @@ class Broker:
         self.endpoints = tuple(s.getsockopt_string(zmq.LAST_ENDPOINT) for s in sockets)  # type: ignore[assignment]
         return self.endpoints
 
+    async def start_metrics(self) -> None:
+        """Serve /metrics when the config asks for it. Raises OSError when the address cannot be bound."""
+        if self.config.metrics is not None:
+            registry = registry_for(self.stats, self.metrics)
+            self._metrics_server = await serve_metrics(self.config.metrics, registry)
+
     async def serve(self) -> None:
         """Run until `stop()`; `bind()` must have been called."""
         assert self._clients is not None and self._workers_sock is not None, "bind() first"
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        if self.config.schedules:
+            self._cron = CronRunner(self.config.schedules, self.config.data_dir, self._clock())
         for sock in (self._clients, self._workers_sock):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
@@ -193,6 +218,8 @@ class Broker:
                 handle.cancel()
         self._clients.close(linger=0)
         self._workers_sock.close(linger=0)
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         self.close()
 
     def stop(self) -> None:
@@ -220,9 +247,12 @@ class Broker:
             now = self._clock()
             handled = self._drain(workers, self._on_worker_message, now)
             handled += self._drain(clients, self._on_client_message, now)
+            fired = self._fire_schedules(now) if self._cron is not None else False
             self._dispatch(now)
             if not self._commit():
                 return
+            if fired:
+                self._cron.save()  # type: ignore[union-attr]
             sent = bool(self._outbox)
             self._flush()
             # A send can consume the FD's edge for a message that arrived meanwhile: after sending,
@@ -248,8 +278,10 @@ class Broker:
         """Group commit: the changes of this pass reach the journal before any of its replies leave."""
         journal = self._journal
         if journal is not None and journal.dirty:
+            started = time.perf_counter()
             try:
                 journal.commit()
+                self.metrics.commit_took(time.perf_counter() - started)
             except OSError as exc:
                 self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
                 return False
@@ -271,8 +303,25 @@ class Broker:
                 log.warning("dropped a message to a peer: %s", exc)
         self._outbox.clear()
 
+    def _fire_schedules(self, now: float) -> bool:
+        """Submit the task of every cron tick due now; True if any tick fired."""
+        requests = self._cron.due(now)  # type: ignore[union-attr]
+        for request in requests:
+            try:
+                record, duplicate = self._book.submit(request, now)
+            except CronoqError as exc:  # e.g. the pool is at max_backlog: this tick is skipped, loudly
+                log.error("schedule tick %s not submitted: %s %s", request.key, exc.code, exc)
+                continue
+            if not duplicate:
+                log.info("schedule tick %s submitted as task %s", request.key, record.id)
+        return bool(requests)
+
     def _arm_timer(self) -> None:
         wake = self._book.next_wakeup()
+        if self._cron is not None:
+            tick = self._cron.next_wakeup()
+            if tick is not None and (wake is None or tick < wake):
+                wake = tick
         if wake == self._timer_at:
             return
         if self._timer is not None:
@@ -349,6 +398,8 @@ class Broker:
         self._outbox.append((sock, [identity, protocol.encode(error)]))
 
     def _on_terminal(self, record: TaskRecord) -> None:
+        self.metrics.task_finished(record.pool, record.state, record.submitted_at, record.started_at,
+                                   record.finished_at)
         waiters = self._waiters.pop(record.id, None)
         if waiters:
             for identity, rid in waiters:
@@ -416,6 +467,9 @@ class Broker:
             case protocol.Stats():
                 principal.require("stats")
                 self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self.stats()))
+            case protocol.Reload():
+                principal.require("reload")
+                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self.reload()))
             case protocol.Ping():
                 self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
 
@@ -467,12 +521,51 @@ class Broker:
             raise NotFound(f"no pool named {pool!r}; declared pools: {', '.join(sorted(self._core.pool_names()))}")
         action(pool)
 
+    def reload(self) -> dict[str, Any]:
+        """Reread the config file and apply it; FailedPrecondition (the running config stays) if it is invalid.
+
+        Pools, weights (applied to the queued backlog at once), limits, tokens, schedules, heartbeats and
+        retention change in place; pools left out drain and then go. Endpoints, data_dir, durability,
+        metrics and the CURVE key take a restart: they keep their running values, and the answer says so.
+        """
+        if self.config.source == DEFAULTS_SOURCE:
+            raise FailedPrecondition("this broker runs on built-in defaults: there is no config file to reload")
+        try:
+            new = load_config(self.config.source)
+        except ConfigError as exc:
+            log.error("reload refused, the running config stays: %s", exc)
+            raise FailedPrecondition(f"reload refused, the running config stays: {exc}") from None
+        needs_restart = [key for key in RESTART_KEYS if getattr(new, key) != getattr(self.config, key)]
+        if needs_restart:
+            log.warning("reload: %s change only with a restart; keeping the running values", ", ".join(needs_restart))
+            new = dataclasses.replace(new, **{key: getattr(self.config, key) for key in needs_restart})
+        old_pools = {pool.name for pool in self.config.pools}
+        self._book.configure(new.pools)
+        self._book.max_payload_bytes = new.max_payload_bytes
+        self._book.max_deliveries = new.max_deliveries
+        self._book.result_ttl = new.result_ttl
+        self._auth = Authenticator(new.tokens)
+        if new.schedules or self._cron is not None:
+            if self._cron is None:
+                self._cron = CronRunner(new.schedules, new.data_dir, self._clock())
+            else:
+                self._cron.configure(new.schedules, self._clock())
+        self.config = new
+        new_pools = {pool.name for pool in new.pools}
+        changes = {
+            "pools_added": sorted(new_pools - old_pools), "pools_draining": sorted(old_pools - new_pools),
+            "needs_restart": needs_restart,
+        }
+        log.info("reloaded %s: %s", new.source, changes)
+        return changes
+
     def stats(self) -> dict[str, Any]:
         """Per-pool statistics from the core, plus the workers serving each pool."""
         pools = self._core.stats()
         for name, pool_stats in pools.items():
             pool_stats["workers"] = sum(1 for w in self._workers.values() if name in w.pools)
-        return {"pools": pools, "workers": len(self._workers)}
+        return {"pools": pools, "workers": len(self._workers),
+                "schedules": {} if self._cron is None else self._cron.describe()}
 
     # ----------------------------------------------------------------- workers
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
 from cronoq.book import TaskInfo, seconds_from_now
+from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.transport import Channel, context, token_bytes, tune
@@ -62,10 +64,13 @@ class Client:
     """A connection to a broker's client endpoint. Await it, or use it as an async context manager."""
 
     def __init__(self, address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
-                 *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+                 *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 curve_public_key: str | bytes | os.PathLike[str] | None = None) -> None:
         self.address = address
         self.request_timeout = request_timeout
         self._token = token_bytes(token)
+        # The broker's CURVE public key (40 Z85 characters or a NAME.key file): encrypt everything.
+        self._server_key = None if curve_public_key is None else public_key(curve_public_key)
         self._rids = itertools.count(1)
         self._submissions = itertools.count(1)
         self._submission_prefix = uuid.uuid4().hex[:16]
@@ -93,6 +98,8 @@ class Client:
         if self._channel is None:
             sock = context().socket(zmq.DEALER)
             tune(sock)
+            if self._server_key is not None:
+                connect_encrypted(sock, self._server_key)
             sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
             monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
@@ -281,12 +288,21 @@ class Client:
         reply, _ = await self._request(protocol.Stats(protocol.PROTOCOL_VERSION, next(self._rids)))
         return reply.value
 
+    async def reload(self) -> dict[str, Any]:
+        """Make the broker reread its config file (admin); returns what changed."""
+        reply, _ = await self._request(protocol.Reload(protocol.PROTOCOL_VERSION, next(self._rids)), resend=False)
+        return reply.value
+
     async def ping(self) -> None:
         """Round trip to the broker; raises Unavailable when it does not answer in time."""
         await self._request(protocol.Ping(protocol.PROTOCOL_VERSION, next(self._rids)))
 
 
 def connect(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
-            *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> Client:
-    """A client for the broker at `address`: `await connect(...)` or `async with connect(...) as sched`."""
-    return Client(address, token, request_timeout=request_timeout)
+            *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+            curve_public_key: str | bytes | os.PathLike[str] | None = None) -> Client:
+    """A client for the broker at `address`: `await connect(...)` or `async with connect(...) as sched`.
+
+    With `curve_public_key` (the broker's, from `cronoq keygen`) the connection is encrypted.
+    """
+    return Client(address, token, request_timeout=request_timeout, curve_public_key=curve_public_key)

@@ -39,11 +39,11 @@ class SyncClient:
     """A blocking connection to a broker; use as a context manager or call `close()`."""
 
     def __init__(self, address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
-                 *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+                 *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT, curve_public_key: Any = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cronoq-client", daemon=True)
         self._thread.start()
-        self._client = Client(address, token, request_timeout=request_timeout)
+        self._client = Client(address, token, request_timeout=request_timeout, curve_public_key=curve_public_key)
         self._call(self._client._open())
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -73,6 +73,9 @@ class SyncClient:
     def stats(self) -> dict[str, Any]:
         return self._call(self._client.stats())
 
+    def reload(self) -> dict[str, Any]:
+        return self._call(self._client.reload())
+
     def close(self) -> None:
         """Close the connection and stop the background loop."""
         if self._loop.is_closed():
@@ -90,6 +93,6 @@ class SyncClient:
 
 
 def connect_sync(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
-                 *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> SyncClient:
+                 *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT, curve_public_key: Any = None) -> SyncClient:
     """A blocking client for the broker at `address`: `with cronoq.connect_sync(...) as sched:`."""
-    return SyncClient(address, token, request_timeout=request_timeout)
+    return SyncClient(address, token, request_timeout=request_timeout, curve_public_key=curve_public_key)

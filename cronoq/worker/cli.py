@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import logging
 import os
 import signal
 import sys
 from typing import Sequence
 
+from cronoq import logs
 from cronoq.errors import CronoqError
 from cronoq.pool import Pool
 from cronoq.worker.runner import Worker
@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=4, metavar="N", help="tasks run at once (default 4)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S", help="seconds between heartbeats (default 1.0)")
     parser.add_argument("--liveness", type=int, default=3, metavar="N", help="missed heartbeats before the broker counts as lost (default 3)")
+    parser.add_argument("--curve-public-key", metavar="KEY_OR_FILE",
+                        help="the broker's CURVE public key (40 Z85 characters or its NAME.key file): encrypt")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="key=value lines (text, the default) or one JSON object per line")
     return parser
 
 
@@ -66,7 +70,7 @@ async def _serve(worker: Worker) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure(args.log_level, args.log_format)
     try:
         if args.concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
@@ -74,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = Worker(
             args.broker, pools, concurrency=args.concurrency, token=os.environ.get(args.token_env),
             heartbeat_interval=args.heartbeat_interval, liveness=args.liveness,
+            curve_public_key=args.curve_public_key,
         )
         _run_loop(_serve(worker))
     except (UsageError, CronoqError) as exc:

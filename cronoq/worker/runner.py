@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
@@ -23,6 +24,7 @@ from typing import Any, Iterable
 import zmq
 
 from cronoq import protocol
+from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, error_from_code
 from cronoq.pool import Pool
 from cronoq.transport import Channel, context, token_bytes, tune
@@ -44,6 +46,7 @@ class Worker:
         token: str | bytes | None = None,
         heartbeat_interval: float = 1.0,
         liveness: int = 3,
+        curve_public_key: str | bytes | os.PathLike[str] | None = None,
     ) -> None:
         pool_list = [pools] if isinstance(pools, Pool) else list(pools)
         if not pool_list:
@@ -62,6 +65,8 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
         self._token = token_bytes(token)
+        # The broker's CURVE public key (40 Z85 characters or a NAME.key file): encrypt everything.
+        self._server_key = None if curve_public_key is None else public_key(curve_public_key)
         self._rids = itertools.count(1)
         self._channel: Channel | None = None
         self._running: set[asyncio.Task[None]] = set()
@@ -140,6 +145,8 @@ class Worker:
     def _connect(self) -> None:
         sock = context().socket(zmq.DEALER)
         tune(sock)
+        if self._server_key is not None:
+            connect_encrypted(sock, self._server_key)
         sock.connect(self.broker)
         self._channel = Channel(sock, self._on_command)
         self._registered.clear()

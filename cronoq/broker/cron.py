@@ -1,0 +1,89 @@
+"""The broker's side of cron schedules: turn due ticks into submissions, and remember what fired.
+
+`cronoq.schedules.ScheduleClock` decides which ticks are due. This module
+keeps its memory across restarts in `data_dir/schedules.json` (the last
+tick fired per schedule, replaced atomically) and builds each tick's
+submission with the idempotency key `schedule:<name>:<tick>`. The broker
+journals that submission in the same pass, so if it crashes before this
+file is written, the tick fires again on start and the key makes it the
+same task: once per tick.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from cronoq.book import SubmitRequest
+from cronoq.protocol import encode_body
+from cronoq.schedules import Schedule, ScheduleClock
+
+log = logging.getLogger("cronoq.broker")
+
+STATE_FILE = "schedules.json"
+
+
+class CronRunner:
+    """Schedules of one broker: what is due now, and when to wake next."""
+
+    def __init__(self, schedules: tuple[Schedule, ...], data_dir: Path | None, now: float) -> None:
+        self._path = None if data_dir is None else Path(data_dir) / STATE_FILE
+        self._clock = ScheduleClock(schedules, self._load(), started_at=now)
+
+    def _load(self) -> dict[str, float]:
+        if self._path is None or not self._path.exists():
+            return {}
+        try:
+            state = json.loads(self._path.read_text())
+            return {str(name): float(tick) for name, tick in state.items()}
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            # Losing this file costs at most one catch-up tick per schedule (keys stop doubles).
+            log.error("cannot read %s (%s); schedules start afresh", self._path, exc)
+            return {}
+
+    def configure(self, schedules: tuple[Schedule, ...], now: float) -> None:
+        """Take the schedules of a reloaded config; schedules that stay keep what they fired."""
+        self._clock = ScheduleClock(schedules, self._clock.last_fired, started_at=now)
+
+    def due(self, now: float) -> list[SubmitRequest]:
+        """The submissions of every tick due at `now` (each tick once)."""
+        wake = self._clock.next_wakeup()
+        if wake is None or wake > now:
+            return []
+        fired = self._clock.due(now)
+        return [
+            SubmitRequest(
+                encode_body(schedule.payload), pool=schedule.pool, tenant=schedule.tenant,
+                priority=schedule.priority, deadline=schedule.deadline, key=schedule.key(tick),
+                max_retries=schedule.max_retries,
+            )
+            for schedule, tick in fired
+        ]
+
+    def save(self) -> None:
+        """Remember the last tick fired per schedule (after the pass that submitted it was committed)."""
+        if self._path is None:
+            return
+        temporary = self._path.with_suffix(".tmp")
+        try:
+            temporary.write_text(json.dumps(self._clock.last_fired))
+            os.replace(temporary, self._path)
+        except OSError as exc:
+            log.error("cannot write %s: %s (a tick may fire again after a restart; its key stops a double)",
+                      self._path, exc)
+
+    def next_wakeup(self) -> float | None:
+        return self._clock.next_wakeup()
+
+    def describe(self) -> dict[str, dict[str, object]]:
+        """Per schedule: its cron, pool and tenant, the last tick fired and the next one (Unix seconds)."""
+        return {
+            name: {
+                "cron": schedule.cron, "timezone": schedule.timezone, "pool": schedule.pool,
+                "tenant": schedule.tenant, "last_fired": self._clock.last_fired.get(name),
+                "next_tick": self._clock.next_tick(name),
+            }
+            for name, schedule in self._clock.schedules.items()
+        }
