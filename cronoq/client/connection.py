@@ -173,13 +173,12 @@ class Client:
     async def _request(self, message: Any, body: bytes | None = None, *, resend: bool = True
                        ) -> tuple[Any, bytes | None]:
         future = self._send(message, body, resend=resend)
-        try:
-            return await asyncio.wait_for(future, self.request_timeout)
-        except asyncio.TimeoutError:
+        if not await _settled_within(future, self.request_timeout):
             self._pending.pop(message.rid, None)
             raise Unavailable(
                 f"no reply from the broker at {self.address} within {self.request_timeout:g} s; is it running?"
-            ) from None
+            )
+        return future.result()
 
     def _on_reply(self, frames: list[bytes]) -> None:
         try:
@@ -240,23 +239,21 @@ class Client:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
         watch = self._watched.get(task_id)
         if watch is not None:
-            try:
-                outcome = await asyncio.wait_for(asyncio.shield(watch.future), timeout)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
+            if not await _settled_within(watch.future, timeout):
+                raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
+            outcome = watch.future.result()
             if outcome is not None:
                 reply, body = outcome
                 return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message,
                                      reply.traceback)
         rid = next(self._rids)
         future = self._send(protocol.Wait(protocol.PROTOCOL_VERSION, rid, task_id))
-        try:
-            reply, body = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        if not await _settled_within(future, timeout):
             self._pending.pop(rid, None)
             if self._channel is not None:
                 self._channel.send([self._token, protocol.encode(protocol.Unwait(protocol.PROTOCOL_VERSION, rid, task_id))])
-            raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
+            raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
+        reply, body = future.result()
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 
     async def status(self, task_id: str) -> TaskInfo:
@@ -296,6 +293,32 @@ class Client:
     async def ping(self) -> None:
         """Round trip to the broker; raises Unavailable when it does not answer in time."""
         await self._request(protocol.Ping(protocol.PROTOCOL_VERSION, next(self._rids)))
+
+
+async def _settled_within(future: asyncio.Future[Any], timeout: float | None) -> bool:
+    """Wait until `future` is done or `timeout` seconds pass; True if it is done. Never cancels `future`.
+
+    One timer and one callback: asyncio.wait_for (with shield, for futures others share) cost the
+    client more per task than sending and receiving the task's messages did.
+    """
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    timer = None if timeout is None else loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        if timer is not None:
+            timer.cancel()
+        future.remove_done_callback(wake)
+    return future.done()
 
 
 def connect(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
