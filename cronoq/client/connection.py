@@ -51,13 +51,24 @@ class _Outstanding:
 class _Watch:
     """A task submitted with `watch`: its outcome will come under the submit's rid.
 
-    The future only ever gets a result (the outcome reply, or None when the watch was lost and an
-    explicit wait is needed), never an exception, so an outcome nobody asks for is dropped silently
-    with its handle.
+    The task's handle holds its watch, so the outcome is there for `handle.result()` however late it
+    is asked for, and goes away with the handle. The future only ever gets a result (the outcome
+    reply, or None when the watch was refused or closed and an explicit wait is needed), never an
+    exception, so an outcome nobody asks for is dropped silently.
     """
 
+    client: "Client"
     future: asyncio.Future[tuple[Any, bytes | None] | None]
     task_id: str | None = None
+
+    async def result(self, task_id: str, timeout: float | None = None) -> Any:
+        if not await _settled_within(self.future, timeout):
+            raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
+        outcome = self.future.result()
+        if outcome is None:
+            return await self.client.result(task_id, timeout)
+        reply, body = outcome
+        return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 
 
 class Client:
@@ -227,25 +238,19 @@ class Client:
         )
         body = protocol.encode_body(payload)
         # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
-        self._watches[message.rid] = _Watch(asyncio.get_running_loop().create_future())
+        watch = self._watches[message.rid] = _Watch(self, asyncio.get_running_loop().create_future())
         try:
             reply, _ = await self._request(message, body)
         except BaseException:
             self._watches.pop(message.rid, None)
             raise
-        return TaskHandle(reply.id, self, duplicate=reply.duplicate)
+        return TaskHandle(reply.id, watch, duplicate=reply.duplicate)
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
         watch = self._watched.get(task_id)
-        if watch is not None:
-            if not await _settled_within(watch.future, timeout):
-                raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
-            outcome = watch.future.result()
-            if outcome is not None:
-                reply, body = outcome
-                return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message,
-                                     reply.traceback)
+        if watch is not None:  # a task this connection submitted, still in flight
+            return await watch.result(task_id, timeout)
         rid = next(self._rids)
         future = self._send(protocol.Wait(protocol.PROTOCOL_VERSION, rid, task_id))
         if not await _settled_within(future, timeout):
