@@ -52,7 +52,8 @@ def status_text(stats: dict[str, Any]) -> str:
         lines.append(
             f"pool {name}{' [' + ', '.join(flags) + ']' if flags else ''}: queued {pool['queued']}, "
             f"delayed {pool['delayed']}, running {pool['running']}{f'/{cap}' if cap else ''}, "
-            f"workers {pool.get('workers', 0)}, dispatched {pool['dispatched']}"
+            f"workers {pool.get('workers', 0)}, dispatched {pool['dispatched']} "
+            f"({pool.get('dispatch_rate', 0.0):.1f}/s over the last 10 s)"
         )
         classes = pool.get("classes", {})
         backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES if classes.get(cls, {}).get("queued"))

@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -63,6 +64,8 @@ RECEIVE_HWM = 1000
 MAX_WAITERS_PER_TASK = 1024
 # Seconds between fdatasyncs of the journal with durability "sync" (a power loss takes at most this much).
 SYNC_INTERVAL = 1.0
+# Seconds over which `stats` reports each pool's dispatch rate.
+RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
 RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file")
 # Seconds before trying again after a compaction failed (a full disk, say).
@@ -107,6 +110,8 @@ class Broker:
         self._journal: Journal | None = None
         self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
         self._cron: CronRunner | None = None
+        # (time, dispatches per pool) at each heartbeat over the last RATE_WINDOW seconds, for stats' rates.
+        self._dispatch_samples: deque[tuple[float, dict[str, int]]] = deque()
         self.metrics = BrokerMetrics()
         self._metrics_server: asyncio.base_events.Server | None = None
         self.failure: str | None = None
@@ -204,6 +209,7 @@ class Broker:
         self._stopped = asyncio.Event()
         if self.config.schedules:
             self._cron = CronRunner(self.config.schedules, self.config.data_dir, self._clock())
+        self._sample_dispatches(self._clock())  # rates count from the start, not from the first heartbeat
         for sock in (self._clients, self._workers_sock):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
@@ -349,9 +355,28 @@ class Broker:
             else:
                 self._outbox.append((self._workers_sock, [worker_id, beat]))  # type: ignore[arg-type]
         self._book.forget_expired_records(now)
+        self._sample_dispatches(now)
         self._compact_if_worthwhile()
         self._heartbeat = asyncio.get_running_loop().call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         self._pump()
+
+    def _sample_dispatches(self, now: float) -> None:
+        samples = self._dispatch_samples
+        samples.append((now, {name: self._core.dispatched(name) for name in self._core.pool_names()}))
+        while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW:
+            samples.popleft()
+
+    def _dispatch_rates(self, now: float) -> dict[str, float]:
+        """Dispatches per second of each pool over the last RATE_WINDOW seconds (0 until sampled)."""
+        if not self._dispatch_samples:
+            return {}
+        then, counts = self._dispatch_samples[0]
+        elapsed = now - then
+        if elapsed <= 0:
+            return {}
+        accepting = set(self._core.pool_names())
+        return {name: (self._core.dispatched(name) - count) / elapsed for name, count in counts.items()
+                if name in accepting}
 
     def _on_sync_tick(self) -> None:
         """With durability "sync", bound what a power loss could take to about SYNC_INTERVAL."""
@@ -562,8 +587,10 @@ class Broker:
     def stats(self) -> dict[str, Any]:
         """Per-pool statistics from the core, plus the workers serving each pool."""
         pools = self._core.stats()
+        rates = self._dispatch_rates(self._clock())
         for name, pool_stats in pools.items():
             pool_stats["workers"] = sum(1 for w in self._workers.values() if name in w.pools)
+            pool_stats["dispatch_rate"] = rates.get(name, 0.0)
         return {"pools": pools, "workers": len(self._workers),
                 "schedules": {} if self._cron is None else self._cron.describe()}
 

@@ -488,6 +488,10 @@ class SchedulerCore:
         """Running tasks of `pool`."""
         return self._pool(pool).running
 
+    def dispatched(self, pool: str) -> int:
+        """Tasks of `pool` dispatched so far (re-dispatches included), O(classes)."""
+        return self._pool(pool).dispatched()
+
     def tenant_backlog(self, pool: str, tenant: str | None) -> int:
         """Tasks of `tenant` in `pool` not yet running (queued + delayed), O(1)."""
         ts = self._pool(pool).tenants.get(tenant or None)  # "" names the untenanted, as in stats()
