@@ -98,7 +98,6 @@ class Broker:
             result_ttl=config.result_ttl, limits=self._pool_limits,
         )
         self._workers: dict[bytes, WorkerEntry] = {}
-        self._waiters: dict[str, list[tuple[bytes, int]]] = {}
         self._outbox: list[tuple[zmq.Socket, list[bytes]]] = []
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
@@ -425,8 +424,10 @@ class Broker:
     def _on_terminal(self, record: TaskRecord) -> None:
         self.metrics.task_finished(record.pool, record.state, record.submitted_at, record.started_at,
                                    record.finished_at)
-        waiters = self._waiters.pop(record.id, None)
-        if waiters:
+        waiters, record.waiters = record.waiters, None
+        if type(waiters) is tuple:
+            self._send_outcome(*waiters, record)
+        elif waiters:
             for identity, rid in waiters:
                 self._send_outcome(identity, rid, record)
 
@@ -464,9 +465,9 @@ class Broker:
                 self._wait_for(self._visible_record(principal, request.id), identity, request.rid)
             case protocol.Unwait():
                 principal.require("unwait")
-                waiters = self._waiters.get(request.id)
-                if waiters and (identity, request.rid) in waiters:
-                    waiters.remove((identity, request.rid))
+                record = self._book.records.get(request.id)
+                if record is not None:
+                    _remove_waiter(record, (identity, request.rid))
             case protocol.Status():
                 principal.require("status")
                 self._visible_record(principal, request.id)
@@ -525,15 +526,7 @@ class Broker:
         if record.finished_at is not None:
             self._send_outcome(identity, rid, record)
         else:
-            self._add_waiter(record.id, identity, rid)
-
-    def _add_waiter(self, task_id: str, identity: bytes, rid: int) -> None:
-        waiters = self._waiters.setdefault(task_id, [])
-        if (identity, rid) in waiters:  # a client re-sent its wait: one outcome is enough
-            return
-        if len(waiters) >= MAX_WAITERS_PER_TASK:
-            raise ResourceExhausted(f"task {task_id} already has {MAX_WAITERS_PER_TASK} waiters; retry later")
-        waiters.append((identity, rid))
+            _add_waiter(record, (identity, rid))
 
     def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
         record = self._book.get(task_id)
@@ -687,6 +680,29 @@ class Broker:
                 return  # a lease this worker does not hold, and no slot is owed: a replay
             entry.owed -= 1  # a task it ran before registering again: that slot is free now
         self._core.grant(identity, 1)
+
+
+def _add_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
+    """Remember who waits for a live task's outcome: one waiter as a bare tuple (the common case, kept
+    small because every watched queued task holds one), several in a list."""
+    waiters = record.waiters
+    if waiters is None:
+        record.waiters = waiter
+    elif type(waiters) is tuple:
+        if waiters != waiter:  # an equal one is a client re-sending its wait: one outcome is enough
+            record.waiters = [waiters, waiter]
+    elif waiter not in waiters:
+        if len(waiters) >= MAX_WAITERS_PER_TASK:
+            raise ResourceExhausted(f"task {record.id} already has {MAX_WAITERS_PER_TASK} waiters; retry later")
+        waiters.append(waiter)
+
+
+def _remove_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
+    waiters = record.waiters
+    if waiters == waiter:
+        record.waiters = None
+    elif type(waiters) is list and waiter in waiters:
+        waiters.remove(waiter)
 
 
 def _task_ids() -> Callable[[], str]:
