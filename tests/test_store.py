@@ -291,7 +291,7 @@ def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tm
                           environ={})
     broker = Broker(config, clock=lambda: 1000.0)
     broker.open()
-    journal = broker._journal
+    journal = broker._data.journal
     good_fd = journal._fd
     journal._fd = os.open(tmp_path / "data" / "lock", os.O_RDONLY)  # as if the disk refused every write
     broker._on_client_message([b"client", b"", protocol.encode(protocol.Submit(1, 7)), b"\xc0"], 1000.0)
@@ -319,7 +319,7 @@ def test_the_broker_compacts_a_journal_grown_much_larger_than_its_state(tmp_path
         broker._on_client_message([b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
     assert broker._commit()
     broker._outbox.clear()
-    journal = broker._journal
+    journal = broker._data.journal
     journal.compact_min_bytes, journal.compact_ratio = 1, 1.5
     broker._compact_if_worthwhile()
     assert journal.generation == 2 and journal.records == 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import itertools
 import logging
 import os
@@ -45,7 +44,7 @@ from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.pool import settings_disagreement
-from cronoq.store.journal import Journal, StoreError
+from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.transport import recv_frames, send_frames, tune
 
 log = logging.getLogger("cronoq.broker")
@@ -62,14 +61,10 @@ KEPT_FRAMES = 1 + protocol.MAX_FRAMES + 1
 RECEIVE_HWM = 1000
 # Waits on one task: each costs a little memory until the task ends, so a flood of them is refused.
 MAX_WAITERS_PER_TASK = 1024
-# Seconds between fdatasyncs of the journal with durability "sync" (a power loss takes at most this much).
-SYNC_INTERVAL = 1.0
 # Seconds over which `stats` reports each pool's dispatch rate.
 RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
 RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file")
-# Seconds before trying again after a compaction failed (a full disk, say).
-COMPACTION_RETRY = 60.0
 
 
 @dataclass
@@ -106,12 +101,11 @@ class Broker:
         self._heartbeat: asyncio.TimerHandle | None = None
         self._syncer: asyncio.TimerHandle | None = None
         self._stopped: asyncio.Event | None = None
-        self._journal: Journal | None = None
-        self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
         self._cron: CronRunner | None = None
         # (time, dispatches per pool) at each heartbeat over the last RATE_WINDOW seconds, for stats' rates.
         self._dispatch_samples: deque[tuple[float, dict[str, int]]] = deque()
         self.metrics = BrokerMetrics()
+        self._data = DataDir(config, self._book, self.metrics)
         self._metrics_server: asyncio.base_events.Server | None = None
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
@@ -128,43 +122,11 @@ class Broker:
 
         Raises StoreError when the directory cannot be used. Call before `bind()`.
         """
-        if self.config.data_dir is None:
-            return None
-        # Recovery allocates millions of objects and frees none: the cyclic GC would scan them over and over
-        # (3x the time). Afterwards they go to the permanent generation, out of every later collection's way.
-        gc.disable()
-        try:
-            journal, replay = Journal.open(self.config.data_dir, fsync_each_commit=self.config.durability == "fsync")
-            self._journal = self._book.journal = journal
-            try:
-                counts = self._book.recover(replay.records.values(), replay.paused, self._clock())
-                journal.commit()  # what recovery decided (requeued, failed) before anything else happens
-            except OSError as exc:
-                self.close()
-                raise StoreError(f"cannot write to data_dir {self.config.data_dir}: {exc}") from None
-            except BaseException:
-                self.close()
-                raise
-            del replay
-            self._compact_if_worthwhile()
-            gc.freeze()
-        finally:
-            gc.enable()
-        return counts
+        return self._data.open(self._clock())
 
     def close(self) -> None:
         """Release data_dir: commit and fsync what is left (nothing, after a failure). Idempotent."""
-        journal, self._journal = self._journal, None
-        self._book.journal = None
-        if journal is None:
-            return
-        try:
-            if self.failure is None:
-                journal.close()
-            else:
-                journal.abandon()
-        except OSError as exc:
-            log.error("could not close the journal in %s: %s", self.config.data_dir, exc)
+        self._data.close(failed=self.failure is not None)
 
     def bind(self) -> tuple[str, str]:
         """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure."""
@@ -212,7 +174,7 @@ class Broker:
         for sock in (self._clients, self._workers_sock):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
-        if self._journal is not None and not self._journal.fsync_each_commit:
+        if self._data.syncs_in_background:
             self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
         self._pump()
         await self._stopped.wait()
@@ -281,15 +243,11 @@ class Broker:
 
     def _commit(self) -> bool:
         """Group commit: the changes of this pass reach the journal before any of its replies leave."""
-        journal = self._journal
-        if journal is not None and journal.dirty:
-            started = time.perf_counter()
-            try:
-                journal.commit()
-                self.metrics.commit_took(time.perf_counter() - started)
-            except OSError as exc:
-                self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
-                return False
+        try:
+            self._data.commit()
+        except OSError as exc:
+            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+            return False
         return True
 
     def _dispatch(self, now: float) -> None:
@@ -379,30 +337,18 @@ class Broker:
 
     def _on_sync_tick(self) -> None:
         """With durability "sync", bound what a power loss could take to about SYNC_INTERVAL."""
-        if self._journal is not None:
-            try:
-                self._journal.sync()
-            except OSError as exc:
-                self._fail(f"cannot fdatasync the journal in {self.config.data_dir}: {exc}")
-                return
+        try:
+            self._data.sync()
+        except OSError as exc:
+            self._fail(f"cannot fdatasync the journal in {self.config.data_dir}: {exc}")
+            return
         self._syncer = asyncio.get_running_loop().call_later(SYNC_INTERVAL, self._on_sync_tick)
 
     def _compact_if_worthwhile(self) -> None:
-        journal = self._journal
-        started = time.monotonic()
-        if journal is None or started < self._next_compaction or not journal.wants_compaction(len(self._book.records)):
-            return
-        if not self._commit():  # a failed commit is fatal; a failed compaction is not
-            return
         try:
-            size = journal.compact(self._book.kept(), self._book.paused_pools())
-        except OSError as exc:  # the old snapshot and journals are still whole: carry on, try again later
-            log.error("could not compact the journal in %s: %s; trying again in %g s",
-                      self.config.data_dir, exc, COMPACTION_RETRY)
-            self._next_compaction = started + COMPACTION_RETRY
-            return
-        log.info("compacted the journal: a snapshot of %d records (%d bytes) in %.3f s",
-                 len(self._book.records), size, time.monotonic() - started)
+            self._data.compact_if_worthwhile()
+        except OSError as exc:  # the commit before the snapshot failed: fatal, as any failed commit
+            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
 
     def _lose_worker(self, worker_id: bytes, now: float) -> None:
         self._workers.pop(worker_id, None)
