@@ -22,22 +22,30 @@ from cronoq.errors import CronoqError
 DEFAULT_TIMEOUT = 5.0
 
 
+# Options every subcommand takes, before or after the subcommand's name, and their defaults.
+COMMON_DEFAULTS = {"broker": DEFAULT_CLIENT_ADDRESS, "token_env": "CRONOQ_TOKEN", "timeout": DEFAULT_TIMEOUT,
+                   "curve_public_key": None}
+
+
 def _common_options() -> argparse.ArgumentParser:
+    # Defaults are filled in after parsing: with real defaults here, the subcommand's parser would
+    # overwrite a value given before the subcommand's name.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--broker", default=DEFAULT_CLIENT_ADDRESS, metavar="ADDR",
+    common.add_argument("--broker", default=argparse.SUPPRESS, metavar="ADDR",
                         help=f"the broker's client endpoint (default {DEFAULT_CLIENT_ADDRESS})")
-    common.add_argument("--token-env", default="CRONOQ_TOKEN", metavar="VAR",
+    common.add_argument("--token-env", default=argparse.SUPPRESS, metavar="VAR",
                         help="environment variable holding the token (default CRONOQ_TOKEN)")
-    common.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S",
                         help=f"seconds to wait for the broker's reply (default {DEFAULT_TIMEOUT:g})")
-    common.add_argument("--curve-public-key", metavar="KEY_OR_FILE",
+    common.add_argument("--curve-public-key", default=argparse.SUPPRESS, metavar="KEY_OR_FILE",
                         help="the broker's CURVE public key (40 Z85 characters or its NAME.key file): encrypt")
     return common
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
-    parser = argparse.ArgumentParser(prog="cronoq", description="Inspect and steer a cronoq broker.")
+    parser = argparse.ArgumentParser(prog="cronoq", description="Inspect and steer a cronoq broker.",
+                                     parents=[common])
     commands = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
     status = commands.add_parser("status", parents=[common], help="per pool: backlog, running, workers, shares")
@@ -190,6 +198,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for name, default in COMMON_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, default)
     try:
         if args.command == "keygen":
             return _keygen(args)

@@ -83,6 +83,16 @@ def test_errors_are_one_clear_line(broker_factory):
     assert down.returncode == 1 and "UNAVAILABLE" in down.stderr and "Traceback" not in down.stderr
 
 
+def test_common_options_go_before_or_after_the_subcommand(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    before = run_command(["-m", "cronoq.cli", "--broker", broker.clients, "--timeout", "5", "status", "--json"], env=ENV)
+    assert before.returncode == 0 and "llm" in json.loads(before.stdout)["pools"]
+    nowhere = f"tcp://127.0.0.1:{free_port()}"
+    after_wins = run_command(["-m", "cronoq.cli", "--broker", broker.clients, "status", "--broker", nowhere,
+                              "--timeout", "0.5"], env=ENV)
+    assert after_wins.returncode == 1 and nowhere in after_wins.stderr
+
+
 async def test_status_reports_the_dispatch_rate(broker_factory):
     broker = broker_factory('[[pools]]\nname = "default"\n')
 
