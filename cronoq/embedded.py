@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from cronoq.book import SubmitRequest, TaskBook, TaskInfo, TaskRecord, seconds_from_now
 from cronoq.core import SchedulerCore
-from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, NotFound
+from cronoq.errors import FailedPrecondition, InvalidArgument
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.pool import Pool
 from cronoq.protocol import decode_body, encode_body

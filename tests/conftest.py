@@ -95,7 +95,7 @@ def pools_toml(pools: Iterable[cronoq.Pool]) -> str:
         if pool.max_in_flight is not None:
             lines.append(f"max_in_flight = {pool.max_in_flight}")
         if pool.tenant_weights:
-            lines.append(f"[pools.tenant_weights]")
+            lines.append("[pools.tenant_weights]")
             lines += [f'"{tenant}" = {weight}' for tenant, weight in pool.tenant_weights.items()]
         lines.append("")
     return "\n".join(lines)

@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -43,8 +42,8 @@ from cronoq.errors import (
 from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
-from cronoq.pool import settings_disagreement
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
+from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_frames, send_frames, tune
 
 log = logging.getLogger("cronoq.broker")
@@ -67,18 +66,6 @@ RATE_WINDOW = 10.0
 RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file")
 
 
-@dataclass
-class WorkerEntry:
-    """A registered worker connection."""
-
-    pools: list[str]
-    last_seen: float
-    leaving: bool = False
-    owed: int | None = None
-    """Slots busy with tasks the worker ran before it (re-)registered: their `Done` returns them.
-    None when the worker did not say its concurrency (any `Done` then returns a slot)."""
-
-
 class Broker:
     """Serves one BrokerConfig until `stop()`."""
 
@@ -92,7 +79,7 @@ class Broker:
             max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
             result_ttl=config.result_ttl, limits=self._pool_limits,
         )
-        self._workers: dict[bytes, WorkerEntry] = {}
+        self._workers = WorkerRegistry(self._core, self._book)
         self._outbox: list[tuple[zmq.Socket, list[bytes]]] = []
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
@@ -305,10 +292,10 @@ class Broker:
         now = self._clock()
         deadline = now - self.config.heartbeat_interval * self.config.liveness
         beat = protocol.encode(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
-        for worker_id, entry in list(self._workers.items()):
-            if entry.last_seen < deadline:
+        for worker_id, entry, silent in self._workers.silent_since(deadline):
+            if silent:
                 log.warning("worker %s silent for %.1f s: lost", worker_id.hex(), now - entry.last_seen)
-                self._lose_worker(worker_id, now)
+                self._workers.lose(worker_id, now)
             else:
                 self._outbox.append((self._workers_sock, [worker_id, beat]))  # type: ignore[arg-type]
         self._book.forget_expired_records(now)
@@ -349,11 +336,6 @@ class Broker:
             self._data.compact_if_worthwhile()
         except OSError as exc:  # the commit before the snapshot failed: fatal, as any failed commit
             self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
-
-    def _lose_worker(self, worker_id: bytes, now: float) -> None:
-        self._workers.pop(worker_id, None)
-        for record in self._book.lose_worker(worker_id, now):
-            log.info("task %s requeued after its worker was lost", record.id)
 
     # ----------------------------------------------------------------- replies
 
@@ -528,7 +510,7 @@ class Broker:
         pools = self._core.stats()
         rates = self._dispatch_rates(self._clock())
         for name, pool_stats in pools.items():
-            pool_stats["workers"] = sum(1 for w in self._workers.values() if name in w.pools)
+            pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
         return {"pools": pools, "workers": len(self._workers),
                 "schedules": {} if self._cron is None else self._cron.describe()}
@@ -557,7 +539,10 @@ class Broker:
             entry.last_seen = now
         match message:
             case protocol.Ready():
-                self._register(identity, message, now)
+                self._workers.register(identity, message, {pool.name: pool for pool in self.config.pools}, now)
+                self._to_worker(identity, protocol.Welcome(
+                    protocol.PROTOCOL_VERSION, message.rid, self.config.heartbeat_interval, self.config.liveness,
+                ))
             case _ if entry is None:
                 if not isinstance(message, protocol.Bye):
                     # We restarted, or declared this worker lost: it must announce itself again.
@@ -565,67 +550,15 @@ class Broker:
             case protocol.Heartbeat():
                 pass
             case protocol.Done():
-                self._complete(identity, entry, message, body, now)
+                self._workers.complete(identity, entry, message, body, now, self.config.max_payload_bytes)
             case protocol.Leave():
-                entry.leaving = True
-                self._core.add_worker(identity, [], 0)  # keeps its running tasks, takes no new ones
+                self._workers.leave(identity, entry)
                 self._to_worker(identity, protocol.Left(protocol.PROTOCOL_VERSION))
             case protocol.Bye():
-                self._lose_worker(identity, now)
+                self._workers.lose(identity, now)
 
     def _to_worker(self, identity: bytes, message: Any) -> None:
         self._outbox.append((self._workers_sock, [identity, protocol.encode(message)]))  # type: ignore[arg-type]
-
-    def _register(self, identity: bytes, ready: protocol.Ready, now: float) -> None:
-        known = {pool.name: pool for pool in self.config.pools}
-        accepting = set(self._core.pool_names())
-        if not ready.pools:
-            raise InvalidArgument("a worker must serve at least one pool")
-        for name in ready.pools:
-            if name not in accepting:
-                raise NotFound(f"no pool named {name!r} on this broker; declared pools: {', '.join(sorted(accepting))}")
-        for name, opinions in ready.settings.items():
-            if name not in known:
-                raise NotFound(f"settings given for pool {name!r}, which this worker does not serve")
-            problem = settings_disagreement(name, opinions, known[name])
-            if problem is not None:
-                raise FailedPrecondition(f"{problem}; the broker's config owns pool settings")
-        if ready.slots < 0:
-            raise InvalidArgument(f"slots must not be negative, got {ready.slots}")
-        owed = None
-        if ready.concurrency is not None:
-            owed = ready.concurrency - ready.slots - len(self._core.worker_tasks(identity))
-            if ready.slots > ready.concurrency or owed < 0:
-                raise InvalidArgument(f"slots ({ready.slots}) and the tasks held cannot exceed concurrency "
-                                      f"({ready.concurrency})")
-        self._core.add_worker(identity, ready.pools, ready.slots)
-        self._workers[identity] = WorkerEntry(list(ready.pools), now, owed=owed)
-        self._to_worker(identity, protocol.Welcome(
-            protocol.PROTOCOL_VERSION, ready.rid, self.config.heartbeat_interval, self.config.liveness,
-        ))
-        log.info("worker %s ready for pools %s with %d slots", identity.hex(), ", ".join(ready.pools), ready.slots)
-
-    def _complete(self, identity: bytes, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
-                  now: float) -> None:
-        """A lease's outcome. Stale ones change no task; replayed ones return no slot the worker never used."""
-        if done.ok and body is not None and len(body) > self.config.max_payload_bytes:
-            record = self._book.complete(
-                identity, done.id, done.attempt, now, ok=False, error_type="InvalidArgument",
-                error_message=f"the result is {len(body)} bytes, over max_payload_bytes = {self.config.max_payload_bytes}",
-            )
-        elif done.ok:
-            record = self._book.complete(identity, done.id, done.attempt, now, ok=True,
-                                         result=body if body is not None else b"\xc0")
-        else:
-            record = self._book.complete(
-                identity, done.id, done.attempt, now, ok=False, error_type=done.error_type,
-                error_message=done.error_message, traceback=done.traceback,
-            )
-        if record is None and entry.owed is not None:
-            if entry.owed <= 0:
-                return  # a lease this worker does not hold, and no slot is owed: a replay
-            entry.owed -= 1  # a task it ran before registering again: that slot is free now
-        self._core.grant(identity, 1)
 
 
 def _add_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:

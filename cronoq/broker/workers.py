@@ -1,0 +1,124 @@
+"""The workers registered with a broker: their pools, liveness and slot credit.
+
+Registration checks a worker's `Ready` against the broker's pools and
+config; completion turns a `Done` into the book's outcome and gives the
+worker its slot back. The credit rule: a worker states its free slots when
+it registers, and each `Done` returns one. A worker that registers again
+(after a broker restart, or after being declared lost) may still be running
+tasks from before; it says its concurrency, so the broker knows how many
+`Done`s of leases it no longer holds are owed a slot, and a replayed `Done`
+beyond those returns nothing.
+
+Decoding messages and sending replies stay with the broker; this module
+only decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+from cronoq import protocol
+from cronoq.book import TaskBook
+from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound
+from cronoq.pool import settings_disagreement
+
+log = logging.getLogger("cronoq.broker")
+
+
+@dataclass
+class WorkerEntry:
+    """A registered worker connection."""
+
+    pools: list[str]
+    last_seen: float
+    leaving: bool = False
+    owed: int | None = None
+    """Slots busy with tasks the worker ran before it (re-)registered: their `Done` returns them.
+    None when the worker did not say its concurrency (any `Done` then returns a slot)."""
+
+
+class WorkerRegistry:
+    """Worker connections by routing identity, kept in step with the core's view of them."""
+
+    def __init__(self, core: SchedulerCore, book: TaskBook) -> None:
+        self._core = core
+        self._book = book
+        self._entries: dict[bytes, WorkerEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, identity: bytes) -> WorkerEntry | None:
+        return self._entries.get(identity)
+
+    def serving(self, pool: str) -> int:
+        """How many registered workers serve `pool`."""
+        return sum(1 for entry in self._entries.values() if pool in entry.pools)
+
+    def silent_since(self, deadline: float) -> Iterator[tuple[bytes, WorkerEntry, bool]]:
+        """Every worker, and whether it has been silent since `deadline` (a snapshot: safe to lose them meanwhile)."""
+        for identity, entry in list(self._entries.items()):
+            yield identity, entry, entry.last_seen < deadline
+
+    def register(self, identity: bytes, ready: protocol.Ready, configured: Mapping[str, PoolSettings],
+                 now: float) -> None:
+        """Accept a worker's `Ready`, or raise the refusal: NotFound, FailedPrecondition, InvalidArgument."""
+        accepting = set(self._core.pool_names())
+        if not ready.pools:
+            raise InvalidArgument("a worker must serve at least one pool")
+        for name in ready.pools:
+            if name not in accepting:
+                raise NotFound(f"no pool named {name!r} on this broker; declared pools: {', '.join(sorted(accepting))}")
+        for name, opinions in ready.settings.items():
+            if name not in configured:
+                raise NotFound(f"settings given for pool {name!r}, which this worker does not serve")
+            problem = settings_disagreement(name, opinions, configured[name])
+            if problem is not None:
+                raise FailedPrecondition(f"{problem}; the broker's config owns pool settings")
+        if ready.slots < 0:
+            raise InvalidArgument(f"slots must not be negative, got {ready.slots}")
+        owed = None
+        if ready.concurrency is not None:
+            owed = ready.concurrency - ready.slots - len(self._core.worker_tasks(identity))
+            if ready.slots > ready.concurrency or owed < 0:
+                raise InvalidArgument(f"slots ({ready.slots}) and the tasks held cannot exceed concurrency "
+                                      f"({ready.concurrency})")
+        self._core.add_worker(identity, ready.pools, ready.slots)
+        self._entries[identity] = WorkerEntry(list(ready.pools), now, owed=owed)
+        log.info("worker %s ready for pools %s with %d slots", identity.hex(), ", ".join(ready.pools), ready.slots)
+
+    def complete(self, identity: bytes, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
+                 now: float, max_result_bytes: int) -> None:
+        """A lease's outcome. Stale ones change no task; replayed ones return no slot the worker never used."""
+        if done.ok and body is not None and len(body) > max_result_bytes:
+            record = self._book.complete(
+                identity, done.id, done.attempt, now, ok=False, error_type="InvalidArgument",
+                error_message=f"the result is {len(body)} bytes, over max_payload_bytes = {max_result_bytes}",
+            )
+        elif done.ok:
+            record = self._book.complete(identity, done.id, done.attempt, now, ok=True,
+                                         result=body if body is not None else b"\xc0")
+        else:
+            record = self._book.complete(
+                identity, done.id, done.attempt, now, ok=False, error_type=done.error_type,
+                error_message=done.error_message, traceback=done.traceback,
+            )
+        if record is None and entry.owed is not None:
+            if entry.owed <= 0:
+                return  # a lease this worker does not hold, and no slot is owed: a replay
+            entry.owed -= 1  # a task it ran before registering again: that slot is free now
+        self._core.grant(identity, 1)
+
+    def leave(self, identity: bytes, entry: WorkerEntry) -> None:
+        """The worker is stopping: it keeps its running tasks and takes no new ones."""
+        entry.leaving = True
+        self._core.add_worker(identity, [], 0)
+
+    def lose(self, identity: bytes, now: float) -> None:
+        """The worker is gone (silent, or said bye): its tasks go back to their queues, or fail past max_deliveries."""
+        self._entries.pop(identity, None)
+        for record in self._book.lose_worker(identity, now):
+            log.info("task %s requeued after its worker was lost", record.id)
