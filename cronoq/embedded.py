@@ -61,6 +61,7 @@ class Scheduler:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._started = False
         self._closed = False
 
@@ -164,12 +165,20 @@ class Scheduler:
         self._arm_timer(now)
 
     def _arm_timer(self, now: float) -> None:
+        wake = self._book.next_wakeup()
+        if wake == self._timer_at:
+            return  # every task's completion pumps: keep the timer unless the wake-up moved
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        wake = self._book.next_wakeup()
+        self._timer_at = wake
         if wake is not None:
-            self._timer = asyncio.get_running_loop().call_later(max(0.0, wake - now), self._pump)
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, wake - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._pump()
 
     async def _run(self, record: TaskRecord, attempt: int) -> None:
         pool = self._pools[record.pool]

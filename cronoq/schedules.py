@@ -103,9 +103,13 @@ class ScheduleClock:
                 self._next[schedule.name] = schedule.previous_tick(started_at)
             else:
                 self._next[schedule.name] = missed
+        # The broker asks on every pass of its loop: keep the earliest tick, recomputed only when one fires.
+        self._wake = min(self._next.values(), default=None)
 
     def due(self, now: float) -> list[tuple[Schedule, float]]:
         """The (schedule, tick) pairs due at `now`; each is returned once, then counted as fired."""
+        if self._wake is None or self._wake > now:
+            return []
         fired = []
         for name, tick in self._next.items():
             if tick <= now:
@@ -115,6 +119,7 @@ class ScheduleClock:
                 fired.append((schedule, tick))
                 self.last_fired[name] = tick
                 self._next[name] = schedule.next_tick(tick)
+        self._wake = min(self._next.values())
         return fired
 
     def next_tick(self, name: str) -> float:
@@ -123,4 +128,4 @@ class ScheduleClock:
 
     def next_wakeup(self) -> float | None:
         """When the next tick of any schedule is due."""
-        return min(self._next.values(), default=None)
+        return self._wake

@@ -3,7 +3,7 @@
 The socket's FD is watched with `loop.add_reader`. ZeroMQ's FD is edge-like:
 it signals only when the socket's state changes, and a send can consume the
 signal of a message that arrived meanwhile. So a readable socket is drained
-until ZMQ_EVENTS shows no more input, and every send schedules one more
+until a receive finds nothing (EAGAIN), and every send schedules one more
 drain (see ../shared/ANCHORS.md for what this buys).
 """
 
@@ -23,8 +23,6 @@ HIGH_WATER_MARK = 100_000
 # Cython send underneath (1.33 -> 0.38 µs per frame; bench/README.md).
 NOBLOCK = int(zmq.NOBLOCK)
 NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-EVENTS = int(zmq.EVENTS)
-POLLIN = int(zmq.POLLIN)
 _send = zmq.backend.Socket.send
 
 _context: zmq.Context | None = None
@@ -99,8 +97,12 @@ class Channel:
         sock = self.sock
         if sock.closed:
             return
-        while sock.getsockopt(EVENTS) & POLLIN:
-            self._on_message(recv_frames(sock))
+        while True:
+            try:  # until EAGAIN, as the broker does: one exception per drain, not a getsockopt per message
+                frames = recv_frames(sock)
+            except zmq.Again:
+                return
+            self._on_message(frames)
             if sock.closed:
                 return
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import combinations
+from typing import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -64,6 +65,23 @@ class OneSlot:
             task_id = q.pop(pick % len(q))
             assert self.core.cancel(task_id, 0.0) is not None
 
+    def play(self, steps) -> Iterator[tuple[Task | None, set[str | None]]]:
+        """Apply a STEP workload: yield each dispatched task with the tenants backlogged just before it,
+        and (None, set()) at the end of every step, so a caller can check the state between steps too."""
+        for kind, x, y in steps:
+            if kind == "arrive":
+                self.submit(x, y)
+            elif kind == "cancel":
+                self.cancel_one(x, y)
+            else:
+                for _ in range(x):
+                    before = self.backlogged()
+                    task = self.dispatch()
+                    if task is None:
+                        break
+                    yield task, before
+            yield None, set()
+
 
 # A workload: arrivals of n tasks for a tenant, dispatches, and cancellations.
 STEP = st.one_of(
@@ -77,19 +95,10 @@ STEP = st.one_of(
 @given(weights=st.fixed_dictionaries({"a": WEIGHT, "b": WEIGHT, "c": WEIGHT}), steps=st.lists(STEP, max_size=40))
 def test_sfq_window_bound_while_both_backlogged(weights, steps):
     run = OneSlot(PoolSettings("p", tenant_weights=weights))
-    history: list[tuple[str | None, set]] = []  # (tenant dispatched, tenants backlogged just before)
-    for kind, x, y in steps:
-        if kind == "arrive":
-            run.submit(x, y)
-        elif kind == "cancel":
-            run.cancel_one(x, y)
-        else:
-            for _ in range(x):
-                before = run.backlogged()
-                task = run.dispatch()
-                if task is None:
-                    break
-                history.append((task.tenant, before))
+    # (tenant dispatched, tenants backlogged just before)
+    history: list[tuple[str | None, set]] = [
+        (task.tenant, before) for task, before in run.play(steps) if task is not None
+    ]
     w = dict(weights)
     w[None] = 1
     for i, j in combinations(["a", "b", "c", None], 2):
@@ -188,21 +197,12 @@ def test_lag_is_the_weighted_share_minus_dispatches(weights, steps):
     run = OneSlot(PoolSettings("p", tenant_weights=weights))
     w = {**weights, None: 1}
     lag: dict = {}
-    for kind, x, y in steps:
-        if kind == "arrive":
-            run.submit(x, y)
-        elif kind == "cancel":
-            run.cancel_one(x, y)
-        else:
-            for _ in range(x):
-                before = run.backlogged()
-                task = run.dispatch()
-                if task is None:
-                    break
-                total = sum(w[t] for t in before)
-                for t in before:
-                    lag[t] = lag.get(t, 0.0) + w[t] / total
-                lag[task.tenant] -= 1
+    for task, before in run.play(steps):
+        if task is not None:
+            total = sum(w[t] for t in before)
+            for t in before:
+                lag[t] = lag.get(t, 0.0) + w[t] / total
+            lag[task.tenant] -= 1
         for t in list(lag):
             if t not in run.backlogged():
                 del lag[t]  # a period ends when the tenant has nothing queued

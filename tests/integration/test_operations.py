@@ -207,12 +207,20 @@ async def test_a_missed_tick_runs_once_across_restarts_and_crashes(broker_factor
     assert await queued(broker) == 1
 
 
-def test_json_logs_are_one_object_per_line(broker_factory, tmp_path):
-    broker = broker_factory('[[pools]]\nname = "default"\n', env={"T": "secret-token-value"},
-                            args=["--log-level", "INFO", "--log-format", "json"])
+async def test_json_logs_are_one_object_per_line_and_never_show_a_token(broker_factory):
+    secret = "secret-token-value"
+    broker = broker_factory('[[pools]]\nname = "default"\n\n[[auth.tokens]]\ntoken_env = "T"\nrole = "admin"\n',
+                            env={"T": secret}, args=["--log-level", "DEBUG", "--log-format", "json"])
+    worker, running = serve(broker, cronoq.Pool("default", echo), token=secret)
+    async with cronoq.connect(broker.clients, token=secret) as client:
+        assert await (await client.submit("payload-marker")).result(timeout=10) == "payload-marker"
+    await worker.stop()
+    await running
     assert broker.stop() == 0
-    lines = [line for line in broker.log.read_text().splitlines() if line.startswith("{")]
-    assert lines, broker.log.read_text()
+    text = broker.log.read_text()
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    assert any("ready for pools" in json.loads(line)["msg"] for line in lines), text
     for line in lines:
         fields = json.loads(line)
         assert {"ts", "level", "logger", "msg"} <= set(fields)
+    assert secret not in text and "payload-marker" not in text
