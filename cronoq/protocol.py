@@ -16,6 +16,10 @@ of clients in other languages. In short:
 - Requests carry a request id ``rid`` chosen by the sender; the reply to a
   request carries the same ``rid``, so many requests may be in flight on one
   socket and replies may arrive out of order.
+- Several messages to the same peer may travel as one *batch*: a header
+  ``["batch", 1, [[header, body-or-nil], ...]]`` with no body frame. Each
+  side sends what one turn of its loop produced for a peer as one batch, so
+  a busy broker pays libzmq and the event loop per batch, not per task.
 """
 
 from __future__ import annotations
@@ -128,6 +132,12 @@ class Ping(_Message, tag="ping"):
 ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping]
 
 
+class RequestBatch(_Message, tag="batch"):
+    """Several client requests in one message, each with its body (or None); handled in order."""
+
+    items: list[tuple[ClientRequest, Union[bytes, None]]]
+
+
 # --------------------------------------------------------------- broker -> client
 
 
@@ -185,6 +195,12 @@ class Error(_Message, tag="error"):
 ClientReply = Union[Accepted, Outcome, Info, Ok, Error]
 
 
+class ReplyBatch(_Message, tag="batch"):
+    """Several replies to one client in one message, each with its body (or None), in the order sent."""
+
+    items: list[tuple[ClientReply, Union[bytes, None]]]
+
+
 # --------------------------------------------------------------- worker -> broker
 
 
@@ -234,6 +250,12 @@ class Bye(_Message, tag="bye"):
 WorkerMessage = Union[Ready, Heartbeat, Done, Leave, Bye]
 
 
+class WorkerBatch(_Message, tag="batch"):
+    """Several worker messages in one (typically the `done`s of one loop turn), each with its body or None."""
+
+    items: list[tuple[WorkerMessage, Union[bytes, None]]]
+
+
 # --------------------------------------------------------------- broker -> worker
 
 
@@ -266,16 +288,30 @@ class Left(_Message, tag="left"):
 WorkerCommand = Union[Welcome, Assign, Heartbeat, Reregister, Left, Error]
 
 
+class CommandBatch(_Message, tag="batch"):
+    """Several broker commands to one worker in one message (typically assignments), each with its body or None."""
+
+    items: list[tuple[WorkerCommand, Union[bytes, None]]]
+
+
+Batch = Union[RequestBatch, ReplyBatch, WorkerBatch, CommandBatch]
+
+
 # --------------------------------------------------------------- encoding
 
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 """Encode one message struct (or a body value) to msgpack bytes."""
 
-_client_request_decoder = msgspec.msgpack.Decoder(ClientRequest)
-_client_reply_decoder = msgspec.msgpack.Decoder(ClientReply)
-_worker_message_decoder = msgspec.msgpack.Decoder(WorkerMessage)
-_worker_command_decoder = msgspec.msgpack.Decoder(WorkerCommand)
+# A batch holds no batch: each decoder takes one direction's messages or one batch of them.
+_client_request_decoder = msgspec.msgpack.Decoder(Union[ClientRequest, RequestBatch])
+_client_reply_decoder = msgspec.msgpack.Decoder(Union[ClientReply, ReplyBatch])
+_worker_message_decoder = msgspec.msgpack.Decoder(Union[WorkerMessage, WorkerBatch])
+_worker_command_decoder = msgspec.msgpack.Decoder(Union[WorkerCommand, CommandBatch])
+
+# A batch frame is kept well under the smallest frame a broker accepts (max_payload_bytes + 64 KiB): a
+# message that would make it larger goes in a batch of its own or, alone, as plain frames.
+BATCH_BYTES = 32 * 1024
 
 
 def _decoding(decoder: msgspec.msgpack.Decoder, header: bytes, what: str) -> Any:
@@ -292,24 +328,42 @@ def _decoding(decoder: msgspec.msgpack.Decoder, header: bytes, what: str) -> Any
     return message
 
 
-def decode_client_request(header: bytes) -> ClientRequest:
+def decode_client_request(header: bytes) -> ClientRequest | RequestBatch:
     """Decode a client's header frame; InvalidArgument names what is wrong."""
     return _decoding(_client_request_decoder, header, "client request")
 
 
-def decode_client_reply(header: bytes) -> ClientReply:
+def decode_client_reply(header: bytes) -> ClientReply | ReplyBatch:
     """Decode a broker reply received by a client."""
     return _decoding(_client_reply_decoder, header, "broker reply")
 
 
-def decode_worker_message(header: bytes) -> WorkerMessage:
+def decode_worker_message(header: bytes) -> WorkerMessage | WorkerBatch:
     """Decode a worker's header frame; InvalidArgument names what is wrong."""
     return _decoding(_worker_message_decoder, header, "worker message")
 
 
-def decode_worker_command(header: bytes) -> WorkerCommand:
+def decode_worker_command(header: bytes) -> WorkerCommand | CommandBatch:
     """Decode a broker command received by a worker."""
     return _decoding(_worker_command_decoder, header, "broker command")
+
+
+def pack(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],
+         limit: int = BATCH_BYTES) -> list[tuple[list[bytes], int]]:
+    """The messages that carry `items` ((message, body) pairs) to one peer, in order: each message's
+    frames and how many of the items it carries.
+
+    One item goes as plain frames, ``[header]`` or ``[header, body]``; more go as batches of at most
+    `limit` bytes, split in halves until they fit (big messages are rare: a long traceback, a big payload).
+    """
+    if len(items) == 1:
+        message, body = items[0]
+        return [([_encoder.encode(message)] if body is None else [_encoder.encode(message), body], 1)]
+    frame = _encoder.encode(batch_type(PROTOCOL_VERSION, items))
+    if len(frame) <= limit:
+        return [([frame], len(items))]
+    half = len(items) // 2
+    return pack(batch_type, items[:half], limit) + pack(batch_type, items[half:], limit)
 
 
 class _RidPeek(msgspec.Struct, array_like=True):

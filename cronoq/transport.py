@@ -5,16 +5,23 @@ it signals only when the socket's state changes, and a send can consume the
 signal of a message that arrived meanwhile. So a readable socket is drained
 until a receive finds nothing (EAGAIN), and every send schedules one more
 drain (see ../shared/ANCHORS.md for what this buys).
+
+Messages `post`ed during one turn of the loop leave together at the end of
+it, packed into as few ZeroMQ messages as fit (a batch): a client whose
+hundred coroutines each submit a task sends one message, not a hundred.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Sequence
+import logging
+from typing import Any, Callable, Sequence
 
 import zmq
 
 from cronoq.errors import InvalidArgument
+
+log = logging.getLogger("cronoq")
 
 HIGH_WATER_MARK = 100_000
 
@@ -79,12 +86,27 @@ def send_frames(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
     _send(sock, frames[-1], NOBLOCK)
 
 
-class Channel:
-    """A DEALER (or any) socket whose incoming messages are handed to `on_message` on the loop."""
+Item = tuple[Any, "bytes | None"]
+"""A message to post and its body frame (or None)."""
 
-    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None]) -> None:
+
+class Channel:
+    """A DEALER (or any) socket whose incoming messages are handed to `on_message` on the loop.
+
+    `pack` turns what was posted in one loop turn into the messages that carry it (each message's frames
+    and how many items it carries), each sent after `prefix` (the token); `on_unsent` gets the items the
+    full send queue refused.
+    """
+
+    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None], *,
+                 pack: Callable[[list[Item]], list[tuple[list[bytes], int]]] | None = None, prefix: Sequence[bytes] = (),
+                 on_unsent: Callable[[list[Item]], None] | None = None) -> None:
         self.sock = sock
         self._on_message = on_message
+        self._pack = pack
+        self._prefix = list(prefix)
+        self._on_unsent = on_unsent
+        self._posted: list[Item] = []
         self._loop = asyncio.get_running_loop()
         self._fd = sock.getsockopt(zmq.FD)
         self._drain_scheduled = True
@@ -113,7 +135,33 @@ class Channel:
             self._drain_scheduled = True
             self._loop.call_soon(self._drain)
 
+    def post(self, message: Any, body: bytes | None = None) -> None:
+        """Send `message` (and its body) at the end of this loop turn, with whatever else is posted in it."""
+        self._posted.append((message, body))
+        if len(self._posted) == 1:
+            self._loop.call_soon(self._send_posted)
+
+    def _send_posted(self) -> None:
+        posted, self._posted = self._posted, []
+        if not posted or self.sock.closed:
+            return
+        assert self._pack is not None, "post() needs a Channel made with pack="
+        sent = 0
+        for frames, carried in self._pack(posted):
+            try:
+                self.send(self._prefix + frames)
+            except zmq.Again:  # the peer has been gone long enough for the queue to fill: tell who posted
+                if self._on_unsent is not None:
+                    self._on_unsent(posted[sent:])
+                else:
+                    log.warning("send queue is full; dropped %d message(s)", len(posted) - sent)
+                return
+            sent += carried
+
     def close(self) -> None:
+        """Close the socket, after sending what was posted (best effort: the peer may be gone)."""
+        self._send_posted()
         if not self.sock.closed:
             self._loop.remove_reader(self._fd)
             self.sock.close(linger=0)
+

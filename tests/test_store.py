@@ -295,10 +295,10 @@ def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tm
     good_fd = journal._fd
     journal._fd = os.open(tmp_path / "data" / "lock", os.O_RDONLY)  # as if the disk refused every write
     broker._on_client_message([b"client", b"", protocol.encode(protocol.Submit(1, 7)), b"\xc0"], 1000.0)
-    assert broker._outbox, "an accepted reply is ready..."
+    assert broker._to_clients, "an accepted reply is ready..."
     assert not broker._commit()
     assert broker.failure and "cannot write the journal" in broker.failure
-    assert not broker._outbox, "...and never sent, since the task is not on disk"
+    assert not broker._to_clients, "...and never sent, since the task is not on disk"
     os.close(good_fd)
     broker.close()
     assert Journal.open(tmp_path / "data")[1].records == {}
@@ -315,10 +315,13 @@ def test_the_broker_compacts_a_journal_grown_much_larger_than_its_state(tmp_path
     broker.open()
     for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records for 200 kept tasks
         broker._on_client_message([b"c", b"", protocol.encode(protocol.Submit(1, rid)), b"\xc0"], 1000.0)
-        task_id = protocol.decode_client_reply(broker._outbox.pop()[1][1]).id
+        [(_, accepted, _)] = broker._to_clients.items()
+        broker._to_clients.clear()
+        task_id = accepted.id
         broker._on_client_message([b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
+        broker._to_clients.clear()
     assert broker._commit()
-    broker._outbox.clear()
+    broker._to_clients.clear()
     journal = broker._data.journal
     journal.compact_min_bytes, journal.compact_ratio = 1, 1.5
     broker._compact_if_worthwhile()

@@ -3,8 +3,9 @@
 One pass of the loop (`_pump`): drain both sockets without blocking, handle
 every message (decode, authorize, call the book), expire and dispatch what
 the core says is due, commit the pass's changes to the journal in one write
-(group commit), and only then send every reply and assignment at once: an
-`accepted` reply is never sent for a task that is not in the journal. Passes
+(group commit), and only then send every reply and assignment at once, one
+batch per peer (`outbox.py`): an `accepted` reply is never sent for a task
+that is not in the journal. Passes
 repeat until a pass finds both sockets empty; then the loop sleeps until a
 socket becomes readable, the core's next wake-up, or the heartbeat tick.
 
@@ -43,12 +44,14 @@ from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
+from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
-from cronoq.transport import recv_frames, send_frames, tune
+from cronoq.transport import recv_frames, tune
 
 log = logging.getLogger("cronoq.broker")
 
-# Messages taken from one socket before the other gets a turn and the core dispatches.
+# Requests (a batch counts each of its own) taken from one socket before the other gets a turn and the
+# core dispatches.
 DRAIN_BATCH = 512
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
@@ -80,7 +83,8 @@ class Broker:
             result_ttl=config.result_ttl, limits=self._pool_limits,
         )
         self._workers = WorkerRegistry(self._core, self._book)
-        self._outbox: list[tuple[zmq.Socket, list[bytes]]] = []
+        self._to_clients = Outbox(protocol.ReplyBatch)
+        self._to_workers = Outbox(protocol.CommandBatch)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -187,7 +191,8 @@ class Broker:
         """Stop at once without answering: what this pass did is not durable, so nothing of it is confirmed."""
         log.critical("%s; stopping without sending the replies of this pass", reason)
         self.failure = reason
-        self._outbox.clear()
+        self._to_clients.clear()
+        self._to_workers.clear()
         if self._stopped is not None:
             self._stopped.set()
 
@@ -207,7 +212,7 @@ class Broker:
                 return
             if fired:
                 self._cron.save()  # type: ignore[union-attr]
-            sent = bool(self._outbox)
+            sent = bool(self._to_clients) or bool(self._to_workers)
             self._flush()
             # A send can consume the FD's edge for a message that arrived meanwhile: after sending,
             # one more pass must find both sockets empty before the loop may sleep.
@@ -215,17 +220,17 @@ class Broker:
                 break
         self._arm_timer()
 
-    def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], None], now: float) -> int:
-        """Handle up to DRAIN_BATCH messages. Receiving until EAGAIN (one exception per pass) is cheaper
-        than asking ZMQ_EVENTS before every message, and just as sure that libzmq's queue is empty."""
+    def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], int], now: float) -> int:
+        """Handle messages until about DRAIN_BATCH requests; returns how many. Receiving until EAGAIN (one
+        exception per pass) is cheaper than asking ZMQ_EVENTS before every message, and just as sure that
+        libzmq's queue is empty."""
         count = 0
         while count < DRAIN_BATCH:
             try:
                 frames = recv_frames(sock, KEPT_FRAMES)
             except zmq.Again:
                 break
-            handle(frames, now)
-            count += 1
+            count += handle(frames, now)
         return count
 
     def _commit(self) -> bool:
@@ -238,20 +243,15 @@ class Broker:
         return True
 
     def _dispatch(self, now: float) -> None:
-        workers = self._workers_sock
+        put = self._to_workers.put
         for worker_id, record, attempt in self._book.dispatch(now):
-            header = protocol.encode(protocol.Assign(
+            put(worker_id, protocol.Assign(
                 protocol.PROTOCOL_VERSION, record.id, attempt, record.pool, record.tenant, PRIORITIES[record.priority],
-            ))
-            self._outbox.append((workers, [worker_id, header, record.payload]))  # type: ignore[list-item]
+            ), record.payload)
 
     def _flush(self) -> None:
-        for sock, frames in self._outbox:
-            try:
-                send_frames(sock, frames)
-            except zmq.ZMQError as exc:  # a peer's full queue must not stop the broker
-                log.warning("dropped a message to a peer: %s", exc)
-        self._outbox.clear()
+        self._to_workers.send(self._workers_sock)  # type: ignore[arg-type]
+        self._to_clients.send(self._clients)  # type: ignore[arg-type]
 
     def _fire_schedules(self, now: float) -> bool:
         """Submit the task of every cron tick due now; True if any tick fired."""
@@ -291,13 +291,13 @@ class Broker:
         """Beat to every worker, declare silent ones lost, and forget old finished records."""
         now = self._clock()
         deadline = now - self.config.heartbeat_interval * self.config.liveness
-        beat = protocol.encode(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
+        beat = protocol.Heartbeat(protocol.PROTOCOL_VERSION)
         for worker_id, entry, silent in self._workers.silent_since(deadline):
             if silent:
                 log.warning("worker %s silent for %.1f s: lost", worker_id.hex(), now - entry.last_seen)
                 self._workers.lose(worker_id, now)
             else:
-                self._outbox.append((self._workers_sock, [worker_id, beat]))  # type: ignore[arg-type]
+                self._to_workers.put(worker_id, beat)
         self._book.forget_expired_records(now)
         self._sample_dispatches(now)
         self._compact_if_worthwhile()
@@ -340,14 +340,7 @@ class Broker:
     # ----------------------------------------------------------------- replies
 
     def _reply(self, identity: bytes, message: Any, body: bytes | None = None) -> None:
-        frames = [identity, protocol.encode(message)]
-        if body is not None:
-            frames.append(body)
-        self._outbox.append((self._clients, frames))  # type: ignore[arg-type]
-
-    def _reply_error(self, sock: zmq.Socket, identity: bytes, rid: int, exc: CronoqError) -> None:
-        error = protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message)
-        self._outbox.append((sock, [identity, protocol.encode(error)]))
+        self._to_clients.put(identity, message, body)
 
     def _on_terminal(self, record: TaskRecord) -> None:
         self.metrics.task_finished(record.pool, record.state, record.submitted_at, record.started_at,
@@ -363,24 +356,35 @@ class Broker:
         outcome = protocol.Outcome(
             protocol.PROTOCOL_VERSION, rid, record.id, record.state, **outcome_error_fields(record)
         )
-        self._reply(identity, outcome, record.result if record.result is not None else None)
+        self._reply(identity, outcome, record.result)
 
     # ----------------------------------------------------------------- clients
 
-    def _on_client_message(self, frames: list[bytes], now: float) -> None:
+    def _on_client_message(self, frames: list[bytes], now: float) -> int:
+        """Handle one message from a client (a request or a batch of them); returns how many requests."""
         identity = frames[0]
-        request = None
         try:
             _check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-            principal = self._auth.identify(frames[1])
-            request = protocol.decode_client_request(frames[2])
-            self._handle_client_request(identity, principal, request, frames[3] if len(frames) > 3 else None, now)
+            requests = _unpack(frames, protocol.decode_client_request(frames[2]), protocol.RequestBatch)
         except CronoqError as exc:
-            self._reply_error(self._clients, identity, _rid_of(request, frames), exc)  # type: ignore[arg-type]
-        except Exception:  # a bug: it must cost this one message, never the broker
-            log.exception("failed to handle a client message; it was dropped")
-            self._reply_error(self._clients, identity, _rid_of(request, frames), Unavailable(  # type: ignore[arg-type]
-                "the broker failed to handle this request (see its log); try again"))
+            self._to_clients.put(identity, _error(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
+            return 1
+        try:
+            principal = self._auth.identify(frames[1])
+        except CronoqError as exc:  # every request of a batch is refused, so no caller waits in vain
+            for request, _ in requests:
+                self._to_clients.put(identity, _error(request.rid, exc))
+            return len(requests)
+        for request, body in requests:
+            try:
+                self._handle_client_request(identity, principal, request, body, now)
+            except CronoqError as exc:
+                self._to_clients.put(identity, _error(request.rid, exc))
+            except Exception:  # a bug: it must cost this one request, never the broker
+                log.exception("failed to handle a client request; it was dropped")
+                self._to_clients.put(identity, _error(request.rid, Unavailable(
+                    "the broker failed to handle this request (see its log); try again")))
+        return len(requests)
 
     def _handle_client_request(self, identity: bytes, principal: Principal, request: Any,
                                body: bytes | None, now: float) -> None:
@@ -517,21 +521,24 @@ class Broker:
 
     # ----------------------------------------------------------------- workers
 
-    def _on_worker_message(self, frames: list[bytes], now: float) -> None:
+    def _on_worker_message(self, frames: list[bytes], now: float) -> int:
+        """Handle one message from a worker (or a batch of them); returns how many messages."""
         identity = frames[0]
-        sock = self._workers_sock
-        rid = 0
         try:
             _check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
-            principal = self._auth.identify(frames[1])
-            principal.require("serve")
-            message = protocol.decode_worker_message(frames[2])
-            rid = getattr(message, "rid", 0)
-            self._handle_worker_message(identity, message, frames[3] if len(frames) > 3 else None, now)
+            self._auth.identify(frames[1]).require("serve")
+            messages = _unpack(frames, protocol.decode_worker_message(frames[2]), protocol.WorkerBatch)
         except CronoqError as exc:
-            self._reply_error(sock, identity, rid, exc)  # type: ignore[arg-type]
-        except Exception:  # a bug: it must cost this one message, never the broker
-            log.exception("failed to handle a worker message; it was dropped")
+            self._to_workers.put(identity, _error(0, exc))
+            return 1
+        for message, body in messages:
+            try:
+                self._handle_worker_message(identity, message, body, now)
+            except CronoqError as exc:
+                self._to_workers.put(identity, _error(getattr(message, "rid", 0), exc))
+            except Exception:  # a bug: it must cost this one message, never the broker
+                log.exception("failed to handle a worker message; it was dropped")
+        return len(messages)
 
     def _handle_worker_message(self, identity: bytes, message: Any, body: bytes | None, now: float) -> None:
         entry = self._workers.get(identity)
@@ -558,7 +565,7 @@ class Broker:
                 self._workers.lose(identity, now)
 
     def _to_worker(self, identity: bytes, message: Any) -> None:
-        self._outbox.append((self._workers_sock, [identity, protocol.encode(message)]))  # type: ignore[arg-type]
+        self._to_workers.put(identity, message)
 
 
 def _add_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
@@ -595,15 +602,21 @@ def _task_ids() -> Callable[[], str]:
     return lambda: f"{prefix}{next(counter):08x}"
 
 
-def _rid_of(request: Any, frames: list[bytes]) -> int:
-    """The request id an error goes back with: the decoded one, else whatever the header frame shows."""
-    if request is not None:
-        return request.rid
-    return protocol.peek_rid(frames[2]) if len(frames) > 2 else 0
-
-
 def _check_frame_count(frames: list[bytes], rule: str) -> None:
     count = len(frames) - 1
     if not protocol.MIN_FRAMES <= count <= protocol.MAX_FRAMES:
         got = f"more than {protocol.MAX_FRAMES}" if count > protocol.MAX_FRAMES else str(count)
         raise InvalidArgument(f"{rule}, got {got}")
+
+
+def _unpack(frames: list[bytes], message: Any, batch_type: type[protocol.Batch]) -> list[tuple[Any, bytes | None]]:
+    """The (message, body) pairs that a routed message's decoded header stands for: itself, or a batch's."""
+    if type(message) is batch_type:
+        if len(frames) > 3:
+            raise InvalidArgument("a batch carries its bodies inside its header: no body frame may follow it")
+        return message.items  # type: ignore[attr-defined]
+    return [(message, frames[3] if len(frames) > 3 else None)]
+
+
+def _error(rid: int, exc: CronoqError) -> protocol.Error:
+    return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message)

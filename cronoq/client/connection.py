@@ -13,6 +13,7 @@ id of its own, so the broker answers a re-sent one with the first task.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import time
@@ -43,7 +44,8 @@ class _Outstanding:
     """A request waiting for its reply: what to re-send on a new connection, and who waits."""
 
     future: asyncio.Future[tuple[Any, bytes | None]]
-    frames: list[bytes]
+    message: Any
+    body: bytes | None
     resend: bool
 
 
@@ -121,7 +123,8 @@ class Client:
                 monitor.close(linger=0)
                 sock.close(linger=0)
                 raise InvalidArgument(f"cannot connect to broker address {self.address!r}: {exc}") from None
-            self._channel = Channel(sock, self._on_reply)
+            self._channel = Channel(sock, self._on_reply, pack=functools.partial(protocol.pack, protocol.RequestBatch),
+                                    prefix=[self._token], on_unsent=self._on_unsent)
             self._monitor = Channel(monitor, self._on_connection_event)
         return self
 
@@ -153,16 +156,13 @@ class Client:
         if self._connections == 1 or self._channel is None:
             return  # requests sent before the first connection were queued and went out with it
         self.reconnects += 1
-        resends = [outstanding.frames for outstanding in self._pending.values()
-                   if outstanding.resend and not outstanding.future.done()]
+        for outstanding in self._pending.values():
+            if outstanding.resend and not outstanding.future.done():
+                self._channel.post(outstanding.message, outstanding.body)
         # A restarted broker forgot who watches which task: ask again, under the same rids.
-        resends += [[self._token, protocol.encode(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))]
-                    for rid, watch in self._watches.items() if watch.task_id is not None]
-        for frames in resends:
-            try:
-                self._channel.send(frames)
-            except zmq.Again:
-                break  # the queue is full: the request timeout will tell the caller
+        for rid, watch in self._watches.items():
+            if watch.task_id is not None:
+                self._channel.post(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))
 
     # ----------------------------------------------------------------- requests
 
@@ -172,14 +172,17 @@ class Client:
         if self._channel is None:
             raise Unavailable("this client is not connected: use `await cronoq.connect(...)` or `async with`")
         future = asyncio.get_running_loop().create_future()
-        frames = [self._token, protocol.encode(message)] if body is None else [self._token, protocol.encode(message), body]
-        self._pending[message.rid] = _Outstanding(future, frames, resend)
-        try:
-            self._channel.send(frames)
-        except zmq.Again:
-            del self._pending[message.rid]
-            raise Unavailable(f"the send queue to {self.address} is full; is the broker running?") from None
+        self._pending[message.rid] = _Outstanding(future, message, body, resend)
+        self._channel.post(message, body)  # leaves at the end of this loop turn, batched with the others
         return future
+
+    def _on_unsent(self, items: list[tuple[Any, bytes | None]]) -> None:
+        """The send queue to the broker is full (it has been unreachable for long): fail those requests now."""
+        for message, _ in items:
+            outstanding = self._pending.pop(getattr(message, "rid", 0), None)
+            if outstanding is not None and not outstanding.future.done():
+                outstanding.future.set_exception(
+                    Unavailable(f"the send queue to {self.address} is full; is the broker running?"))
 
     async def _request(self, message: Any, body: bytes | None = None, *, resend: bool = True
                        ) -> tuple[Any, bytes | None]:
@@ -196,10 +199,16 @@ class Client:
             reply = protocol.decode_client_reply(frames[0])
         except CronoqError:
             return  # not ours to answer; a broken reply cannot be matched to a request
+        if type(reply) is protocol.ReplyBatch:
+            for one, body in reply.items:
+                self._take_reply(one, body)
+        else:
+            self._take_reply(reply, frames[1] if len(frames) > 1 else None)
+
+    def _take_reply(self, reply: Any, body: bytes | None) -> None:
         watch = self._watches.get(reply.rid)
         if watch is not None and (isinstance(reply, protocol.Outcome) or watch.task_id is not None):
-            self._end_watch(reply.rid, watch, reply if isinstance(reply, protocol.Outcome) else None,
-                            frames[1] if len(frames) > 1 else None)
+            self._end_watch(reply.rid, watch, reply if isinstance(reply, protocol.Outcome) else None, body)
             return
         outstanding = self._pending.pop(reply.rid, None)
         if outstanding is None or outstanding.future.done():
@@ -212,7 +221,7 @@ class Client:
             if isinstance(reply, protocol.Accepted) and watch is not None:
                 watch.task_id = reply.id
                 self._watched[reply.id] = watch
-            future.set_result((reply, frames[1] if len(frames) > 1 else None))
+            future.set_result((reply, body))
 
     def _end_watch(self, rid: int, watch: _Watch, outcome: protocol.Outcome | None, body: bytes | None) -> None:
         """The watched task's outcome came (or the broker refused the watch: fall back to `wait`)."""
@@ -256,7 +265,7 @@ class Client:
         if not await _settled_within(future, timeout):
             self._pending.pop(rid, None)
             if self._channel is not None:
-                self._channel.send([self._token, protocol.encode(protocol.Unwait(protocol.PROTOCOL_VERSION, rid, task_id))])
+                self._channel.post(protocol.Unwait(protocol.PROTOCOL_VERSION, rid, task_id))
             raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
         reply, body = future.result()
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)

@@ -14,6 +14,7 @@ leases it has given to someone else.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -148,7 +149,8 @@ class Worker:
         if self._server_key is not None:
             connect_encrypted(sock, self._server_key)
         sock.connect(self.broker)
-        self._channel = Channel(sock, self._on_command)
+        self._channel = Channel(sock, self._on_command, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
+                                prefix=[self._token])
         self._registered.clear()
         self._last_heard = asyncio.get_running_loop().time()
         self._send_ready()
@@ -162,15 +164,9 @@ class Worker:
     # ----------------------------------------------------------------- messages
 
     def _send(self, message: Any, body: bytes | None = None) -> None:
-        if self._channel is None:
-            return
-        frames = [self._token, protocol.encode(message)]
-        if body is not None:
-            frames.append(body)
-        try:
-            self._channel.send(frames)
-        except zmq.Again:
-            log.warning("send queue to the broker is full; dropping %s", type(message).__name__)
+        """Send at the end of this loop turn: the `done`s of tasks that finish together go as one batch."""
+        if self._channel is not None:
+            self._channel.post(message, body)
 
     def _send_ready(self) -> None:
         if self._stopping:
@@ -189,9 +185,16 @@ class Worker:
         except CronoqError as exc:
             log.warning("ignoring a malformed message from the broker: %s", exc)
             return
+        if type(command) is protocol.CommandBatch:
+            for one, body in command.items:
+                self._obey(one, body)
+        else:
+            self._obey(command, frames[1] if len(frames) > 1 else None)
+
+    def _obey(self, command: Any, body: bytes | None) -> None:
         match command:
             case protocol.Assign():
-                self._start_task(command, frames[1] if len(frames) > 1 else b"\xc0")
+                self._start_task(command, b"\xc0" if body is None else body)
             case protocol.Heartbeat():
                 pass
             case protocol.Welcome():

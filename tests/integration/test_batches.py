@@ -1,0 +1,77 @@
+"""Batches: several messages in one, as clients, workers and the broker send what one loop turn made.
+
+Driven through a real Broker object's handlers (a real journal, no sockets), like the hostile-input
+tests: each request of a batch is answered as if it had come alone, and a batch that cannot be read
+or authenticated is refused request by request, so no caller waits for a reply that never comes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cronoq import protocol
+from cronoq.broker.server import Broker
+from cronoq.config import parse_config
+from tests.integration.test_hostile import NOW, V, _replies, client_says, in_process_broker, worker_says
+
+
+def _decoded(replies: list[list[bytes]]) -> list:
+    return [protocol.decode_client_reply(frames[0]) for frames in replies]
+
+
+def test_each_request_of_a_batch_is_answered_as_if_it_came_alone(tmp_path):
+    broker = in_process_broker(tmp_path / "data")
+    batch = protocol.RequestBatch(V, [
+        (protocol.Submit(V, 1, "default", "acme"), msgspec.msgpack.encode("first")),
+        (protocol.Submit(V, 2, "no-such-pool"), msgspec.msgpack.encode("lost")),
+        (protocol.Submit(V, 3, "default"), None),
+        (protocol.Ping(V, 4), None),
+        (protocol.Submit(V, 5, "default", "acme", watch=True), msgspec.msgpack.encode("second")),
+    ])
+    replies = _decoded(client_says(broker, b"client", batch))
+    assert [(type(r).__name__, r.rid) for r in replies] == [
+        ("Accepted", 1), ("Error", 2), ("Error", 3), ("Ok", 4), ("Accepted", 5)]
+    assert [r.code for r in replies if isinstance(r, protocol.Error)] == ["NOT_FOUND", "INVALID_ARGUMENT"]
+    assert [broker._book.get(replies[i].id).payload for i in (0, 4)] == [b"\xa5first", b"\xa6second"]
+
+    # What the broker sends one peer in one pass goes as one batch: the welcome and both assignments.
+    broker._on_worker_message([b"worker", b"", protocol.encode(
+        protocol.Ready(V, 1, ["default"], 2, concurrency=2))], NOW)
+    broker._dispatch(NOW)
+    assert broker._commit()
+    [(identity, [frame])] = list(broker._to_workers.messages())
+    welcome, *tasks = protocol.decode_worker_command(frame).items
+    assert identity == b"worker" and isinstance(welcome[0], protocol.Welcome)
+    assert [(task.id, body) for task, body in tasks] == [(replies[0].id, b"\xa5first"), (replies[4].id, b"\xa6second")]
+    broker._to_workers.clear()
+
+    # The worker's two `done`s in one batch finish both tasks; the watched one's outcome goes to its client.
+    done = protocol.WorkerBatch(V, [(protocol.Done(V, task.id, task.attempt, True), body) for task, body in tasks])
+    assert worker_says(broker, b"worker", done) == [[protocol.encode(protocol.Outcome(V, 5, replies[4].id, "succeeded")),
+                                                     b"\xa6second"]]
+    assert [broker._book.info(replies[i].id).state for i in (0, 4)] == ["succeeded", "succeeded"]
+    broker.close()
+
+
+def test_a_batch_with_a_wrong_token_is_refused_request_by_request(tmp_path):
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")},
+                           "auth": {"tokens": [{"token_env": "T", "role": "client"}]}},
+                          source="test", base_dir=tmp_path, environ={"T": "s3cret"})
+    broker = Broker(config, clock=lambda: NOW)
+    broker.open()
+    batch = protocol.RequestBatch(V, [(protocol.Submit(V, rid), b"\x01") for rid in (7, 8, 9)])
+    broker._on_client_message([b"client", b"wrong", protocol.encode(batch)], NOW)
+    replies = _decoded(_replies(broker))
+    assert [(r.rid, r.code) for r in replies] == [(7, "UNAUTHENTICATED"), (8, "UNAUTHENTICATED"), (9, "UNAUTHENTICATED")]
+    broker._on_client_message([b"client", b"s3cret", protocol.encode(batch)], NOW)
+    assert [type(r).__name__ for r in _decoded(_replies(broker))] == ["Accepted"] * 3
+    broker.close()
+
+
+def test_a_batch_followed_by_a_body_frame_is_refused_whole(tmp_path):
+    broker = in_process_broker(tmp_path / "data")
+    batch = protocol.RequestBatch(V, [(protocol.Submit(V, 1), b"\x01")])
+    [reply] = _decoded(client_says(broker, b"client", batch, b"\x02"))
+    assert (reply.rid, reply.code) == (0, "INVALID_ARGUMENT") and "no body frame" in reply.message
+    assert broker._core.stats()["default"]["queued"] == 0
+    broker.close()
