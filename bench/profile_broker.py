@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--durability", choices=("default", "none"), default="default")
     parser.add_argument("--no-tokens", action="store_true")
+    parser.add_argument("--process", choices=("broker", "client", "worker"), default="broker",
+                        help="which process to sample: the broker (default), the load's client, or the first worker")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy")
     if spy is None:
@@ -80,16 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     tasks = int(args.seconds * 12_000) + 20_000
     with cronoq_stack(durable=args.durability == "default", tokens=tokens, workers=2, concurrency=64) as stack:
         uvloop.run(drive_cronoq(stack.address, 5_000, args.window, token=token))  # warm-up
-        record = [spy, "record", "--pid", str(stack.broker.pid), "--rate", str(args.rate), "--duration",
+        pid = {"broker": stack.broker.pid, "client": os.getpid(), "worker": stack.workers[0].pid}[args.process]
+        record = [spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--duration",
                   str(int(args.seconds)), "--format", "raw", "--idle", "--output", str(raw)]
         counted: dict[str, float] = {}
 
         def sample() -> None:
             time.sleep(1.0)  # let the load reach saturation first
-            cpu0, tasks0 = cpu_seconds([stack.broker.pid]), progress[0]
+            cpu0, tasks0 = cpu_seconds([pid]), progress[0]
             spy_proc = Children.spawn(record, log_dir() / "py-spy.log")
             spy_proc.wait(args.seconds + 60)
-            counted["cpu"] = cpu_seconds([stack.broker.pid]) - cpu0
+            counted["cpu"] = cpu_seconds([pid]) - cpu0
             counted["tasks"] = progress[0] - tasks0
 
         progress = [0]

@@ -18,6 +18,7 @@ import itertools
 import os
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Generator
 
@@ -39,9 +40,13 @@ ZMTP_HEARTBEAT_MS = 1000
 ZMTP_HEARTBEAT_TIMEOUT_MS = 5000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Outstanding:
-    """A request waiting for its reply: what to re-send on a new connection, and who waits."""
+    """A request waiting for its reply: what to re-send on a new connection, and who waits.
+
+    Only the request's own caller awaits `future` (directly, so the reply wakes it in one step of the
+    loop); a caller that is cancelled cancels only it, and a late reply to it is dropped.
+    """
 
     future: asyncio.Future[tuple[Any, bytes | None]]
     message: Any
@@ -49,28 +54,62 @@ class _Outstanding:
     resend: bool
 
 
-@dataclass
 class _Watch:
     """A task submitted with `watch`: its outcome will come under the submit's rid.
 
     The task's handle holds its watch, so the outcome is there for `handle.result()` however late it
-    is asked for, and goes away with the handle. The future only ever gets a result (the outcome
-    reply, or None when the watch was refused or closed and an explicit wait is needed), never an
-    exception, so an outcome nobody asks for is dropped silently.
+    is asked for, and goes away with the handle. Each `result()` call waits on a future of its own,
+    so cancelling one caller never touches another, and the outcome wakes each in one step.
+    `outcome` is the outcome reply and body, or None when the watch was refused or closed and an
+    explicit wait is needed.
     """
 
-    client: "Client"
-    future: asyncio.Future[tuple[Any, bytes | None] | None]
-    task_id: str | None = None
+    __slots__ = ("client", "task_id", "settled", "outcome", "_waiters")
+
+    def __init__(self, client: "Client") -> None:
+        self.client = client
+        self.task_id: str | None = None
+        self.settled = False
+        self.outcome: tuple[Any, bytes | None] | None = None
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def settle(self, outcome: tuple[Any, bytes | None] | None) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        self.outcome = outcome
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
-        if not await _settled_within(self.future, timeout):
-            raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
-        outcome = self.future.result()
-        if outcome is None:
+        if not self.settled:
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+            timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if self._waiters is not None and waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            if not self.settled:
+                raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
+        if self.outcome is None:
             return await self.client.result(task_id, timeout)
-        reply, body = outcome
+        reply, body = self.outcome
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Client:
@@ -88,6 +127,10 @@ class Client:
         self._submissions = itertools.count(1)
         self._submission_prefix = uuid.uuid4().hex[:16]
         self._pending: dict[int, _Outstanding] = {}
+        # (deadline, rid) of requests that fail after request_timeout, oldest first (one timeout for all,
+        # so deadlines only grow): one sweep now and then instead of a timer per request.
+        self._expiries: deque[tuple[float, int]] = deque()
+        self._sweeper: asyncio.TimerHandle | None = None
         self._watches: dict[int, _Watch] = {}  # by the submit's rid
         self._watched: dict[str, _Watch] = {}  # the same, by task id once accepted
         self._channel: Channel | None = None
@@ -138,13 +181,16 @@ class Client:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        self._expiries.clear()
         for outstanding in self._pending.values():
             if not outstanding.future.done():
                 outstanding.future.set_exception(Unavailable("the client connection was closed"))
         self._pending.clear()
         for watch in self._watches.values():
-            if not watch.future.done():
-                watch.future.set_result(None)
+            watch.settle(None)
         self._watches.clear()
         self._watched.clear()
 
@@ -166,15 +212,41 @@ class Client:
 
     # ----------------------------------------------------------------- requests
 
-    def _send(self, message: Any, body: bytes | None = None, *, resend: bool = True
+    def _send(self, message: Any, body: bytes | None = None, *, resend: bool = True, expires: bool = True
               ) -> asyncio.Future[tuple[Any, bytes | None]]:
-        """Send a request and return the future of its reply; `resend`: safe to send again on a new connection."""
+        """Send a request and return the future of its reply; `resend`: safe to send again on a new connection;
+        `expires`: fail with Unavailable when no reply comes within request_timeout."""
         if self._channel is None:
             raise Unavailable("this client is not connected: use `await cronoq.connect(...)` or `async with`")
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._pending[message.rid] = _Outstanding(future, message, body, resend)
         self._channel.post(message, body)  # leaves at the end of this loop turn, batched with the others
+        if expires:
+            self._expiries.append((loop.time() + self.request_timeout, message.rid))
+            if self._sweeper is None:
+                self._sweeper = loop.call_later(self._sweep_interval(), self._sweep)
         return future
+
+    def _sweep_interval(self) -> float:
+        """How often expired requests are looked for: a timeout fires up to this much late."""
+        return min(1.0, max(0.01, self.request_timeout / 8))
+
+    def _sweep(self) -> None:
+        """Fail the requests whose request_timeout has passed; forget the ones answered meanwhile."""
+        loop = asyncio.get_running_loop()
+        now, pending, expiries = loop.time(), self._pending, self._expiries
+        while expiries:
+            deadline, rid = expiries[0]
+            outstanding = pending.get(rid)
+            if outstanding is not None and not outstanding.future.done():
+                if deadline > now:
+                    break
+                del pending[rid]
+                outstanding.future.set_exception(Unavailable(
+                    f"no reply from the broker at {self.address} within {self.request_timeout:g} s; is it running?"))
+            expiries.popleft()
+        self._sweeper = loop.call_later(self._sweep_interval(), self._sweep) if expiries else None
 
     def _on_unsent(self, items: list[tuple[Any, bytes | None]]) -> None:
         """The send queue to the broker is full (it has been unreachable for long): fail those requests now."""
@@ -186,13 +258,7 @@ class Client:
 
     async def _request(self, message: Any, body: bytes | None = None, *, resend: bool = True
                        ) -> tuple[Any, bytes | None]:
-        future = self._send(message, body, resend=resend)
-        if not await _settled_within(future, self.request_timeout):
-            self._pending.pop(message.rid, None)
-            raise Unavailable(
-                f"no reply from the broker at {self.address} within {self.request_timeout:g} s; is it running?"
-            )
-        return future.result()
+        return await self._send(message, body, resend=resend)
 
     def _on_reply(self, frames: list[bytes]) -> None:
         try:
@@ -228,8 +294,7 @@ class Client:
         del self._watches[rid]
         if watch.task_id is not None and self._watched.get(watch.task_id) is watch:
             del self._watched[watch.task_id]
-        if not watch.future.done():
-            watch.future.set_result(None if outcome is None else (outcome, body))
+        watch.settle(None if outcome is None else (outcome, body))
 
     # ----------------------------------------------------------------- API
 
@@ -247,7 +312,7 @@ class Client:
         )
         body = protocol.encode_body(payload)
         # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
-        watch = self._watches[message.rid] = _Watch(self, asyncio.get_running_loop().create_future())
+        watch = self._watches[message.rid] = _Watch(self)
         try:
             reply, _ = await self._request(message, body)
         except BaseException:
@@ -261,13 +326,14 @@ class Client:
         if watch is not None:  # a task this connection submitted, still in flight
             return await watch.result(task_id, timeout)
         rid = next(self._rids)
-        future = self._send(protocol.Wait(protocol.PROTOCOL_VERSION, rid, task_id))
-        if not await _settled_within(future, timeout):
+        future = self._send(protocol.Wait(protocol.PROTOCOL_VERSION, rid, task_id), expires=False)
+        try:
+            reply, body = await asyncio.wait_for(future, timeout)  # the future is ours alone: it may be cancelled
+        except TimeoutError:
             self._pending.pop(rid, None)
             if self._channel is not None:
                 self._channel.post(protocol.Unwait(protocol.PROTOCOL_VERSION, rid, task_id))
-            raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
-        reply, body = future.result()
+            raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 
     async def status(self, task_id: str) -> TaskInfo:
@@ -307,32 +373,6 @@ class Client:
     async def ping(self) -> None:
         """Round trip to the broker; raises Unavailable when it does not answer in time."""
         await self._request(protocol.Ping(protocol.PROTOCOL_VERSION, next(self._rids)))
-
-
-async def _settled_within(future: asyncio.Future[Any], timeout: float | None) -> bool:
-    """Wait until `future` is done or `timeout` seconds pass; True if it is done. Never cancels `future`.
-
-    One timer and one callback: asyncio.wait_for (with shield, for futures others share) cost the
-    client more per task than sending and receiving the task's messages did.
-    """
-    if future.done():
-        return True
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    future.add_done_callback(wake)
-    timer = None if timeout is None else loop.call_later(timeout, wake)
-    try:
-        await waiter
-    finally:
-        if timer is not None:
-            timer.cancel()
-        future.remove_done_callback(wake)
-    return future.done()
 
 
 def connect(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 import pytest
@@ -106,6 +107,20 @@ async def test_waiting_for_a_result_can_time_out(backend):
             await handle.result(timeout=0.1)
         await sched.resume("work")
         assert (await handle.result(timeout=10))["echo"] == "x"
+
+
+async def test_a_cancelled_waiter_leaves_the_others_waiting_on_the_same_task(backend):
+    async with backend.open([flaky_pool(0)]) as sched:
+        await sched.pause("work")
+        handle = await sched.submit("x", pool="work")
+        waiters = [asyncio.ensure_future(handle.result(timeout=10)) for _ in range(3)]
+        by_id = asyncio.ensure_future(sched.result(handle.id, timeout=10))
+        await asyncio.sleep(0.05)
+        waiters[1].cancel()
+        await sched.resume("work")
+        assert [(await w)["echo"] for w in (waiters[0], waiters[2], by_id)] == ["x", "x", "x"]
+        assert waiters[1].cancelled()
+        assert (await handle.result(timeout=10))["echo"] == "x", "the outcome stays with the handle"
 
 
 @pytest.mark.parametrize("kwargs, problem", [
