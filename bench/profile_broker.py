@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(drive_cronoq(stack.address, 5_000, args.window, token=token))  # warm-up
         pid = {"broker": stack.broker.pid, "client": os.getpid(), "worker": stack.workers[0].pid}[args.process]
         record = [spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--duration",
-                  str(int(args.seconds)), "--format", "raw", "--idle", "--output", str(raw)]
+                  str(int(args.seconds)), "--format", "raw", "--output", str(raw)]
         counted: dict[str, float] = {}
 
         def sample() -> None:
