@@ -1,9 +1,10 @@
 """`python bench/profile_broker.py`: where a saturated cronoq broker spends its time, per task.
 
 Starts a durable broker with tokens and two workers, keeps the client's
-window full, and samples the broker with py-spy (from the `bench` extra)
-while it runs. Prints the functions with the most time, inclusive and self,
-as microseconds of broker CPU per task; the raw collapsed stacks go to
+window full, and samples the broker (or, with --process, the client or a
+worker) with py-spy (from the `bench` extra) while it runs, on-CPU samples
+only. Prints the functions with the most time, inclusive and self, as
+microseconds of that process's CPU per task; the raw collapsed stacks go to
 bench/results/profile-<timestamp>.txt for flame graphs.
 """
 
@@ -34,8 +35,8 @@ def _frame_name(frame: str) -> str:
     return f"{name} ({Path(where.rstrip(')').rsplit(':', 1)[0]).name})" if where else name
 
 
-def summarize(stacks: dict[str, int], tasks: int, cpu_s: float, top: int = 30) -> str:
-    """Inclusive and self time per function, as a share of busy samples and µs of broker CPU per task."""
+def summarize(stacks: dict[str, int], tasks: int, cpu_s: float, top: int = 30, process: str = "broker") -> str:
+    """Inclusive and self time per function, as a share of on-CPU samples and µs of the process's CPU per task."""
     inclusive: collections.Counter[str] = collections.Counter()
     self_time: collections.Counter[str] = collections.Counter()
     busy = 0
@@ -50,7 +51,7 @@ def summarize(stacks: dict[str, int], tasks: int, cpu_s: float, top: int = 30) -
     if not busy:
         return "no busy samples"
     per_task = cpu_s / tasks * 1e6 if tasks else float("nan")
-    out = [f"{tasks:,} tasks in the window; broker CPU {cpu_s:.2f} s = {per_task:.1f} µs/task; {busy:,} busy samples", ""]
+    out = [f"{tasks:,} tasks in the window; {process} CPU {cpu_s:.2f} s = {per_task:.1f} µs/task; {busy:,} on-CPU samples", ""]
     for title, counter in (("inclusive", inclusive), ("self", self_time)):
         out.append(f"{'share':>6} {'µs/task':>8}  {title}")
         for name, count in counter.most_common(top):
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         stack, _, count = line.rpartition(" ")
         if stack:
             stacks[stack] = stacks.get(stack, 0) + int(count)
-    print(summarize(stacks, int(counted.get("tasks", 0)), counted.get("cpu", 0.0)))
+    print(summarize(stacks, int(counted.get("tasks", 0)), counted.get("cpu", 0.0), process=args.process))
     print(f"collapsed stacks: {raw.relative_to(ROOT)}")
     return 0
 

@@ -44,3 +44,13 @@ def test_fairness_deviation_against_the_sfq_bound() -> None:
     assert worst["a"] <= 8 / 5 and worst["b"] <= 6 / 5
     unfair, _ = deviations(list("aaaaaaaaaabcbc"), weights)
     assert unfair["a"] > 8 / 5
+
+
+def test_the_per_thread_cpu_report_names_every_process(capsys) -> None:
+    from bench import threads
+
+    assert threads.main(["--tasks", "300", "--window", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "over 300 tasks" in out
+    assert {line.split()[0] for line in out.splitlines()[1:]} == {"broker", "client", "worker"}
+    assert "python" in out and "ZMQbg" in out, "the main thread and libzmq's I/O thread, apart"
