@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 import cronoq
+import cronoq.transport
 from cronoq import protocol
 from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
 
@@ -333,3 +334,21 @@ def test_a_second_broker_on_the_same_data_dir_is_refused_clearly(broker_factory,
     result = run_command(["-m", "cronoq.broker.cli", "-c", str(second)])
     assert result.returncode == 1
     assert "is in use by another broker" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_requests_to_an_unreachable_broker_fail_fast_once_the_send_queue_is_full(monkeypatch):
+    # A small queue stands in for the default 100,000 messages, which take long to fill.
+    monkeypatch.setattr(cronoq.transport, "HIGH_WATER_MARK", 5)
+    async with cronoq.connect(f"tcp://127.0.0.1:{free_port()}", request_timeout=60) as client:
+        loop = asyncio.get_running_loop()
+        pings = []
+        for _ in range(20):  # one message per loop turn: each turn's posts leave as one message
+            pings.append(loop.create_task(client.ping()))
+            await asyncio.sleep(0)
+        done, pending = await asyncio.wait(pings, timeout=WAIT, return_when=asyncio.FIRST_EXCEPTION)
+        refused = [task for task in done if task.exception() is not None]
+        assert refused, "a full send queue must not leave callers waiting for request_timeout"
+        assert all(isinstance(task.exception(), cronoq.Unavailable) and "send queue" in str(task.exception())
+                   for task in refused)
+        for task in pending:
+            task.cancel()
