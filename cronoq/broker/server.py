@@ -1,18 +1,18 @@
 """The broker: two ROUTER sockets around one task book, on one asyncio loop.
 
 One pass of the loop (`_pump`): drain both sockets without blocking, handle
-every message (decode, authorize, call the book), expire and dispatch what
-the core says is due, commit the pass's changes to the journal in one write
-(group commit), and only then send every reply and assignment at once, one
-batch per peer (`outbox.py`): an `accepted` reply is never sent for a task
-that is not in the journal. Passes
-repeat until a pass finds both sockets empty; then the loop sleeps until a
-socket becomes readable, the core's next wake-up, or the heartbeat tick.
+every message (client requests in `clients.py`, worker messages here:
+decode, authorize, call the book), expire and dispatch what the core says
+is due, commit the pass's changes to the journal in one write (group
+commit), and only then send every reply and assignment at once, one batch
+per peer (`outbox.py`): an `accepted` reply is never sent for a task that
+is not in the journal. Passes repeat until a pass finds both sockets empty;
+then the loop sleeps until a socket becomes readable, the core's next
+wake-up, or the heartbeat tick.
 
 No message, however malformed, may stop the loop: a refusal is answered
 where a reply can be routed, anything else costs that one message only.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -27,23 +27,17 @@ from typing import Any, Callable
 import zmq
 
 from cronoq import protocol
-from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields
+from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import PRIORITIES, SchedulerCore
-from cronoq.errors import (
-    CronoqError,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ResourceExhausted,
-    Unavailable,
-)
+from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument
+from cronoq.broker.clients import ClientRequests
 from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
+from cronoq.broker.messages import check_frame_count, error_reply, unpack
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_frames, tune
@@ -61,8 +55,6 @@ KEPT_FRAMES = 1 + protocol.MAX_FRAMES + 1
 # Messages libzmq queues per connection before it stops reading that peer's socket (TCP then pushes
 # back on the peer): bounds what a flood from one connection can pile up in the broker's memory.
 RECEIVE_HWM = 1000
-# Waits on one task: each costs a little memory until the task ends, so a flood of them is refused.
-MAX_WAITERS_PER_TASK = 1024
 # Seconds over which `stats` reports each pool's dispatch rate.
 RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
@@ -85,6 +77,8 @@ class Broker:
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
+        self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify, stats=self.stats,
+                                        reload=self.reload)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -205,7 +199,7 @@ class Broker:
         while True:
             now = self._clock()
             handled = self._drain(workers, self._on_worker_message, now)
-            handled += self._drain(clients, self._on_client_message, now)
+            handled += self._drain(clients, self._requests.on_message, now)
             fired = self._fire_schedules(now) if self._cron is not None else False
             self._dispatch(now)
             if not self._commit():
@@ -337,139 +331,17 @@ class Broker:
         except OSError as exc:  # the commit before the snapshot failed: fatal, as any failed commit
             self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
 
-    # ----------------------------------------------------------------- replies
+    # ----------------------------------------------------------------- clients (requests: clients.py)
 
-    def _reply(self, identity: bytes, message: Any, body: bytes | None = None) -> None:
-        self._to_clients.put(identity, message, body)
+    def _identify(self, token: bytes) -> Principal:
+        """The caller behind a token, by the tokens of the current config (a reload swaps them)."""
+        return self._auth.identify(token)
 
     def _on_terminal(self, record: TaskRecord) -> None:
+        """The book says a task ended: count it, and send its outcome to whoever waits for it."""
         self.metrics.task_finished(record.pool, record.state, record.submitted_at, record.started_at,
                                    record.finished_at)
-        waiters, record.waiters = record.waiters, None
-        if type(waiters) is tuple:
-            self._send_outcome(*waiters, record)
-        elif waiters:
-            for identity, rid in waiters:
-                self._send_outcome(identity, rid, record)
-
-    def _send_outcome(self, identity: bytes, rid: int, record: TaskRecord) -> None:
-        outcome = protocol.Outcome(
-            protocol.PROTOCOL_VERSION, rid, record.id, record.state, **outcome_error_fields(record)
-        )
-        self._reply(identity, outcome, record.result)
-
-    # ----------------------------------------------------------------- clients
-
-    def _on_client_message(self, frames: list[bytes], now: float) -> int:
-        """Handle one message from a client (a request or a batch of them); returns how many requests."""
-        identity = frames[0]
-        try:
-            _check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-            requests = _unpack(frames, protocol.decode_client_request(frames[2]), protocol.RequestBatch)
-        except CronoqError as exc:
-            self._to_clients.put(identity, _error(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
-            return 1
-        try:
-            principal = self._auth.identify(frames[1])
-        except CronoqError as exc:  # every request of a batch is refused, so no caller waits in vain
-            for request, _ in requests:
-                self._to_clients.put(identity, _error(request.rid, exc))
-            return len(requests)
-        for request, body in requests:
-            try:
-                self._handle_client_request(identity, principal, request, body, now)
-            except CronoqError as exc:
-                self._to_clients.put(identity, _error(request.rid, exc))
-            except Exception:  # a bug: it must cost this one request, never the broker
-                log.exception("failed to handle a client request; it was dropped")
-                self._to_clients.put(identity, _error(request.rid, Unavailable(
-                    "the broker failed to handle this request (see its log); try again")))
-        return len(requests)
-
-    def _handle_client_request(self, identity: bytes, principal: Principal, request: Any,
-                               body: bytes | None, now: float) -> None:
-        match request:
-            case protocol.Submit():
-                principal.require("submit")
-                self._submit(identity, principal, request, body, now)
-            case protocol.Wait():
-                principal.require("wait")
-                self._wait_for(self._visible_record(principal, request.id), identity, request.rid)
-            case protocol.Unwait():
-                principal.require("unwait")
-                record = self._book.records.get(request.id)
-                if record is not None:
-                    _remove_waiter(record, (identity, request.rid))
-            case protocol.Status():
-                principal.require("status")
-                self._visible_record(principal, request.id)
-                info = self._book.info(request.id)
-                self._reply(identity, protocol.Info(
-                    protocol.PROTOCOL_VERSION, request.rid, info.id, info.pool, info.tenant, info.priority,
-                    info.state, info.attempts, info.submitted_at, info.started_at, info.finished_at,
-                    info.deadline, info.error,
-                ))
-            case protocol.Cancel():
-                principal.require("cancel")
-                self._visible_record(principal, request.id)
-                cancelled = self._book.cancel(request.id, now)
-                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, cancelled))
-            case protocol.Pause():
-                principal.require("pause")
-                self._pool_action(self._book.pause, request.pool)
-                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
-            case protocol.Resume():
-                principal.require("resume")
-                self._pool_action(self._book.resume, request.pool)
-                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
-            case protocol.Stats():
-                principal.require("stats")
-                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self.stats()))
-            case protocol.Reload():
-                principal.require("reload")
-                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self.reload()))
-            case protocol.Ping():
-                self._reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
-
-    def _submit(self, identity: bytes, principal: Principal, request: protocol.Submit,
-                body: bytes | None, now: float) -> None:
-        tenant = request.tenant
-        if principal.tenant is not None:
-            if tenant is None:
-                tenant = principal.tenant
-            elif tenant != principal.tenant:
-                raise PermissionDenied(
-                    f"this token is pinned to tenant {principal.tenant!r} and may not submit for tenant {tenant!r}"
-                )
-        if body is None:
-            raise InvalidArgument("a submit needs a body frame holding the msgpack payload")
-        record, duplicate = self._book.submit(SubmitRequest(
-            body, pool=request.pool, tenant=tenant, priority=request.priority, deadline=request.deadline,
-            delay=request.delay, key=request.key, max_retries=request.max_retries, submission=request.submission,
-        ), now)
-        if duplicate and not principal.may_see_tenant(record.tenant):
-            raise PermissionDenied("that idempotency key (or submission id) belongs to another tenant's task")
-        self._reply(identity, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
-        if request.watch:
-            self._wait_for(record, identity, request.rid)
-
-    def _wait_for(self, record: TaskRecord, identity: bytes, rid: int) -> None:
-        """Answer with the task's outcome under `rid`: now if it has one, else when it ends."""
-        if record.finished_at is not None:
-            self._send_outcome(identity, rid, record)
-        else:
-            _add_waiter(record, (identity, rid))
-
-    def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
-        record = self._book.get(task_id)
-        if not principal.may_see_tenant(record.tenant):
-            raise PermissionDenied(f"task {task_id} belongs to another tenant; this token is pinned to {principal.tenant!r}")
-        return record
-
-    def _pool_action(self, action: Callable[[str], None], pool: str) -> None:
-        if pool not in self._core.pool_names():
-            raise NotFound(f"no pool named {pool!r}; declared pools: {', '.join(sorted(self._core.pool_names()))}")
-        action(pool)
+        self._requests.deliver_outcome(record)
 
     def reload(self) -> dict[str, Any]:
         """Reread the config file and apply it; FailedPrecondition (the running config stays) if it is invalid.
@@ -525,17 +397,17 @@ class Broker:
         """Handle one message from a worker (or a batch of them); returns how many messages."""
         identity = frames[0]
         try:
-            _check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
-            self._auth.identify(frames[1]).require("serve")
-            messages = _unpack(frames, protocol.decode_worker_message(frames[2]), protocol.WorkerBatch)
+            check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
+            self._identify(frames[1]).require("serve")
+            messages = unpack(frames, protocol.decode_worker_message(frames[2]), protocol.WorkerBatch)
         except CronoqError as exc:
-            self._to_workers.put(identity, _error(0, exc))
+            self._to_workers.put(identity, error_reply(0, exc))
             return 1
         for message, body in messages:
             try:
                 self._handle_worker_message(identity, message, body, now)
             except CronoqError as exc:
-                self._to_workers.put(identity, _error(getattr(message, "rid", 0), exc))
+                self._to_workers.put(identity, error_reply(getattr(message, "rid", 0), exc))
             except Exception:  # a bug: it must cost this one message, never the broker
                 log.exception("failed to handle a worker message; it was dropped")
         return len(messages)
@@ -568,29 +440,6 @@ class Broker:
         self._to_workers.put(identity, message)
 
 
-def _add_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
-    """Remember who waits for a live task's outcome: one waiter as a bare tuple (the common case, kept
-    small because every watched queued task holds one), several in a list."""
-    waiters = record.waiters
-    if waiters is None:
-        record.waiters = waiter
-    elif type(waiters) is tuple:
-        if waiters != waiter:  # an equal one is a client re-sending its wait: one outcome is enough
-            record.waiters = [waiters, waiter]
-    elif waiter not in waiters:
-        if len(waiters) >= MAX_WAITERS_PER_TASK:
-            raise ResourceExhausted(f"task {record.id} already has {MAX_WAITERS_PER_TASK} waiters; retry later")
-        waiters.append(waiter)
-
-
-def _remove_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
-    waiters = record.waiters
-    if waiters == waiter:
-        record.waiters = None
-    elif type(waiters) is list and waiter in waiters:
-        waiters.remove(waiter)
-
-
 def _task_ids() -> Callable[[], str]:
     """Task ids: a random prefix per broker start and a counter (a uuid4 each costs 4x more).
 
@@ -600,23 +449,3 @@ def _task_ids() -> Callable[[], str]:
     prefix = os.urandom(8).hex()
     counter = itertools.count(1)
     return lambda: f"{prefix}{next(counter):08x}"
-
-
-def _check_frame_count(frames: list[bytes], rule: str) -> None:
-    count = len(frames) - 1
-    if not protocol.MIN_FRAMES <= count <= protocol.MAX_FRAMES:
-        got = f"more than {protocol.MAX_FRAMES}" if count > protocol.MAX_FRAMES else str(count)
-        raise InvalidArgument(f"{rule}, got {got}")
-
-
-def _unpack(frames: list[bytes], message: Any, batch_type: type[protocol.Batch]) -> list[tuple[Any, bytes | None]]:
-    """The (message, body) pairs that a routed message's decoded header stands for: itself, or a batch's."""
-    if type(message) is batch_type:
-        if len(frames) > 3:
-            raise InvalidArgument("a batch carries its bodies inside its header: no body frame may follow it")
-        return message.items  # type: ignore[attr-defined]
-    return [(message, frames[3] if len(frames) > 3 else None)]
-
-
-def _error(rid: int, exc: CronoqError) -> protocol.Error:
-    return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message)

@@ -60,10 +60,10 @@ def test_a_batch_with_a_wrong_token_is_refused_request_by_request(tmp_path):
     broker = Broker(config, clock=lambda: NOW)
     broker.open()
     batch = protocol.RequestBatch(V, [(protocol.Submit(V, rid), b"\x01") for rid in (7, 8, 9)])
-    broker._on_client_message([b"client", b"wrong", protocol.encode(batch)], NOW)
+    broker._requests.on_message([b"client", b"wrong", protocol.encode(batch)], NOW)
     replies = _decoded(_replies(broker))
     assert [(r.rid, r.code) for r in replies] == [(7, "UNAUTHENTICATED"), (8, "UNAUTHENTICATED"), (9, "UNAUTHENTICATED")]
-    broker._on_client_message([b"client", b"s3cret", protocol.encode(batch)], NOW)
+    broker._requests.on_message([b"client", b"s3cret", protocol.encode(batch)], NOW)
     assert [type(r).__name__ for r in _decoded(_replies(broker))] == ["Accepted"] * 3
     broker.close()
 

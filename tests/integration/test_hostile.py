@@ -40,7 +40,7 @@ def in_process_broker(data_dir: Path) -> Broker:
 
 def client_says(broker: Broker, identity: bytes, message: Any, body: bytes | None = None) -> list[Any]:
     """Hand the broker one client message; returns the replies it would send."""
-    broker._on_client_message([identity, b"", protocol.encode(message)] + ([body] if body is not None else []), NOW)
+    broker._requests.on_message([identity, b"", protocol.encode(message)] + ([body] if body is not None else []), NOW)
     return _replies(broker)
 
 
@@ -101,7 +101,7 @@ def test_garbage_on_either_socket_touches_no_task_and_stops_nothing(scene_and_lo
     scene, caplog = scene_and_log
     before = scene.picture()
     for side, identity, frames in messages:
-        handle = scene.broker._on_client_message if side == "client" else scene.broker._on_worker_message
+        handle = scene.broker._requests.on_message if side == "client" else scene.broker._on_worker_message
         handle([identity, *frames], NOW)
         for reply in _replies(scene.broker):
             if side == "client":  # every reply routed back to a client is a well-formed message
