@@ -239,12 +239,15 @@ class Client:
         while expiries:
             deadline, rid = expiries[0]
             outstanding = pending.get(rid)
-            if outstanding is not None and not outstanding.future.done():
-                if deadline > now:
+            if outstanding is not None:
+                if outstanding.future.done():
+                    del pending[rid]  # its caller was cancelled: a late reply is dropped either way
+                elif deadline > now:
                     break
-                del pending[rid]
-                outstanding.future.set_exception(Unavailable(
-                    f"no reply from the broker at {self.address} within {self.request_timeout:g} s; is it running?"))
+                else:
+                    del pending[rid]
+                    outstanding.future.set_exception(Unavailable(
+                        f"no reply from the broker at {self.address} within {self.request_timeout:g} s; is it running?"))
             expiries.popleft()
         self._sweeper = loop.call_later(self._sweep_interval(), self._sweep) if expiries else None
 
@@ -329,11 +332,13 @@ class Client:
         future = self._send(protocol.Wait(protocol.PROTOCOL_VERSION, rid, task_id), expires=False)
         try:
             reply, body = await asyncio.wait_for(future, timeout)  # the future is ours alone: it may be cancelled
-        except TimeoutError:
-            self._pending.pop(rid, None)
-            if self._channel is not None:
+        except BaseException as exc:
+            # Timed out or cancelled while the broker still holds the wait: tell it to let go.
+            if self._pending.pop(rid, None) is not None and self._channel is not None:
                 self._channel.post(protocol.Unwait(protocol.PROTOCOL_VERSION, rid, task_id))
-            raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
+            if isinstance(exc, TimeoutError):
+                raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
+            raise
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 
     async def status(self, task_id: str) -> TaskInfo:

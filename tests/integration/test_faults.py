@@ -352,3 +352,14 @@ async def test_requests_to_an_unreachable_broker_fail_fast_once_the_send_queue_i
                    for task in refused)
         for task in pending:
             task.cancel()
+
+
+async def test_a_cancelled_request_is_forgotten_even_if_no_reply_ever_comes():
+    async with cronoq.connect(f"tcp://127.0.0.1:{free_port()}", request_timeout=0.2) as client:
+        pings = [asyncio.get_running_loop().create_task(client.ping()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        pings[0].cancel()
+        results = await asyncio.gather(*pings, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError)
+        assert all(isinstance(r, cronoq.Unavailable) for r in results[1:]), "the others time out as usual"
+        assert not client._pending, "nothing is kept for a request whose caller is gone"
