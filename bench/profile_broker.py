@@ -14,7 +14,6 @@ import argparse
 import collections
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time

@@ -9,7 +9,6 @@ backlog that stays constant.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import statistics
 import tempfile
