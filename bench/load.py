@@ -15,8 +15,11 @@ from bench.common import Run, payload
 
 
 async def drive_cronoq(address: str, tasks: int, window: int, *, token: str | None = None, pool: str = "default",
-                       tenant_of: list[str | None] | None = None, timeout: float = 600.0) -> tuple[Run, list]:
-    """Run `tasks` tasks with `window` in flight; returns the run and each task's result (index = task number)."""
+                       tenant_of: list[str | None] | None = None, timeout: float = 600.0,
+                       progress: list[int] | None = None) -> tuple[Run, list]:
+    """Run `tasks` tasks with `window` in flight; returns the run and each task's result (index = task number).
+
+    `progress[0]` counts finished tasks as they come, for a watcher in another thread."""
     results: list = [None] * tasks
     latencies: list[float] = []
     next_task = 0
@@ -32,6 +35,8 @@ async def drive_cronoq(address: str, tasks: int, window: int, *, token: str | No
             handle = await sched.submit(payload(n), pool=pool, tenant=tenant)
             results[n] = await handle.result(timeout=result_timeout)
             latencies.append(time.perf_counter() - started)
+            if progress is not None:
+                progress[0] += 1
 
     async with cronoq.connect(address, token=token) as sched:
         await sched.ping()  # connected and answered before the clock starts

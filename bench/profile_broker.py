@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = [0]
         watcher = threading.Thread(target=sample)
         watcher.start()
-        uvloop.run(_drive_counting(stack.address, tasks, args.window, token, progress))
+        uvloop.run(drive_cronoq(stack.address, tasks, args.window, token=token, progress=progress))
         watcher.join()
     stacks: dict[str, int] = {}
     for line in raw.read_text().splitlines():
@@ -109,28 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     print(summarize(stacks, int(counted.get("tasks", 0)), counted.get("cpu", 0.0), process=args.process))
     print(f"collapsed stacks: {raw.relative_to(ROOT)}")
     return 0
-
-
-async def _drive_counting(address: str, tasks: int, window: int, token: str | None, progress: list[int]) -> None:
-    """Like drive_cronoq, counting finished tasks as they come so the sampler can take a rate."""
-    import asyncio
-
-    import cronoq
-    from bench.common import payload
-
-    next_task = 0
-
-    async def lane(sched: cronoq.Client) -> None:
-        nonlocal next_task
-        while next_task < tasks:
-            n = next_task
-            next_task += 1
-            handle = await sched.submit(payload(n))
-            await handle.result(timeout=120)
-            progress[0] += 1
-
-    async with cronoq.connect(address, token=token) as sched:
-        await asyncio.wait_for(asyncio.gather(*(lane(sched) for _ in range(window))), 600)
 
 
 if __name__ == "__main__":

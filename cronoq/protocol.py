@@ -295,6 +295,7 @@ class CommandBatch(_Message, tag="batch"):
 
 
 Batch = Union[RequestBatch, ReplyBatch, WorkerBatch, CommandBatch]
+_BATCH_TYPES = (RequestBatch, ReplyBatch, WorkerBatch, CommandBatch)
 
 
 # --------------------------------------------------------------- encoding
@@ -346,6 +347,16 @@ def decode_worker_message(header: bytes) -> WorkerMessage | WorkerBatch:
 def decode_worker_command(header: bytes) -> WorkerCommand | CommandBatch:
     """Decode a broker command received by a worker."""
     return _decoding(_worker_command_decoder, header, "broker command")
+
+
+def unbatch(message: Any, body: bytes | None) -> list[tuple[Any, bytes | None]]:
+    """The (message, body) pairs one received message stands for: itself with its body frame, or a
+    batch's items. InvalidArgument for a batch followed by a body frame (its bodies are inside it)."""
+    if type(message) in _BATCH_TYPES:
+        if body is not None:
+            raise InvalidArgument("a batch carries its bodies inside its header: no body frame may follow it")
+        return message.items
+    return [(message, body)]
 
 
 def pack(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],

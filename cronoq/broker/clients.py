@@ -16,7 +16,7 @@ from typing import Any, Callable
 from cronoq import protocol
 from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields
 from cronoq.broker.auth import Principal
-from cronoq.broker.messages import check_frame_count, error_reply, unpack
+from cronoq.broker.messages import body_frame, check_frame_count, error_reply
 from cronoq.broker.outbox import Outbox
 from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 
@@ -47,7 +47,7 @@ class ClientRequests:
         put = self._outbox.put
         try:
             check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-            requests = unpack(frames, protocol.decode_client_request(frames[2]), protocol.RequestBatch)
+            requests = protocol.unbatch(protocol.decode_client_request(frames[2]), body_frame(frames))
         except CronoqError as exc:
             put(identity, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
             return 1

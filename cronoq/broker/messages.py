@@ -1,8 +1,6 @@
-"""Reading a routed message on either socket: its frames, one message or a batch's, and the error reply."""
+"""Reading a routed message on either socket: its frames and the error reply (`protocol.unbatch` opens batches)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from cronoq import protocol
 from cronoq.errors import CronoqError, InvalidArgument
@@ -16,13 +14,9 @@ def check_frame_count(frames: list[bytes], rule: str) -> None:
         raise InvalidArgument(f"{rule}, got {got}")
 
 
-def unpack(frames: list[bytes], message: Any, batch_type: type[protocol.Batch]) -> list[tuple[Any, bytes | None]]:
-    """The (message, body) pairs that a routed message's decoded header stands for: itself, or a batch's."""
-    if type(message) is batch_type:
-        if len(frames) > 3:
-            raise InvalidArgument("a batch carries its bodies inside its header: no body frame may follow it")
-        return message.items  # type: ignore[attr-defined]
-    return [(message, frames[3] if len(frames) > 3 else None)]
+def body_frame(frames: list[bytes]) -> bytes | None:
+    """The optional body frame of a routed message (identity, token, header, body)."""
+    return frames[3] if len(frames) > 3 else None
 
 
 def error_reply(rid: int, exc: CronoqError) -> protocol.Error:

@@ -37,7 +37,7 @@ from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
-from cronoq.broker.messages import check_frame_count, error_reply, unpack
+from cronoq.broker.messages import body_frame, check_frame_count, error_reply
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_frames, tune
@@ -399,7 +399,7 @@ class Broker:
         try:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
             self._identify(frames[1]).require("serve")
-            messages = unpack(frames, protocol.decode_worker_message(frames[2]), protocol.WorkerBatch)
+            messages = protocol.unbatch(protocol.decode_worker_message(frames[2]), body_frame(frames))
         except CronoqError as exc:
             self._to_workers.put(identity, error_reply(0, exc))
             return 1

@@ -254,7 +254,7 @@ class Client:
     def _on_unsent(self, items: list[tuple[Any, bytes | None]]) -> None:
         """The send queue to the broker is full (it has been unreachable for long): fail those requests now."""
         for message, _ in items:
-            outstanding = self._pending.pop(getattr(message, "rid", 0), None)
+            outstanding = self._pending.pop(message.rid, None)
             if outstanding is not None and not outstanding.future.done():
                 outstanding.future.set_exception(
                     Unavailable(f"the send queue to {self.address} is full; is the broker running?"))
@@ -265,14 +265,11 @@ class Client:
 
     def _on_reply(self, frames: list[bytes]) -> None:
         try:
-            reply = protocol.decode_client_reply(frames[0])
+            replies = protocol.unbatch(protocol.decode_client_reply(frames[0]), frames[1] if len(frames) > 1 else None)
         except CronoqError:
             return  # not ours to answer; a broken reply cannot be matched to a request
-        if type(reply) is protocol.ReplyBatch:
-            for one, body in reply.items:
-                self._take_reply(one, body)
-        else:
-            self._take_reply(reply, frames[1] if len(frames) > 1 else None)
+        for reply, body in replies:
+            self._take_reply(reply, body)
 
     def _take_reply(self, reply: Any, body: bytes | None) -> None:
         watch = self._watches.get(reply.rid)

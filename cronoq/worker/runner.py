@@ -181,15 +181,12 @@ class Worker:
     def _on_command(self, frames: list[bytes]) -> None:
         self._last_heard = asyncio.get_running_loop().time()
         try:
-            command = protocol.decode_worker_command(frames[0])
+            commands = protocol.unbatch(protocol.decode_worker_command(frames[0]), frames[1] if len(frames) > 1 else None)
         except CronoqError as exc:
             log.warning("ignoring a malformed message from the broker: %s", exc)
             return
-        if type(command) is protocol.CommandBatch:
-            for one, body in command.items:
-                self._obey(one, body)
-        else:
-            self._obey(command, frames[1] if len(frames) > 1 else None)
+        for command, body in commands:
+            self._obey(command, body)
 
     def _obey(self, command: Any, body: bytes | None) -> None:
         match command:
