@@ -109,6 +109,9 @@ class BrokerConfig:
     max_payload_bytes: int = 1048576
     max_deliveries: int = 5
     result_ttl: float = 86400.0
+    auth_timeout: float = 5.0
+    max_connections: int = 10000
+    connection_buffer_bytes: int = 4 * 1048576
     pools: tuple[PoolSettings, ...] = field(default_factory=_default_pools)
     limits: Mapping[str, PoolLimits] = field(default_factory=_default_limits)
     tokens: tuple[TokenSpec, ...] = ()
@@ -168,7 +171,8 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, enviro
 
 _BROKER_KEYS = (
     "clients", "workers", "data_dir", "durability", "metrics", "heartbeat_interval", "liveness",
-    "max_payload_bytes", "max_deliveries", "result_ttl", "curve_secret_key_file",
+    "max_payload_bytes", "max_deliveries", "result_ttl", "curve_secret_key_file", "auth_timeout",
+    "max_connections", "connection_buffer_bytes",
 )  # fmt: skip
 _POOL_KEYS = ("name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog")
 _TOKEN_KEYS = ("token_env", "role", "tenant")
@@ -188,6 +192,9 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "max_payload_bytes": s.get("max_payload_bytes", _positive_int, 1048576),
         "max_deliveries": s.get("max_deliveries", _positive_int, 5),
         "result_ttl": s.get("result_ttl", _positive_number, 86400.0),
+        "auth_timeout": s.get("auth_timeout", _positive_number, 5.0),
+        "max_connections": s.get("max_connections", _positive_int, 10000),
+        "connection_buffer_bytes": s.get("connection_buffer_bytes", _positive_int, 4 * 1048576),
     }
     if out["clients"] == out["workers"] and not _is_ephemeral(out["clients"]):
         raise s.error("workers", f"must differ from clients ({out['clients']!r}); give each socket its own endpoint")

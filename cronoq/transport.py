@@ -4,7 +4,7 @@ The socket's FD is watched with `loop.add_reader`. ZeroMQ's FD is edge-like:
 it signals only when the socket's state changes, and a send can consume the
 signal of a message that arrived meanwhile. So a readable socket is drained
 until a receive finds nothing (EAGAIN), and every send schedules one more
-drain (see ../shared/ANCHORS.md for what this buys).
+drain (bench/README.md measures what this buys).
 
 Messages `post`ed during one turn of the loop leave together at the end of
 it, packed into as few ZeroMQ messages as fit (a batch): a client whose
@@ -77,6 +77,23 @@ def recv_frames(sock: zmq.Socket, keep: int = 1 << 30) -> list[bytes]:
         if len(frames) < keep:
             frames.append(frame.bytes)
     return frames
+
+
+SRCFD = int(zmq.SRCFD)
+
+
+def recv_routed(sock: zmq.Socket, keep: int) -> tuple[list[bytes], int]:
+    """Like `recv_frames` on a ROUTER socket, with the descriptor of the connection the message came on
+    (-1 for inproc). Raises zmq.Again when nothing is waiting."""
+    first = sock.recv(NOBLOCK, copy=False)
+    fd = first.get(SRCFD)
+    frames = [first.bytes]
+    frame = first
+    while frame.more:
+        frame = sock.recv(NOBLOCK, copy=False)
+        if len(frames) < keep:
+            frames.append(frame.bytes)
+    return frames, fd
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[bytes]) -> None:

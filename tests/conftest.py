@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Iterable
 import pytest
 
 import cronoq
+from tests import support
 from tests.support import BrokerProcess, write_config
 
 
@@ -26,6 +27,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     kwargs = {name: pyfuncitem.funcargs[name] for name in names}
     asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), timeout=120))
     return True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_in_process_peers():
+    """Each test's in-process broker sees its peers connect afresh (a connection keeps its principal)."""
+    support._peers.clear()
 
 
 @pytest.fixture

@@ -12,8 +12,23 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from cronoq.broker.connections import Connection
+
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 15.0
+
+
+_peers: dict[bytes, Connection] = {}
+
+
+def peer(identity: bytes) -> Connection:
+    """The connection a broker driven in-process (no sockets) takes a message under `identity` to come from:
+    one per identity, authenticated by the first message with a valid token, as over a real socket."""
+    conn = _peers.get(identity)
+    if conn is None or not conn.alive:
+        conn = _peers[identity] = Connection(-1, 0.0)
+        conn.identity = identity
+    return conn
 
 
 def free_port() -> int:

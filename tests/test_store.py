@@ -19,6 +19,7 @@ from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.store import frames
 from cronoq.store.journal import SNAPSHOT, Journal, StoreError, journal_path
 from cronoq.store.replay import Replay
+from tests.support import peer
 
 POOLS = [PoolSettings("a"), PoolSettings("b", tenant_weights={"acme": 3})]
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
@@ -294,7 +295,7 @@ def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tm
     journal = broker._data.journal
     good_fd = journal._fd
     journal._fd = os.open(tmp_path / "data" / "lock", os.O_RDONLY)  # as if the disk refused every write
-    broker._requests.on_message([b"client", b"", protocol.encode(protocol.Submit(1, 7)), b"\xc0"], 1000.0)
+    broker._requests.on_message(peer(b"client"), [b"client", b"", protocol.encode(protocol.Submit(1, 7)), b"\xc0"], 1000.0)
     assert broker._to_clients, "an accepted reply is ready..."
     assert not broker._commit()
     assert broker.failure and "cannot write the journal" in broker.failure
@@ -314,11 +315,11 @@ def test_the_broker_compacts_a_journal_grown_much_larger_than_its_state(tmp_path
     broker = Broker(config, clock=lambda: 1000.0)
     broker.open()
     for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records for 200 kept tasks
-        broker._requests.on_message([b"c", b"", protocol.encode(protocol.Submit(1, rid)), b"\xc0"], 1000.0)
+        broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Submit(1, rid)), b"\xc0"], 1000.0)
         [(_, accepted, _)] = broker._to_clients.items()
         broker._to_clients.clear()
         task_id = accepted.id
-        broker._requests.on_message([b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
+        broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
         broker._to_clients.clear()
     assert broker._commit()
     broker._to_clients.clear()

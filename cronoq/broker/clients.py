@@ -4,8 +4,9 @@ Each message is decoded (one request or a batch), its token identified
 once, and every request authorized by role and tenant, carried out on the
 task book, and answered through the clients' outbox, which the broker sends
 after the pass's group commit. A client waiting for a task is remembered on
-the task's record and gets its outcome from `deliver_outcome` when the book
-says the task ended.
+the task's record, with the connection it asked on, and gets its outcome
+from `deliver_outcome` when the book says the task ended, if that connection
+is still there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable
 from cronoq import protocol
 from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields
 from cronoq.broker.auth import Principal
+from cronoq.broker.connections import Connection
 from cronoq.broker.messages import body_frame, check_frame_count, error_reply
 from cronoq.broker.outbox import Outbox
 from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
@@ -34,32 +36,35 @@ class ClientRequests:
     """
 
     def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes], Principal],
+                 authenticate: Callable[[Connection, Principal], None],
+                 refusal_allowed: Callable[[Connection, float], bool],
                  stats: Callable[[], dict[str, Any]], reload: Callable[[], dict[str, Any]]) -> None:
         self._book = book
         self._outbox = outbox
         self._identify = identify
+        self._authenticate = authenticate
+        self._refusal_allowed = refusal_allowed
         self._stats = stats
         self._reload = reload
 
-    def on_message(self, frames: list[bytes], now: float) -> int:
+    def on_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
         """Handle one message from a client (a request or a batch of them); returns how many requests."""
         identity = frames[0]
         put = self._outbox.put
         try:
             check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
             requests = protocol.unbatch(protocol.decode_client_request(frames[2]), body_frame(frames))
-        except CronoqError as exc:
-            put(identity, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
-            return 1
-        try:
             principal = self._identify(frames[1])
-        except CronoqError as exc:  # every request of a batch is refused, so no caller waits in vain
-            for request, _ in requests:
-                put(identity, error_reply(request.rid, exc))
-            return len(requests)
+            self._authenticate(conn, principal)
+        except CronoqError as exc:
+            # One error for the whole message, however many requests it holds: under the first rid that can be
+            # read. An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request sent with that token.
+            if self._refusal_allowed(conn, now):
+                put(identity, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
+            return 1
         for request, body in requests:
             try:
-                self._handle(identity, principal, request, body, now)
+                self._handle(conn, principal, request, body, now)
             except CronoqError as exc:
                 put(identity, error_reply(request.rid, exc))
             except Exception:  # a bug: it must cost this one request, never the broker
@@ -69,34 +74,37 @@ class ClientRequests:
         return len(requests)
 
     def deliver_outcome(self, record: TaskRecord) -> None:
-        """The task ended: send its outcome to everyone waiting for it."""
+        """The task ended: send its outcome to everyone still connected who waits for it."""
         waiters, record.waiters = record.waiters, None
         if type(waiters) is tuple:
             self._send_outcome(*waiters, record)
         elif waiters:
-            for identity, rid in waiters:
-                self._send_outcome(identity, rid, record)
+            for conn, rid in waiters:
+                self._send_outcome(conn, rid, record)
 
-    def _send_outcome(self, identity: bytes, rid: int, record: TaskRecord) -> None:
+    def _send_outcome(self, conn: Connection, rid: int, record: TaskRecord) -> None:
+        if not conn.alive:  # the waiter's connection ended: whoever holds its identity now is someone else
+            return
         outcome = protocol.Outcome(
             protocol.PROTOCOL_VERSION, rid, record.id, record.state, **outcome_error_fields(record)
         )
-        self._outbox.put(identity, outcome, record.result)
+        self._outbox.put(conn.identity, outcome, record.result)  # type: ignore[arg-type]
 
-    def _handle(self, identity: bytes, principal: Principal, request: Any, body: bytes | None, now: float) -> None:
+    def _handle(self, conn: Connection, principal: Principal, request: Any, body: bytes | None, now: float) -> None:
+        identity: bytes = conn.identity  # type: ignore[assignment]
         reply = self._outbox.put
         match request:
             case protocol.Submit():
                 principal.require("submit")
-                self._submit(identity, principal, request, body, now)
+                self._submit(conn, principal, request, body, now)
             case protocol.Wait():
                 principal.require("wait")
-                self._wait_for(self._visible_record(principal, request.id), identity, request.rid)
+                self._wait_for(self._visible_record(principal, request.id), conn, request.rid)
             case protocol.Unwait():
                 principal.require("unwait")
                 record = self._book.records.get(request.id)
                 if record is not None:
-                    _remove_waiter(record, (identity, request.rid))
+                    _remove_waiter(record, (conn, request.rid))
             case protocol.Status():
                 principal.require("status")
                 self._visible_record(principal, request.id)
@@ -128,7 +136,7 @@ class ClientRequests:
             case protocol.Ping():
                 reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
 
-    def _submit(self, identity: bytes, principal: Principal, request: protocol.Submit,
+    def _submit(self, conn: Connection, principal: Principal, request: protocol.Submit,
                 body: bytes | None, now: float) -> None:
         tenant = request.tenant
         if principal.tenant is not None:
@@ -146,16 +154,17 @@ class ClientRequests:
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
             raise PermissionDenied("that idempotency key (or submission id) belongs to another tenant's task")
-        self._outbox.put(identity, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
+        self._outbox.put(conn.identity, protocol.Accepted(  # type: ignore[arg-type]
+            protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
         if request.watch:
-            self._wait_for(record, identity, request.rid)
+            self._wait_for(record, conn, request.rid)
 
-    def _wait_for(self, record: TaskRecord, identity: bytes, rid: int) -> None:
+    def _wait_for(self, record: TaskRecord, conn: Connection, rid: int) -> None:
         """Answer with the task's outcome under `rid`: now if it has one, else when it ends."""
         if record.finished_at is not None:
-            self._send_outcome(identity, rid, record)
+            self._send_outcome(conn, rid, record)
         else:
-            _add_waiter(record, (identity, rid))
+            _add_waiter(record, (conn, rid))
 
     def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
         record = self._book.get(task_id)
@@ -170,7 +179,7 @@ class ClientRequests:
         action(pool)
 
 
-def _add_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
+def _add_waiter(record: TaskRecord, waiter: tuple[Connection, int]) -> None:
     """Remember who waits for a live task's outcome: one waiter as a bare tuple (the common case, kept
     small because every watched queued task holds one), several in a list."""
     waiters = record.waiters
@@ -185,7 +194,7 @@ def _add_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
         waiters.append(waiter)
 
 
-def _remove_waiter(record: TaskRecord, waiter: tuple[bytes, int]) -> None:
+def _remove_waiter(record: TaskRecord, waiter: tuple[Connection, int]) -> None:
     waiters = record.waiters
     if waiters == waiter:
         record.waiters = None

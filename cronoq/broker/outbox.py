@@ -5,19 +5,23 @@ before the journal has it) and then goes out as one ZeroMQ message per peer,
 a batch, instead of one message per reply. libzmq's send and the receiving
 peer's event loop cost per message, so a busy client or worker gets the
 dozens of things meant for it at once for about the price of one.
+
+Sending never blocks and never drops silently: what libzmq will not take
+for a peer yet (its queue for that peer is full: the peer is not reading)
+waits in that connection's backlog, in order, where the connection's byte
+budget sees it, and goes first when the peer reads again. Nothing is sent to
+a connection that has ended, whoever holds its identity now.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterator
 
 import zmq
 
 from cronoq import protocol
+from cronoq.broker.connections import Connection, Connections
 from cronoq.transport import send_frames
-
-log = logging.getLogger("cronoq.broker")
 
 
 class Outbox:
@@ -53,11 +57,51 @@ class Outbox:
             for frames, _ in protocol.pack(batch_type, items):
                 yield identity, frames
 
-    def send(self, sock: zmq.Socket) -> None:
-        """Send everything waiting and forget it."""
-        for identity, frames in self.messages():
-            try:
-                send_frames(sock, [identity, *frames])
-            except zmq.ZMQError as exc:  # a peer's full queue must not stop the broker
-                log.warning("dropped a message to a peer: %s", exc)
+    def send(self, sock: zmq.Socket, connections: Connections) -> None:
+        """Hand everything waiting to libzmq, or to its connection's backlog, and forget it here; then retry
+        every backlog."""
+        batch_type = self._batch_type
+        for identity, items in self._peers.items():
+            conn = connections.get(identity)
+            if conn is None:
+                continue  # the peer has left: nobody to answer
+            messages = [frames for frames, _ in protocol.pack(batch_type, items)]
+            if conn.backlog:
+                _hold(connections, conn, messages)
+                continue
+            for index, frames in enumerate(messages):
+                try:
+                    send_frames(sock, [identity, *frames])
+                except zmq.Again:  # the peer is not reading: keep the rest, in order, within its budget
+                    _hold(connections, conn, messages[index:])
+                    break
+                except zmq.ZMQError:  # gone between the poll and the send (EHOSTUNREACH)
+                    break
         self._peers.clear()
+        for conn in list(connections.backlogged):
+            _send_backlog(sock, connections, conn)
+
+
+def _hold(connections: Connections, conn: Connection, messages: list[list[bytes]]) -> None:
+    for frames in messages:
+        conn.backlog.append(frames)
+        conn.backlog_bytes += sum(len(frame) for frame in frames)
+    connections.backlogged.add(conn)
+
+
+def _send_backlog(sock: zmq.Socket, connections: Connections, conn: Connection) -> None:
+    """Send a connection's backlog, oldest first, until libzmq's queue for it is full again."""
+    backlog = conn.backlog
+    identity = conn.identity
+    while backlog:
+        frames = backlog[0]
+        try:
+            send_frames(sock, [identity, *frames])  # type: ignore[list-item]
+        except zmq.Again:
+            return
+        except zmq.ZMQError:  # the peer is gone: its disconnect will clear the rest
+            return
+        backlog.popleft()
+        conn.backlog_bytes -= sum(len(frame) for frame in frames)
+    if not conn.parked:
+        connections.backlogged.discard(conn)

@@ -12,14 +12,20 @@ wake-up, or the heartbeat tick.
 
 No message, however malformed, may stop the loop: a refusal is answered
 where a reply can be routed, anything else costs that one message only.
+Every message is first matched to its connection (`connections.py`): the
+broker trusts no routing identity a peer may have chosen, binds each
+connection to the principal of the first valid token it shows, and gives
+what it holds for each connection a byte budget.
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import itertools
 import logging
 import os
+import resource
 import time
 from collections import deque
 from typing import Any, Callable
@@ -29,9 +35,10 @@ import zmq
 from cronoq import protocol
 from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
+from cronoq.broker.connections import Connection, Connections, peer_label
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import PRIORITIES, SchedulerCore
-from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument
+from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied
 from cronoq.broker.clients import ClientRequests
 from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
@@ -40,7 +47,7 @@ from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.messages import body_frame, check_frame_count, error_reply
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
-from cronoq.transport import recv_frames, tune
+from cronoq.transport import recv_routed, tune
 
 log = logging.getLogger("cronoq.broker")
 
@@ -55,6 +62,15 @@ KEPT_FRAMES = 1 + protocol.MAX_FRAMES + 1
 # Messages libzmq queues per connection before it stops reading that peer's socket (TCP then pushes
 # back on the peer): bounds what a flood from one connection can pile up in the broker's memory.
 RECEIVE_HWM = 1000
+# Messages libzmq queues per connection for a peer that does not read: beyond them the broker keeps the rest
+# in the connection's backlog, where its byte budget (connection_buffer_bytes) can see and bound them.
+SEND_HWM = 16
+# Seconds before the broker tries again to hand libzmq the backlog of a peer that was not reading.
+BACKLOG_RETRY = 0.005
+# Seconds between errors sent to a connection that has not authenticated: a flood of bad messages earns few.
+REFUSAL_INTERVAL = 1.0
+# Descriptors kept free of connections for the journal, the metrics server and libzmq's own.
+SPARE_DESCRIPTORS = 64
 # Seconds over which `stats` reports each pool's dispatch rate.
 RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
@@ -77,10 +93,15 @@ class Broker:
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
-        self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify, stats=self.stats,
-                                        reload=self.reload)
+        self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
+                                        authenticate=authenticate, refusal_allowed=refusal_allowed,
+                                        stats=self.stats, reload=self.reload)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
+        self._client_conns: Connections | None = None
+        self._worker_conns: Connections | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._beat_due = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
@@ -123,23 +144,34 @@ class Broker:
                 secret_key = load_secret_key(self.config.curve_secret_key_file)
             except InvalidArgument as exc:
                 raise OSError(str(exc)) from None
-        sockets = []
-        for endpoint in (self.config.clients, self.config.workers):
+        max_connections = _connection_limit(self.config.max_connections)
+        _seed_routing_ids()
+        sockets: list[tuple[zmq.Socket, Connections]] = []
+        for endpoint, name, on_closed in ((self.config.clients, "client", self._on_client_closed),
+                                          (self.config.workers, "worker", self._on_worker_closed)):
             sock = ctx.socket(zmq.ROUTER)
             tune(sock, max_message_bytes=max_frame)
             sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+            sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full queue or a gone peer is an error we can see
+            sock.setsockopt(zmq.HANDSHAKE_IVL, int(self.config.auth_timeout * 1000))
             if secret_key is not None:
                 serve_encrypted(sock, secret_key)
+            conns = Connections(sock, name, max_connections=max_connections, auth_timeout=self.config.auth_timeout,
+                                buffer_bytes=self.config.connection_buffer_bytes, on_closed=on_closed)
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
+                conns.close()
                 sock.close(linger=0)
-                for other in sockets:
+                for other, other_conns in sockets:
+                    other_conns.close()
                     other.close(linger=0)
                 raise OSError(f"cannot bind {endpoint}: {exc}") from None
-            sockets.append(sock)
-        self._clients, self._workers_sock = sockets
-        self.endpoints = tuple(s.getsockopt_string(zmq.LAST_ENDPOINT) for s in sockets)  # type: ignore[assignment]
+            sockets.append((sock, conns))
+        (self._clients, self._client_conns), (self._workers_sock, self._worker_conns) = sockets
+        sockets_only = [sock for sock, _ in sockets]
+        self.endpoints = tuple(s.getsockopt_string(zmq.LAST_ENDPOINT) for s in sockets_only)  # type: ignore[assignment]
         return self.endpoints
 
     async def start_metrics(self) -> None:
@@ -156,23 +188,31 @@ class Broker:
         if self.config.schedules:
             self._cron = CronRunner(self.config.schedules, self.config.data_dir, self._clock())
         self._sample_dispatches(self._clock())  # rates count from the start, not from the first heartbeat
-        for sock in (self._clients, self._workers_sock):
+        for sock in self._watched_sockets():
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
+        self._beat_due = loop.time() + self.config.heartbeat_interval
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         if self._data.syncs_in_background:
             self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
         self._pump()
         await self._stopped.wait()
-        for sock in (self._clients, self._workers_sock):
+        for sock in self._watched_sockets():
             loop.remove_reader(sock.getsockopt(zmq.FD))
-        for handle in (self._timer, self._heartbeat, self._syncer):
+        for handle in (self._timer, self._heartbeat, self._syncer, self._retry):
             if handle is not None:
                 handle.cancel()
+        self._client_conns.close()  # type: ignore[union-attr]
+        self._worker_conns.close()  # type: ignore[union-attr]
         self._clients.close(linger=0)
         self._workers_sock.close(linger=0)
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.close()
+
+    def _watched_sockets(self) -> list[zmq.Socket]:
+        """The sockets whose readiness wakes the loop: both ROUTERs and their monitors."""
+        return [self._clients, self._workers_sock, self._client_conns.monitor,  # type: ignore[list-item,union-attr]
+                self._worker_conns.monitor]  # type: ignore[union-attr]
 
     def stop(self) -> None:
         """Stop accepting and return from `serve()` (graceful: changes are committed, replies sent)."""
@@ -196,10 +236,14 @@ class Broker:
         if self._stopped is None or self._stopped.is_set():
             return
         clients, workers = self._clients, self._workers_sock
+        client_conns, worker_conns = self._client_conns, self._worker_conns
         while True:
             now = self._clock()
-            handled = self._drain(workers, self._on_worker_message, now)
-            handled += self._drain(clients, self._requests.on_message, now)
+            # Connects and disconnects first: a worker that left is lost before anything more is sent to it.
+            worker_conns.poll_events(now)  # type: ignore[union-attr]
+            client_conns.poll_events(now)  # type: ignore[union-attr]
+            handled = self._drain(workers, worker_conns, self._on_worker_message, now)
+            handled += self._drain(clients, client_conns, self._requests.on_message, now)
             fired = self._fire_schedules(now) if self._cron is not None else False
             self._dispatch(now)
             if not self._commit():
@@ -208,24 +252,55 @@ class Broker:
                 self._cron.save()  # type: ignore[union-attr]
             sent = bool(self._to_clients) or bool(self._to_workers)
             self._flush()
+            handled += self._unpark(worker_conns, self._on_worker_message, now)
+            handled += self._unpark(client_conns, self._requests.on_message, now)
             # A send can consume the FD's edge for a message that arrived meanwhile: after sending,
             # one more pass must find both sockets empty before the loop may sleep.
             if not handled and not sent:
                 break
         self._arm_timer()
+        self._arm_retry()
 
-    def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], int], now: float) -> int:
+    def _drain(self, sock: zmq.Socket, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
+               now: float) -> int:
         """Handle messages until about DRAIN_BATCH requests; returns how many. Receiving until EAGAIN (one
         exception per pass) is cheaper than asking ZMQ_EVENTS before every message, and just as sure that
-        libzmq's queue is empty."""
+        libzmq's queue is empty. A message from a peer over its budget is set aside, unhandled."""
         count = 0
         while count < DRAIN_BATCH:
             try:
-                frames = recv_frames(sock, KEPT_FRAMES)
+                frames, fd = recv_routed(sock, KEPT_FRAMES)
             except zmq.Again:
                 break
-            count += handle(frames, now)
+            conn = conns.admit(frames[0], fd, now)
+            if conn is None:  # sent on a connection that has ended: nobody is left to answer
+                count += 1
+            elif conn.parked or conns.over_budget(conn):
+                conns.park(conn, frames)
+                count += 1
+            else:
+                count += handle(conn, frames, now)
         return count
+
+    def _unpark(self, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
+                now: float) -> int:
+        """Handle the messages set aside for peers whose backlog has drained back under budget."""
+        count = 0
+        for conn in conns.parking():
+            for frames in conns.unpark(conn):
+                count += handle(conn, frames, now)
+        return count
+
+    def _arm_retry(self) -> None:
+        """While a peer's backlog waits, try again soon: libzmq says when a socket is readable, not when one
+        peer's queue has room."""
+        waiting = self._client_conns.backlogged or self._worker_conns.backlogged  # type: ignore[union-attr]
+        if waiting and self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(BACKLOG_RETRY, self._on_retry)
+
+    def _on_retry(self) -> None:
+        self._retry = None
+        self._pump()
 
     def _commit(self) -> bool:
         """Group commit: the changes of this pass reach the journal before any of its replies leave."""
@@ -244,8 +319,12 @@ class Broker:
             ), record.payload)
 
     def _flush(self) -> None:
-        self._to_workers.send(self._workers_sock)  # type: ignore[arg-type]
-        self._to_clients.send(self._clients)  # type: ignore[arg-type]
+        # A disconnect reported meanwhile must stop what was meant for that peer (its identity may be reused).
+        now = self._clock()
+        self._worker_conns.poll_events(now, report=False)  # type: ignore[union-attr]
+        self._client_conns.poll_events(now, report=False)  # type: ignore[union-attr]
+        self._to_workers.send(self._workers_sock, self._worker_conns)  # type: ignore[arg-type]
+        self._to_clients.send(self._clients, self._client_conns)  # type: ignore[arg-type]
 
     def _fire_schedules(self, now: float) -> bool:
         """Submit the task of every cron tick due now; True if any tick fired."""
@@ -282,20 +361,35 @@ class Broker:
         self._pump()
 
     def _on_heartbeat_tick(self) -> None:
-        """Beat to every worker, declare silent ones lost, and forget old finished records."""
+        """Beat to every worker, declare silent ones lost, cut idle unauthenticated connections, and forget old
+        finished records."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.heartbeat_interval
+        late = loop.time() - self._beat_due
+        # Read what is waiting first: a worker's heartbeats and `done`s that queued up while this loop was
+        # busy are signs of life, and must be counted before anyone is judged silent.
+        self._pump()
         now = self._clock()
-        deadline = now - self.config.heartbeat_interval * self.config.liveness
+        if late > interval:
+            # The broker itself stalled (a long pause, SIGSTOP, a swapped-out page): the workers' silence is
+            # ours. Give everyone a fresh liveness window rather than losing workers that did their part.
+            log.warning("the broker's loop stalled for %.1f s; workers get a fresh liveness window", late)
+            self._workers.heard_from_all(now)
+        deadline = now - interval * self.config.liveness
         beat = protocol.Heartbeat(protocol.PROTOCOL_VERSION)
         for worker_id, entry, silent in self._workers.silent_since(deadline):
             if silent:
-                log.warning("worker %s silent for %.1f s: lost", worker_id.hex(), now - entry.last_seen)
+                log.warning("worker %s silent for %.1f s: lost", peer_label(worker_id), now - entry.last_seen)
                 self._workers.lose(worker_id, now)
             else:
                 self._to_workers.put(worker_id, beat)
+        self._client_conns.sweep(now)  # type: ignore[union-attr]
+        self._worker_conns.sweep(now)  # type: ignore[union-attr]
         self._book.forget_expired_records(now)
         self._sample_dispatches(now)
         self._compact_if_worthwhile()
-        self._heartbeat = asyncio.get_running_loop().call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
+        self._beat_due = loop.time() + interval
+        self._heartbeat = loop.call_later(interval, self._on_heartbeat_tick)
         self._pump()
 
     def _sample_dispatches(self, now: float) -> None:
@@ -336,6 +430,15 @@ class Broker:
     def _identify(self, token: bytes) -> Principal:
         """The caller behind a token, by the tokens of the current config (a reload swaps them)."""
         return self._auth.identify(token)
+
+    def _on_client_closed(self, conn: Connection, now: float) -> None:
+        """A client left: nothing more goes to it (its waiters are skipped as their tasks end)."""
+
+    def _on_worker_closed(self, conn: Connection, now: float) -> None:
+        """A worker's connection ended: it is lost now, not a liveness period later, and its identity is free."""
+        if conn.identity is not None and self._workers.get(conn.identity) is not None:
+            log.info("worker %s disconnected: lost", conn.label)
+            self._workers.lose(conn.identity, now)
 
     def _on_terminal(self, record: TaskRecord) -> None:
         """The book says a task ended: count it, and send its outcome to whoever waits for it."""
@@ -393,15 +496,18 @@ class Broker:
 
     # ----------------------------------------------------------------- workers
 
-    def _on_worker_message(self, frames: list[bytes], now: float) -> int:
+    def _on_worker_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
         """Handle one message from a worker (or a batch of them); returns how many messages."""
         identity = frames[0]
         try:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
-            self._identify(frames[1]).require("serve")
+            principal = self._identify(frames[1])
+            principal.require("serve")
             messages = protocol.unbatch(protocol.decode_worker_message(frames[2]), body_frame(frames))
+            authenticate(conn, principal)
         except CronoqError as exc:
-            self._to_workers.put(identity, error_reply(0, exc))
+            if refusal_allowed(conn, now):
+                self._to_workers.put(identity, error_reply(0, exc))
             return 1
         for message, body in messages:
             try:
@@ -438,6 +544,58 @@ class Broker:
 
     def _to_worker(self, identity: bytes, message: Any) -> None:
         self._to_workers.put(identity, message)
+
+
+def authenticate(conn: Connection, principal: Principal) -> None:
+    """Bind a connection to the principal of the first valid token it showed; a connection keeps its principal."""
+    bound = conn.principal
+    if bound is None or bound.name == principal.name:
+        conn.principal = principal  # the same token's role or tenant may have changed with a reload
+    else:
+        raise PermissionDenied(f"this connection speaks for {bound.name!r}; open a new connection for another token")
+
+
+def refusal_allowed(conn: Connection, now: float) -> bool:
+    """Whether to answer a refused message: always for an authenticated peer, once a REFUSAL_INTERVAL for
+    one that never showed a valid token (a flood of bad messages must not become a flood of replies)."""
+    if conn.principal is not None:
+        return True
+    if now - conn.last_refusal < REFUSAL_INTERVAL:
+        return False
+    conn.last_refusal = now
+    return True
+
+
+def _seed_routing_ids() -> None:
+    """Seed the C library's rand(), from which libzmq draws the first routing identity a ROUTER gives out.
+
+    Unseeded, every broker process hands out the same sequence, and a peer that claims an identity the broker
+    is about to generate makes libzmq abort (it assumes generated identities are free). Seeded from the OS,
+    the sequence cannot be predicted; docs/security.md says what remains.
+    """
+    try:
+        ctypes.CDLL(None).srand(int.from_bytes(os.urandom(4), "little"))
+    except (OSError, AttributeError):  # no C library to seed (not a POSIX system): nothing to do
+        log.warning("could not seed the C library's rand(): routing identities will be predictable")
+
+
+def _connection_limit(configured: int) -> int:
+    """Raise the open-file limit as far as allowed, and keep max_connections within it."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    except (OSError, ValueError) as exc:
+        log.warning("could not raise the open-file limit: %s", exc)
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    usable = max(1, soft - SPARE_DESCRIPTORS) // 2  # two endpoints share the descriptors
+    if configured > usable:
+        log.warning("max_connections = %d, but the open-file limit (%d) leaves room for %d per endpoint; using %d",
+                    configured, soft, usable, usable)
+        return usable
+    return configured
 
 
 def _task_ids() -> Callable[[], str]:

@@ -7,7 +7,8 @@ it registers, and each `Done` returns one. A worker that registers again
 (after a broker restart, or after being declared lost) may still be running
 tasks from before; it says its concurrency, so the broker knows how many
 `Done`s of leases it no longer holds are owed a slot, and a replayed `Done`
-beyond those returns nothing.
+beyond those returns nothing. A worker that does not say its concurrency is
+owed nothing: only `Done`s of leases it holds return slots.
 
 Decoding messages and sending replies stay with the broker; this module
 only decides.
@@ -21,6 +22,7 @@ from typing import Iterator, Mapping
 
 from cronoq import protocol
 from cronoq.book import TaskBook
+from cronoq.broker.connections import peer_label
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound
 from cronoq.pool import settings_disagreement
@@ -35,9 +37,8 @@ class WorkerEntry:
     pools: list[str]
     last_seen: float
     leaving: bool = False
-    owed: int | None = None
-    """Slots busy with tasks the worker ran before it (re-)registered: their `Done` returns them.
-    None when the worker did not say its concurrency (any `Done` then returns a slot)."""
+    owed: int = 0
+    """Slots busy with tasks the worker ran before it (re-)registered: their `Done` returns them."""
 
 
 class WorkerRegistry:
@@ -57,6 +58,11 @@ class WorkerRegistry:
     def serving(self, pool: str) -> int:
         """How many registered workers serve `pool`."""
         return sum(1 for entry in self._entries.values() if pool in entry.pools)
+
+    def heard_from_all(self, now: float) -> None:
+        """Count every worker as heard from now (after the broker's own stall)."""
+        for entry in self._entries.values():
+            entry.last_seen = max(entry.last_seen, now)
 
     def silent_since(self, deadline: float) -> Iterator[tuple[bytes, WorkerEntry, bool]]:
         """Every worker, and whether it has been silent since `deadline` (a snapshot: safe to lose them meanwhile)."""
@@ -80,7 +86,7 @@ class WorkerRegistry:
                 raise FailedPrecondition(f"{problem}; the broker's config owns pool settings")
         if ready.slots < 0:
             raise InvalidArgument(f"slots must not be negative, got {ready.slots}")
-        owed = None
+        owed = 0
         if ready.concurrency is not None:
             owed = ready.concurrency - ready.slots - len(self._core.worker_tasks(identity))
             if ready.slots > ready.concurrency or owed < 0:
@@ -88,7 +94,8 @@ class WorkerRegistry:
                                       f"({ready.concurrency})")
         self._core.add_worker(identity, ready.pools, ready.slots)
         self._entries[identity] = WorkerEntry(list(ready.pools), now, owed=owed)
-        log.info("worker %s ready for pools %s with %d slots", identity.hex(), ", ".join(ready.pools), ready.slots)
+        log.info("worker %s ready for pools %s with %d slot%s", peer_label(identity), ", ".join(ready.pools),
+                 ready.slots, "" if ready.slots == 1 else "s")
 
     def complete(self, identity: bytes, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
                  now: float, max_result_bytes: int) -> None:
@@ -106,7 +113,7 @@ class WorkerRegistry:
                 identity, done.id, done.attempt, now, ok=False, error_type=done.error_type,
                 error_message=done.error_message, traceback=done.traceback,
             )
-        if record is None and entry.owed is not None:
+        if record is None:
             if entry.owed <= 0:
                 return  # a lease this worker does not hold, and no slot is owed: a replay
             entry.owed -= 1  # a task it ran before registering again: that slot is free now

@@ -276,6 +276,11 @@ class Client:
         if watch is not None and (isinstance(reply, protocol.Outcome) or watch.task_id is not None):
             self._end_watch(reply.rid, watch, reply if isinstance(reply, protocol.Outcome) else None, body)
             return
+        if isinstance(reply, protocol.Error) and reply.code == "UNAUTHENTICATED":
+            # The broker answers a message with a bad token once, whatever it held, and then stays quiet for a
+            # while: every request sent with this token shares the fate.
+            self._fail_all(error_from_code(reply.code, reply.message))
+            return
         outstanding = self._pending.pop(reply.rid, None)
         if outstanding is None or outstanding.future.done():
             return  # a second reply to a request that was re-sent, or one given up on
@@ -288,6 +293,13 @@ class Client:
                 watch.task_id = reply.id
                 self._watched[reply.id] = watch
             future.set_result((reply, body))
+
+    def _fail_all(self, error: CronoqError) -> None:
+        pending, self._pending = self._pending, {}
+        for rid, outstanding in pending.items():
+            self._watches.pop(rid, None)
+            if not outstanding.future.done():
+                outstanding.future.set_exception(error)
 
     def _end_watch(self, rid: int, watch: _Watch, outcome: protocol.Outcome | None, body: bytes | None) -> None:
         """The watched task's outcome came (or the broker refused the watch: fall back to `wait`)."""

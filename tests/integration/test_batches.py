@@ -2,7 +2,7 @@
 
 Driven through a real Broker object's handlers (a real journal, no sockets), like the hostile-input
 tests: each request of a batch is answered as if it had come alone, and a batch that cannot be read
-or authenticated is refused request by request, so no caller waits for a reply that never comes.
+or authenticated is refused with one error, which the client applies to every request it sent.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from cronoq import protocol
 from cronoq.broker.server import Broker
 from cronoq.config import parse_config
 from tests.integration.test_hostile import NOW, V, _replies, client_says, in_process_broker, worker_says
+from tests.support import peer
 
 
 def _decoded(replies: list[list[bytes]]) -> list:
@@ -35,7 +36,7 @@ def test_each_request_of_a_batch_is_answered_as_if_it_came_alone(tmp_path):
     assert [broker._book.get(replies[i].id).payload for i in (0, 4)] == [b"\xa5first", b"\xa6second"]
 
     # What the broker sends one peer in one pass goes as one batch: the welcome and both assignments.
-    broker._on_worker_message([b"worker", b"", protocol.encode(
+    broker._on_worker_message(peer(b"worker"), [b"worker", b"", protocol.encode(
         protocol.Ready(V, 1, ["default"], 2, concurrency=2))], NOW)
     broker._dispatch(NOW)
     assert broker._commit()
@@ -53,17 +54,19 @@ def test_each_request_of_a_batch_is_answered_as_if_it_came_alone(tmp_path):
     broker.close()
 
 
-def test_a_batch_with_a_wrong_token_is_refused_request_by_request(tmp_path):
+def test_a_batch_with_a_wrong_token_is_refused_with_one_error(tmp_path):
+    """However many requests it holds, a message with a bad token earns one error (the client fails every
+    request it sent with that token), so a flood of bad batches cannot become a flood of replies."""
     config = parse_config({"broker": {"data_dir": str(tmp_path / "data")},
                            "auth": {"tokens": [{"token_env": "T", "role": "client"}]}},
                           source="test", base_dir=tmp_path, environ={"T": "s3cret"})
     broker = Broker(config, clock=lambda: NOW)
     broker.open()
     batch = protocol.RequestBatch(V, [(protocol.Submit(V, rid), b"\x01") for rid in (7, 8, 9)])
-    broker._requests.on_message([b"client", b"wrong", protocol.encode(batch)], NOW)
+    broker._requests.on_message(peer(b"client"), [b"client", b"wrong", protocol.encode(batch)], NOW)
     replies = _decoded(_replies(broker))
-    assert [(r.rid, r.code) for r in replies] == [(7, "UNAUTHENTICATED"), (8, "UNAUTHENTICATED"), (9, "UNAUTHENTICATED")]
-    broker._requests.on_message([b"client", b"s3cret", protocol.encode(batch)], NOW)
+    assert [(r.rid, r.code) for r in replies] == [(0, "UNAUTHENTICATED")]
+    broker._requests.on_message(peer(b"client"), [b"client", b"s3cret", protocol.encode(batch)], NOW)
     assert [type(r).__name__ for r in _decoded(_replies(broker))] == ["Accepted"] * 3
     broker.close()
 

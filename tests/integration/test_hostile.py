@@ -23,7 +23,7 @@ from cronoq import protocol
 from cronoq.broker.server import Broker
 from cronoq.config import parse_config
 from tests.integration.test_faults import WAIT
-from tests.support import rss_kib, until
+from tests.support import peer, rss_kib, until
 from tests.test_protocol_fuzz import TAGS, values
 
 V = protocol.PROTOCOL_VERSION
@@ -40,12 +40,14 @@ def in_process_broker(data_dir: Path) -> Broker:
 
 def client_says(broker: Broker, identity: bytes, message: Any, body: bytes | None = None) -> list[Any]:
     """Hand the broker one client message; returns the replies it would send."""
-    broker._requests.on_message([identity, b"", protocol.encode(message)] + ([body] if body is not None else []), NOW)
+    frames = [identity, b"", protocol.encode(message)] + ([body] if body is not None else [])
+    broker._requests.on_message(peer(identity), frames, NOW)
     return _replies(broker)
 
 
 def worker_says(broker: Broker, identity: bytes, message: Any, body: bytes | None = None) -> list[Any]:
-    broker._on_worker_message([identity, b"", protocol.encode(message)] + ([body] if body is not None else []), NOW)
+    frames = [identity, b"", protocol.encode(message)] + ([body] if body is not None else [])
+    broker._on_worker_message(peer(identity), frames, NOW)
     return _replies(broker)
 
 
@@ -102,7 +104,7 @@ def test_garbage_on_either_socket_touches_no_task_and_stops_nothing(scene_and_lo
     before = scene.picture()
     for side, identity, frames in messages:
         handle = scene.broker._requests.on_message if side == "client" else scene.broker._on_worker_message
-        handle([identity, *frames], NOW)
+        handle(peer(identity), [identity, *frames], NOW)
         for reply in _replies(scene.broker):
             if side == "client":  # every reply routed back to a client is a well-formed message
                 protocol.decode_client_reply(reply[0])

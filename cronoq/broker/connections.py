@@ -1,0 +1,249 @@
+"""Who is on the other end of each routing identity: the broker's live connections, per ROUTER socket.
+
+A ROUTER socket names its peers by routing identity, and a peer may choose
+its own. An identity alone therefore proves nothing: a peer that connects
+with the identity of one that just left would receive what was meant for
+it. So the broker keeps its own table of connections, fed by two facts that
+libzmq gives and no peer can forge:
+
+- the socket monitor reports every accepted connection and every
+  disconnect, with the connection's file descriptor;
+- every received message carries the descriptor it was read from (SRCFD).
+
+A connection is born unauthenticated when the monitor reports it. The first
+message that carries a valid token binds it to that token's principal (one
+principal per connection), and only then does the broker send it anything
+but an error: workers register on it, waiters of a task are kept on it.
+When it disconnects it is gone at once: its worker is lost, its waiters get
+nothing, and a new connection under the same identity starts from nothing.
+A connection that sends nothing valid within `auth_timeout` is cut, and so
+is any connection beyond `max_connections`.
+
+What the broker holds for a connection has a byte budget (`buffer_bytes`):
+replies libzmq would not take yet (its per-connection queue is full because
+the peer does not read) wait in the connection's backlog; past the budget
+the broker stops handling that peer's requests (they are set aside, counted
+against the same budget) until the backlog drains; a peer past the budget
+both ways is cut. Cutting a connection shuts its TCP socket down under
+libzmq, which then reports the disconnect like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import deque
+from typing import Any, Callable
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger("cronoq.broker")
+
+MONITORED_EVENTS = int(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+
+
+def peer_label(identity: bytes) -> str:
+    """How logs name a peer: a short digest, never the identity itself (identities are not to be handed out)."""
+    return f"peer-{hash(identity) & 0xFFFFFFFF:08x}"
+
+
+class Connection:
+    """One live (or just ended) connection of a ROUTER socket."""
+
+    __slots__ = ("fd", "identity", "opened_at", "principal", "alive", "backlog", "backlog_bytes", "parked",
+                 "parked_bytes", "last_refusal")
+
+    def __init__(self, fd: int, opened_at: float) -> None:
+        self.fd = fd
+        self.identity: bytes | None = None
+        self.opened_at = opened_at
+        self.principal: Any = None
+        """Who this connection speaks for, once a message carried a valid token; None until then."""
+        self.alive = True
+        self.backlog: deque[list[bytes]] = deque()
+        """Messages for the peer that libzmq would not take yet (its queue for the peer was full)."""
+        self.backlog_bytes = 0
+        self.parked: deque[list[bytes]] = deque()
+        """The peer's own messages, set aside unhandled while its backlog is over budget."""
+        self.parked_bytes = 0
+        self.last_refusal = float("-inf")
+        """When this unauthenticated connection was last sent an error (they are rationed)."""
+
+    @property
+    def label(self) -> str:
+        return peer_label(self.identity) if self.identity is not None else f"fd-{self.fd}"
+
+
+class Connections:
+    """The connections of one ROUTER socket, learnt from its monitor and from each message's descriptor."""
+
+    def __init__(self, sock: zmq.Socket, name: str, *, max_connections: int, auth_timeout: float,
+                 buffer_bytes: int, on_closed: Callable[[Connection, float], None]) -> None:
+        self.name = name
+        self.max_connections = max_connections
+        self.auth_timeout = auth_timeout
+        self.buffer_bytes = buffer_bytes
+        self._on_closed = on_closed
+        self.monitor = sock.get_monitor_socket(MONITORED_EVENTS)
+        self._by_fd: dict[int, Connection] = {}
+        self._by_identity: dict[bytes, Connection] = {}
+        self.backlogged: set[Connection] = set()
+        """Connections with messages waiting in their backlog: the broker retries them each pass."""
+        self.refused = 0
+        """Connections cut because max_connections were open (for logs and tests)."""
+        self._unreported: list[Connection] = []
+        self._reporting = True
+
+    def parking(self) -> list[Connection]:
+        """Connections with messages set aside."""
+        return [conn for conn in self.backlogged if conn.parked]
+
+    def __len__(self) -> int:
+        return len(self._by_fd)
+
+    def close(self) -> None:
+        self.monitor.close(linger=0)
+
+    # ----------------------------------------------------------------- lifecycle (monitor events)
+
+    def poll_events(self, now: float, *, report: bool = True) -> None:
+        """Take every connect and disconnect libzmq has reported. With `report` False the table is brought up
+        to date but `on_closed` waits for the next call that reports (the broker polls so just before it
+        sends, when what a lost worker's tasks become must wait for the next commit)."""
+        self._reporting = report
+        if report and self._unreported:
+            unreported, self._unreported = self._unreported, []
+            for conn in unreported:
+                self._on_closed(conn, now)
+        monitor = self.monitor
+        while True:
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                self._reporting = True
+                return
+            event = parse_monitor_message(frames)
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._opened(fd, now)
+            else:
+                old = self._by_fd.get(fd)
+                if old is not None:
+                    self._closed(old, now)
+
+    def _opened(self, fd: int, now: float) -> None:
+        stale = self._by_fd.get(fd)
+        if stale is not None:  # its disconnect was never reported: the descriptor is someone else's now
+            self._closed(stale, now)
+        if len(self._by_fd) >= self.max_connections:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("%s endpoint: %d connections open (max_connections); refusing new ones (%d so far)",
+                            self.name, len(self._by_fd), self.refused)
+            _shut_down(fd)
+            return
+        self._by_fd[fd] = Connection(fd, now)
+
+    def _closed(self, conn: Connection, now: float) -> None:
+        conn.alive = False
+        del self._by_fd[conn.fd]
+        if conn.identity is not None and self._by_identity.get(conn.identity) is conn:
+            del self._by_identity[conn.identity]
+        conn.backlog.clear()
+        conn.parked.clear()
+        conn.backlog_bytes = conn.parked_bytes = 0
+        self.backlogged.discard(conn)
+        if self._reporting:
+            self._on_closed(conn, now)
+        else:
+            self._unreported.append(conn)
+
+    def cut(self, conn: Connection, why: str) -> None:
+        """Close a peer's connection from our side; its disconnect arrives through the monitor like any other."""
+        if conn.alive:
+            log.warning("%s endpoint: cutting %s: %s", self.name, conn.label, why)
+            _shut_down(conn.fd)
+
+    def sweep(self, now: float) -> None:
+        """Cut connections that have sent nothing valid within auth_timeout."""
+        limit = now - self.auth_timeout
+        for conn in [c for c in self._by_fd.values() if c.principal is None and c.opened_at < limit]:
+            self.cut(conn, f"nothing valid within {self.auth_timeout:g} s")
+
+    # ----------------------------------------------------------------- messages
+
+    def admit(self, identity: bytes, fd: int, now: float) -> Connection | None:
+        """The connection a message read from descriptor `fd` under `identity` came from; None: drop the message.
+
+        A message can only be dropped here when it was sent on a connection that has already ended (its
+        descriptor was reported closed, or now serves a connection with another identity).
+        """
+        if fd < 0:  # inproc: no descriptor and no monitor events; the peer lives in this very process
+            return self._in_process(identity, now)
+        conn = self._by_fd.get(fd)
+        if conn is None or (conn.identity is not None and conn.identity != identity):
+            self.poll_events(now)  # the monitor may not have told us of this connection yet
+            conn = self._by_fd.get(fd)
+            if conn is None or (conn.identity is not None and conn.identity != identity):
+                return None
+        if conn.identity is None:
+            previous = self._by_identity.get(identity)
+            if previous is not None and previous is not conn:  # libzmq refuses a duplicate identity while
+                self._closed(previous, now)                    # one is live, so that one has ended
+            conn.identity = identity
+            self._by_identity[identity] = conn
+        return conn
+
+    def _in_process(self, identity: bytes, now: float) -> Connection:
+        conn = self._by_identity.get(identity)
+        if conn is None:
+            conn = self._by_identity[identity] = Connection(-1, now)
+            conn.identity = identity
+        return conn
+
+    def get(self, identity: bytes) -> Connection | None:
+        """The live connection under `identity`, if any."""
+        return self._by_identity.get(identity)
+
+    # ----------------------------------------------------------------- budget
+
+    def over_budget(self, conn: Connection) -> bool:
+        """Whether the broker should stop handling this peer's requests until it reads its replies."""
+        return conn.backlog_bytes > self.buffer_bytes
+
+    def park(self, conn: Connection, frames: list[bytes]) -> None:
+        """Set a message aside while its sender's replies pile up; cut a sender past the budget both ways."""
+        size = sum(len(frame) for frame in frames)
+        if conn.parked_bytes + size > self.buffer_bytes:
+            self.cut(conn, f"it does not read its replies ({conn.backlog_bytes} bytes waiting) and keeps sending")
+            return
+        conn.parked.append(frames)
+        conn.parked_bytes += size
+        self.backlogged.add(conn)  # kept in view until its parked messages are handled
+
+    def unpark(self, conn: Connection) -> list[list[bytes]]:
+        """The messages set aside, once the backlog is back under budget (in the order they came)."""
+        if not conn.parked or self.over_budget(conn):
+            return []
+        parked = list(conn.parked)
+        conn.parked.clear()
+        conn.parked_bytes = 0
+        if not conn.backlog:
+            self.backlogged.discard(conn)
+        return parked
+
+
+def _shut_down(fd: int) -> None:
+    """Shut a TCP connection down under libzmq (which keeps the descriptor and sees the peer leave)."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
