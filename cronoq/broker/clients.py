@@ -49,7 +49,6 @@ class ClientRequests:
 
     def on_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
         """Handle one message from a client (a request or a batch of them); returns how many requests."""
-        identity = frames[0]
         put = self._outbox.put
         try:
             check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
@@ -60,16 +59,16 @@ class ClientRequests:
             # One error for the whole message, however many requests it holds: under the first rid that can be
             # read. An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request sent with that token.
             if self._refusal_allowed(conn, now):
-                put(identity, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
+                put(conn, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
             return 1
         for request, body in requests:
             try:
                 self._handle(conn, principal, request, body, now)
             except CronoqError as exc:
-                put(identity, error_reply(request.rid, exc))
+                put(conn, error_reply(request.rid, exc))
             except Exception:  # a bug: it must cost this one request, never the broker
                 log.exception("failed to handle a client request; it was dropped")
-                put(identity, error_reply(request.rid, Unavailable(
+                put(conn, error_reply(request.rid, Unavailable(
                     "the broker failed to handle this request (see its log); try again")))
         return len(requests)
 
@@ -88,10 +87,9 @@ class ClientRequests:
         outcome = protocol.Outcome(
             protocol.PROTOCOL_VERSION, rid, record.id, record.state, **outcome_error_fields(record)
         )
-        self._outbox.put(conn.identity, outcome, record.result)  # type: ignore[arg-type]
+        self._outbox.put(conn, outcome, record.result)
 
     def _handle(self, conn: Connection, principal: Principal, request: Any, body: bytes | None, now: float) -> None:
-        identity: bytes = conn.identity  # type: ignore[assignment]
         reply = self._outbox.put
         match request:
             case protocol.Submit():
@@ -109,7 +107,7 @@ class ClientRequests:
                 principal.require("status")
                 self._visible_record(principal, request.id)
                 info = self._book.info(request.id)
-                reply(identity, protocol.Info(
+                reply(conn, protocol.Info(
                     protocol.PROTOCOL_VERSION, request.rid, info.id, info.pool, info.tenant, info.priority,
                     info.state, info.attempts, info.submitted_at, info.started_at, info.finished_at,
                     info.deadline, info.error,
@@ -118,23 +116,23 @@ class ClientRequests:
                 principal.require("cancel")
                 self._visible_record(principal, request.id)
                 cancelled = self._book.cancel(request.id, now)
-                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, cancelled))
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, cancelled))
             case protocol.Pause():
                 principal.require("pause")
                 self._pool_action(self._book.pause, request.pool)
-                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Resume():
                 principal.require("resume")
                 self._pool_action(self._book.resume, request.pool)
-                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Stats():
                 principal.require("stats")
-                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._stats()))
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._stats()))
             case protocol.Reload():
                 principal.require("reload")
-                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._reload()))
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._reload()))
             case protocol.Ping():
-                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
 
     def _submit(self, conn: Connection, principal: Principal, request: protocol.Submit,
                 body: bytes | None, now: float) -> None:
@@ -154,8 +152,7 @@ class ClientRequests:
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
             raise PermissionDenied("that idempotency key (or submission id) belongs to another tenant's task")
-        self._outbox.put(conn.identity, protocol.Accepted(  # type: ignore[arg-type]
-            protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
+        self._outbox.put(conn, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
         if request.watch:
             self._wait_for(record, conn, request.rid)
 

@@ -14,7 +14,9 @@ A connection is born unauthenticated when the monitor reports it. The first
 message that carries a valid token binds it to that token's principal (one
 principal per connection), and only then does the broker send it anything
 but an error: workers register on it, waiters of a task are kept on it.
-When it disconnects it is gone at once: its worker is lost, its waiters get
+When it disconnects, nothing more is sent to it; what it sent before going
+is still read and handled (a worker's last `done`s count), and once the
+socket has been drained it is gone: its worker is lost, its waiters get
 nothing, and a new connection under the same identity starts from nothing.
 A connection that sends nothing valid within `auth_timeout` is cut, and so
 is any connection beyond `max_connections`.
@@ -95,6 +97,15 @@ class Connections:
         """Connections cut because max_connections were open (for logs and tests)."""
         self._unreported: list[Connection] = []
         self._reporting = True
+        # Disconnected, with messages perhaps still to read: by (identity, descriptor), until the socket has
+        # been drained once (`emptied`), then finished at the next poll.
+        self._closing: dict[tuple[bytes, int], Connection] = {}
+        self._drained: list[Connection] = []
+
+    @property
+    def ending(self) -> bool:
+        """Whether connections have ended that the next poll will report."""
+        return bool(self._drained or self._unreported)
 
     def parking(self) -> list[Connection]:
         """Connections with messages set aside."""
@@ -113,9 +124,12 @@ class Connections:
         to date but `on_closed` waits for the next call that reports (the broker polls so just before it
         sends, when what a lost worker's tasks become must wait for the next commit)."""
         self._reporting = report
-        if report and self._unreported:
-            unreported, self._unreported = self._unreported, []
-            for conn in unreported:
+        if report and (self._unreported or self._drained):
+            ended = self._unreported + self._drained
+            self._unreported, self._drained = [], []
+            for conn in ended:
+                if self._closing.get((conn.identity, conn.fd)) is conn:  # type: ignore[arg-type]
+                    del self._closing[(conn.identity, conn.fd)]  # type: ignore[index]
                 self._on_closed(conn, now)
         monitor = self.monitor
         while True:
@@ -131,12 +145,12 @@ class Connections:
             else:
                 old = self._by_fd.get(fd)
                 if old is not None:
-                    self._closed(old, now)
+                    self._disconnected(old, now)
 
     def _opened(self, fd: int, now: float) -> None:
         stale = self._by_fd.get(fd)
         if stale is not None:  # its disconnect was never reported: the descriptor is someone else's now
-            self._closed(stale, now)
+            self._disconnected(stale, now)
         if len(self._by_fd) >= self.max_connections:
             self.refused += 1
             if self.refused == 1 or self.refused % 1000 == 0:
@@ -146,15 +160,28 @@ class Connections:
             return
         self._by_fd[fd] = Connection(fd, now)
 
-    def _closed(self, conn: Connection, now: float) -> None:
+    def _disconnected(self, conn: Connection, now: float) -> None:
+        """libzmq reports the connection gone: send it nothing more, and finish it once its last messages are read."""
         conn.alive = False
-        del self._by_fd[conn.fd]
-        if conn.identity is not None and self._by_identity.get(conn.identity) is conn:
-            del self._by_identity[conn.identity]
+        if self._by_fd.get(conn.fd) is conn:
+            del self._by_fd[conn.fd]
         conn.backlog.clear()
         conn.parked.clear()
         conn.backlog_bytes = conn.parked_bytes = 0
         self.backlogged.discard(conn)
+        if conn.identity is None:  # it never spoke: nothing of it is left to read
+            self._finish(conn, now)
+            return
+        if self._by_identity.get(conn.identity) is conn:
+            del self._by_identity[conn.identity]
+        self._closing[(conn.identity, conn.fd)] = conn
+
+    def emptied(self) -> None:
+        """The broker read the socket until it was empty: what disconnected before has said all it will."""
+        if self._closing:
+            self._drained.extend(conn for conn in self._closing.values() if conn not in self._drained)
+
+    def _finish(self, conn: Connection, now: float) -> None:
         if self._reporting:
             self._on_closed(conn, now)
         else:
@@ -182,6 +209,10 @@ class Connections:
         """
         if fd < 0:  # inproc: no descriptor and no monitor events; the peer lives in this very process
             return self._in_process(identity, now)
+        if self._closing:
+            closing = self._closing.get((identity, fd))
+            if closing is not None:  # read after its disconnect was reported: its last words still count
+                return closing
         conn = self._by_fd.get(fd)
         if conn is None or (conn.identity is not None and conn.identity != identity):
             self.poll_events(now)  # the monitor may not have told us of this connection yet
@@ -191,7 +222,7 @@ class Connections:
         if conn.identity is None:
             previous = self._by_identity.get(identity)
             if previous is not None and previous is not conn:  # libzmq refuses a duplicate identity while
-                self._closed(previous, now)                    # one is live, so that one has ended
+                self._disconnected(previous, now)              # one is live, so that one has ended
             conn.identity = identity
             self._by_identity[identity] = conn
         return conn

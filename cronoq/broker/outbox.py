@@ -29,12 +29,13 @@ class Outbox:
 
     def __init__(self, batch_type: type[protocol.Batch]) -> None:
         self._batch_type = batch_type
-        self._peers: dict[bytes, list[tuple[Any, bytes | None]]] = {}
+        self._peers: dict[Connection, list[tuple[Any, bytes | None]]] = {}
 
-    def put(self, identity: bytes, message: Any, body: bytes | None = None) -> None:
-        items = self._peers.get(identity)
+    def put(self, conn: Connection, message: Any, body: bytes | None = None) -> None:
+        """Send `message` (and its body) to the peer on `conn` after this pass's commit, if it is still there."""
+        items = self._peers.get(conn)
         if items is None:
-            self._peers[identity] = [(message, body)]
+            self._peers[conn] = [(message, body)]
         else:
             items.append((message, body))
 
@@ -44,34 +45,34 @@ class Outbox:
     def clear(self) -> None:
         self._peers.clear()
 
-    def items(self) -> Iterator[tuple[bytes, Any, bytes | None]]:
-        """(peer identity, message, body) of everything waiting, one peer after another."""
-        for identity, items in self._peers.items():
+    def items(self) -> Iterator[tuple[Connection, Any, bytes | None]]:
+        """(connection, message, body) of everything waiting, one peer after another."""
+        for conn, items in self._peers.items():
             for message, body in items:
-                yield identity, message, body
+                yield conn, message, body
 
-    def messages(self) -> Iterator[tuple[bytes, list[bytes]]]:
-        """(peer identity, frames) of the ZeroMQ messages that carry everything waiting: batched per peer."""
+    def messages(self) -> Iterator[tuple[Connection, list[bytes]]]:
+        """(connection, frames) of the ZeroMQ messages that carry everything waiting: batched per peer."""
         batch_type = self._batch_type
-        for identity, items in self._peers.items():
+        for conn, items in self._peers.items():
             for frames, _ in protocol.pack(batch_type, items):
-                yield identity, frames
+                yield conn, frames
 
     def send(self, sock: zmq.Socket, connections: Connections) -> None:
         """Hand everything waiting to libzmq, or to its connection's backlog, and forget it here; then retry
         every backlog."""
         batch_type = self._batch_type
-        for identity, items in self._peers.items():
-            conn = connections.get(identity)
-            if conn is None:
-                continue  # the peer has left: nobody to answer
+        for conn, items in self._peers.items():
+            if not conn.alive:
+                continue  # the peer has left: whoever holds its identity now is someone else
+            identity = conn.identity
             messages = [frames for frames, _ in protocol.pack(batch_type, items)]
             if conn.backlog:
                 _hold(connections, conn, messages)
                 continue
             for index, frames in enumerate(messages):
                 try:
-                    send_frames(sock, [identity, *frames])
+                    send_frames(sock, [identity, *frames])  # type: ignore[list-item]
                 except zmq.Again:  # the peer is not reading: keep the rest, in order, within its budget
                     _hold(connections, conn, messages[index:])
                     break

@@ -256,7 +256,7 @@ class Broker:
             handled += self._unpark(client_conns, self._requests.on_message, now)
             # A send can consume the FD's edge for a message that arrived meanwhile: after sending,
             # one more pass must find both sockets empty before the loop may sleep.
-            if not handled and not sent:
+            if not handled and not sent and not (worker_conns.ending or client_conns.ending):
                 break
         self._arm_timer()
         self._arm_retry()
@@ -271,6 +271,7 @@ class Broker:
             try:
                 frames, fd = recv_routed(sock, KEPT_FRAMES)
             except zmq.Again:
+                conns.emptied()
                 break
             conn = conns.admit(frames[0], fd, now)
             if conn is None:  # sent on a connection that has ended: nobody is left to answer
@@ -313,8 +314,8 @@ class Broker:
 
     def _dispatch(self, now: float) -> None:
         put = self._to_workers.put
-        for worker_id, record, attempt in self._book.dispatch(now):
-            put(worker_id, protocol.Assign(
+        for worker, record, attempt in self._book.dispatch(now):
+            put(worker, protocol.Assign(
                 protocol.PROTOCOL_VERSION, record.id, attempt, record.pool, record.tenant, PRIORITIES[record.priority],
             ), record.payload)
 
@@ -377,12 +378,12 @@ class Broker:
             self._workers.heard_from_all(now)
         deadline = now - interval * self.config.liveness
         beat = protocol.Heartbeat(protocol.PROTOCOL_VERSION)
-        for worker_id, entry, silent in self._workers.silent_since(deadline):
+        for worker, entry, silent in self._workers.silent_since(deadline):
             if silent:
-                log.warning("worker %s silent for %.1f s: lost", peer_label(worker_id), now - entry.last_seen)
-                self._workers.lose(worker_id, now)
+                log.warning("worker %s silent for %.1f s: lost", worker.label, now - entry.last_seen)
+                self._workers.lose(worker, now)
             else:
-                self._to_workers.put(worker_id, beat)
+                self._to_workers.put(worker, beat)
         self._client_conns.sweep(now)  # type: ignore[union-attr]
         self._worker_conns.sweep(now)  # type: ignore[union-attr]
         self._book.forget_expired_records(now)
@@ -436,9 +437,9 @@ class Broker:
 
     def _on_worker_closed(self, conn: Connection, now: float) -> None:
         """A worker's connection ended: it is lost now, not a liveness period later, and its identity is free."""
-        if conn.identity is not None and self._workers.get(conn.identity) is not None:
+        if self._workers.get(conn) is not None:
             log.info("worker %s disconnected: lost", conn.label)
-            self._workers.lose(conn.identity, now)
+            self._workers.lose(conn, now)
 
     def _on_terminal(self, record: TaskRecord) -> None:
         """The book says a task ended: count it, and send its outcome to whoever waits for it."""
@@ -498,7 +499,6 @@ class Broker:
 
     def _on_worker_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
         """Handle one message from a worker (or a batch of them); returns how many messages."""
-        identity = frames[0]
         try:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
             principal = self._identify(frames[1])
@@ -507,43 +507,40 @@ class Broker:
             authenticate(conn, principal)
         except CronoqError as exc:
             if refusal_allowed(conn, now):
-                self._to_workers.put(identity, error_reply(0, exc))
+                self._to_workers.put(conn, error_reply(0, exc))
             return 1
         for message, body in messages:
             try:
-                self._handle_worker_message(identity, message, body, now)
+                self._handle_worker_message(conn, message, body, now)
             except CronoqError as exc:
-                self._to_workers.put(identity, error_reply(getattr(message, "rid", 0), exc))
+                self._to_workers.put(conn, error_reply(getattr(message, "rid", 0), exc))
             except Exception:  # a bug: it must cost this one message, never the broker
                 log.exception("failed to handle a worker message; it was dropped")
         return len(messages)
 
-    def _handle_worker_message(self, identity: bytes, message: Any, body: bytes | None, now: float) -> None:
-        entry = self._workers.get(identity)
+    def _handle_worker_message(self, conn: Connection, message: Any, body: bytes | None, now: float) -> None:
+        entry = self._workers.get(conn)
         if entry is not None:
             entry.last_seen = now
         match message:
             case protocol.Ready():
-                self._workers.register(identity, message, {pool.name: pool for pool in self.config.pools}, now)
-                self._to_worker(identity, protocol.Welcome(
+                self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
+                self._to_workers.put(conn, protocol.Welcome(
                     protocol.PROTOCOL_VERSION, message.rid, self.config.heartbeat_interval, self.config.liveness,
                 ))
             case _ if entry is None:
                 if not isinstance(message, protocol.Bye):
                     # We restarted, or declared this worker lost: it must announce itself again.
-                    self._to_worker(identity, protocol.Reregister(protocol.PROTOCOL_VERSION))
+                    self._to_workers.put(conn, protocol.Reregister(protocol.PROTOCOL_VERSION))
             case protocol.Heartbeat():
                 pass
             case protocol.Done():
-                self._workers.complete(identity, entry, message, body, now, self.config.max_payload_bytes)
+                self._workers.complete(conn, entry, message, body, now, self.config.max_payload_bytes)
             case protocol.Leave():
-                self._workers.leave(identity, entry)
-                self._to_worker(identity, protocol.Left(protocol.PROTOCOL_VERSION))
+                self._workers.leave(conn, entry)
+                self._to_workers.put(conn, protocol.Left(protocol.PROTOCOL_VERSION))
             case protocol.Bye():
-                self._workers.lose(identity, now)
-
-    def _to_worker(self, identity: bytes, message: Any) -> None:
-        self._to_workers.put(identity, message)
+                self._workers.lose(conn, now)
 
 
 def authenticate(conn: Connection, principal: Principal) -> None:

@@ -1,5 +1,10 @@
 """The workers registered with a broker: their pools, liveness and slot credit.
 
+A worker is its connection (`connections.Connection`), never a routing
+identity: the core leases tasks to the connection, and only that connection
+can complete them, so a peer that later shows up under the same identity
+holds nothing.
+
 Registration checks a worker's `Ready` against the broker's pools and
 config; completion turns a `Done` into the book's outcome and gives the
 worker its slot back. The credit rule: a worker states its free slots when
@@ -22,7 +27,7 @@ from typing import Iterator, Mapping
 
 from cronoq import protocol
 from cronoq.book import TaskBook
-from cronoq.broker.connections import peer_label
+from cronoq.broker.connections import Connection
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound
 from cronoq.pool import settings_disagreement
@@ -42,18 +47,18 @@ class WorkerEntry:
 
 
 class WorkerRegistry:
-    """Worker connections by routing identity, kept in step with the core's view of them."""
+    """Worker connections, kept in step with the core's view of them."""
 
     def __init__(self, core: SchedulerCore, book: TaskBook) -> None:
         self._core = core
         self._book = book
-        self._entries: dict[bytes, WorkerEntry] = {}
+        self._entries: dict[Connection, WorkerEntry] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, identity: bytes) -> WorkerEntry | None:
-        return self._entries.get(identity)
+    def get(self, conn: Connection) -> WorkerEntry | None:
+        return self._entries.get(conn)
 
     def serving(self, pool: str) -> int:
         """How many registered workers serve `pool`."""
@@ -64,12 +69,12 @@ class WorkerRegistry:
         for entry in self._entries.values():
             entry.last_seen = max(entry.last_seen, now)
 
-    def silent_since(self, deadline: float) -> Iterator[tuple[bytes, WorkerEntry, bool]]:
+    def silent_since(self, deadline: float) -> Iterator[tuple[Connection, WorkerEntry, bool]]:
         """Every worker, and whether it has been silent since `deadline` (a snapshot: safe to lose them meanwhile)."""
-        for identity, entry in list(self._entries.items()):
-            yield identity, entry, entry.last_seen < deadline
+        for conn, entry in list(self._entries.items()):
+            yield conn, entry, entry.last_seen < deadline
 
-    def register(self, identity: bytes, ready: protocol.Ready, configured: Mapping[str, PoolSettings],
+    def register(self, conn: Connection, ready: protocol.Ready, configured: Mapping[str, PoolSettings],
                  now: float) -> None:
         """Accept a worker's `Ready`, or raise the refusal: NotFound, FailedPrecondition, InvalidArgument."""
         accepting = set(self._core.pool_names())
@@ -88,44 +93,45 @@ class WorkerRegistry:
             raise InvalidArgument(f"slots must not be negative, got {ready.slots}")
         owed = 0
         if ready.concurrency is not None:
-            owed = ready.concurrency - ready.slots - len(self._core.worker_tasks(identity))
+            owed = ready.concurrency - ready.slots - len(self._core.worker_tasks(conn))
             if ready.slots > ready.concurrency or owed < 0:
                 raise InvalidArgument(f"slots ({ready.slots}) and the tasks held cannot exceed concurrency "
                                       f"({ready.concurrency})")
-        self._core.add_worker(identity, ready.pools, ready.slots)
-        self._entries[identity] = WorkerEntry(list(ready.pools), now, owed=owed)
-        log.info("worker %s ready for pools %s with %d slot%s", peer_label(identity), ", ".join(ready.pools),
+        self._core.add_worker(conn, ready.pools, ready.slots)
+        self._entries[conn] = WorkerEntry(list(ready.pools), now, owed=owed)
+        log.info("worker %s ready for pools %s with %d slot%s", conn.label, ", ".join(ready.pools),
                  ready.slots, "" if ready.slots == 1 else "s")
 
-    def complete(self, identity: bytes, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
+    def complete(self, conn: Connection, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
                  now: float, max_result_bytes: int) -> None:
         """A lease's outcome. Stale ones change no task; replayed ones return no slot the worker never used."""
         if done.ok and body is not None and len(body) > max_result_bytes:
             record = self._book.complete(
-                identity, done.id, done.attempt, now, ok=False, error_type="InvalidArgument",
+                conn, done.id, done.attempt, now, ok=False, error_type="InvalidArgument",
                 error_message=f"the result is {len(body)} bytes, over max_payload_bytes = {max_result_bytes}",
             )
         elif done.ok:
-            record = self._book.complete(identity, done.id, done.attempt, now, ok=True,
+            record = self._book.complete(conn, done.id, done.attempt, now, ok=True,
                                          result=body if body is not None else b"\xc0")
         else:
             record = self._book.complete(
-                identity, done.id, done.attempt, now, ok=False, error_type=done.error_type,
+                conn, done.id, done.attempt, now, ok=False, error_type=done.error_type,
                 error_message=done.error_message, traceback=done.traceback,
             )
         if record is None:
             if entry.owed <= 0:
                 return  # a lease this worker does not hold, and no slot is owed: a replay
             entry.owed -= 1  # a task it ran before registering again: that slot is free now
-        self._core.grant(identity, 1)
+        self._core.grant(conn, 1)
 
-    def leave(self, identity: bytes, entry: WorkerEntry) -> None:
+    def leave(self, conn: Connection, entry: WorkerEntry) -> None:
         """The worker is stopping: it keeps its running tasks and takes no new ones."""
         entry.leaving = True
-        self._core.add_worker(identity, [], 0)
+        self._core.add_worker(conn, [], 0)
 
-    def lose(self, identity: bytes, now: float) -> None:
-        """The worker is gone (silent, or said bye): its tasks go back to their queues, or fail past max_deliveries."""
-        self._entries.pop(identity, None)
-        for record in self._book.lose_worker(identity, now):
+    def lose(self, conn: Connection, now: float) -> None:
+        """The worker is gone (silent, disconnected, or said bye): its tasks go back to their queues, or fail
+        past max_deliveries."""
+        self._entries.pop(conn, None)
+        for record in self._book.lose_worker(conn, now):
             log.info("task %s requeued after its worker was lost", record.id)

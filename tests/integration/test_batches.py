@@ -40,9 +40,9 @@ def test_each_request_of_a_batch_is_answered_as_if_it_came_alone(tmp_path):
         protocol.Ready(V, 1, ["default"], 2, concurrency=2))], NOW)
     broker._dispatch(NOW)
     assert broker._commit()
-    [(identity, [frame])] = list(broker._to_workers.messages())
+    [(worker, [frame])] = list(broker._to_workers.messages())
     welcome, *tasks = protocol.decode_worker_command(frame).items
-    assert identity == b"worker" and isinstance(welcome[0], protocol.Welcome)
+    assert worker.identity == b"worker" and isinstance(welcome[0], protocol.Welcome)
     assert [(task.id, body) for task, body in tasks] == [(replies[0].id, b"\xa5first"), (replies[4].id, b"\xa6second")]
     broker._to_workers.clear()
 

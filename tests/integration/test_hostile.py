@@ -134,12 +134,12 @@ def test_replayed_and_out_of_order_worker_messages_are_harmless(tmp_path):
     [welcome], [header, payload] = scene.assigned
     assert isinstance(protocol.decode_worker_command(welcome), protocol.Welcome)
     task = protocol.decode_worker_command(header)
-    assert (task.id, task.attempt) == (scene.running, 1) and core.free_slots(b"worker") == 0
+    assert (task.id, task.attempt) == (scene.running, 1) and core.free_slots(peer(b"worker")) == 0
 
     # Outcomes for a task nobody runs, and for the wrong attempt, change nothing and free no slot.
     worker_says(broker, b"worker", protocol.Done(V, "no-such-task", 1, True), b"\x01")
     worker_says(broker, b"worker", protocol.Done(V, scene.running, 2, True), b"\x02")
-    assert scene.picture()[1] == ("running", 1, payload, None) and core.free_slots(b"worker") == 0
+    assert scene.picture()[1] == ("running", 1, payload, None) and core.free_slots(peer(b"worker")) == 0
     # Another worker cannot complete this worker's lease.
     worker_says(broker, b"intruder", protocol.Ready(V, 1, ["default"], 1, concurrency=1))
     worker_says(broker, b"intruder", protocol.Done(V, scene.running, 1, True), b"\x03")
@@ -149,12 +149,12 @@ def test_replayed_and_out_of_order_worker_messages_are_harmless(tmp_path):
     worker_says(broker, b"worker", protocol.Done(V, scene.running, 1, False, "Late", "replayed"))
     worker_says(broker, b"worker", protocol.Done(V, scene.running, 1, True), b"\x05")
     assert scene.picture()[1] == ("succeeded", 1, b"", b"\x04")
-    assert core.free_slots(b"worker") == 1
+    assert core.free_slots(peer(b"worker")) == 1
     # A worker that registers again while running a task it got before is owed exactly that slot back.
     worker_says(broker, b"late", protocol.Ready(V, 1, ["default"], 1, concurrency=2))
     worker_says(broker, b"late", protocol.Done(V, "from-before", 1, True), b"\x06")
     worker_says(broker, b"late", protocol.Done(V, "from-before", 1, True), b"\x06")
-    assert core.free_slots(b"late") == 2
+    assert core.free_slots(peer(b"late")) == 2
     broker.close()
 
 
