@@ -41,9 +41,10 @@ def broker_factory(tmp_path):
     started: list[BrokerProcess] = []
 
     def start(config_text: str = "", *, env: dict[str, str] | None = None, name: str = "cronoq.toml",
-              broker_extra: str = "", args: list[str] | None = None) -> BrokerProcess:
+              broker_extra: str = "", args: list[str] | None = None,
+              nofile: tuple[int, int] | None = None) -> BrokerProcess:
         path = write_config(tmp_path / name, config_text, broker_extra=broker_extra)
-        broker = BrokerProcess(path, env=env, args=args)
+        broker = BrokerProcess(path, env=env, args=args, nofile=nofile)
         broker.start()
         started.append(broker)
         return broker

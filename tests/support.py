@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -76,18 +77,23 @@ def wait_for_line(proc: subprocess.Popen, log: Path, text: str, *, timeout: floa
     raise AssertionError(f"process never printed {text!r}; exit {proc.poll()}; it printed:\n{log.read_text()}")
 
 
-def _spawn(args: list[str], log: Path, *, env: dict[str, str] | None, cwd: Path) -> subprocess.Popen:
+def _spawn(args: list[str], log: Path, *, env: dict[str, str] | None, cwd: Path,
+           nofile: tuple[int, int] | None = None) -> subprocess.Popen:
+    """Start `python ARGS` with its output in `log`; `nofile`: its (soft, hard) open-file limits."""
+    limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile))
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
-                                env=_env(env), cwd=cwd)
+                                env=_env(env), cwd=cwd, preexec_fn=limit)
 
 
 class BrokerProcess:
     """A real `cronoq-broker -c FILE` child process."""
 
-    def __init__(self, config_path: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
+    def __init__(self, config_path: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None,
+                 nofile: tuple[int, int] | None = None) -> None:
         self.config_path = config_path
         self.env = env
+        self.nofile = nofile
         self.args = args or ["--log-level", "WARNING"]
         self.proc: subprocess.Popen | None = None
         self.clients = ""
@@ -96,7 +102,7 @@ class BrokerProcess:
     def start(self) -> "BrokerProcess":
         self.log = self.config_path.with_suffix(".log")
         self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), *self.args],
-                           self.log, env=self.env, cwd=self.config_path.parent)
+                           self.log, env=self.env, cwd=self.config_path.parent, nofile=self.nofile)
         line = wait_for_line(self.proc, self.log, "cronoq broker ready")
         fields = dict(part.split("=", 1) for part in line[line.index("cronoq broker ready"):].split()[3:])
         self.clients, self.workers = fields["clients"], fields["workers"]

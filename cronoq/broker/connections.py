@@ -54,8 +54,8 @@ def peer_label(identity: bytes) -> str:
 class Connection:
     """One live (or just ended) connection of a ROUTER socket."""
 
-    __slots__ = ("fd", "identity", "opened_at", "principal", "alive", "backlog", "backlog_bytes", "parked",
-                 "parked_bytes", "last_refusal")
+    __slots__ = ("fd", "identity", "opened_at", "principal", "alive", "said_all", "backlog", "backlog_bytes",
+                 "parked", "parked_bytes", "last_refusal")
 
     def __init__(self, fd: int, opened_at: float) -> None:
         self.fd = fd
@@ -64,6 +64,8 @@ class Connection:
         self.principal: Any = None
         """Who this connection speaks for, once a message carried a valid token; None until then."""
         self.alive = True
+        self.said_all = False
+        """Disconnected, and the socket has since been read until empty: nothing more can come from it."""
         self.backlog: deque[list[bytes]] = deque()
         """Messages for the peer that libzmq would not take yet (its queue for the peer was full)."""
         self.backlog_bytes = 0
@@ -104,8 +106,8 @@ class Connections:
 
     @property
     def ending(self) -> bool:
-        """Whether connections have ended that the next poll will report."""
-        return bool(self._drained or self._unreported)
+        """Whether connections have ended that are not reported yet (the broker keeps passing until they are)."""
+        return bool(self._closing or self._unreported)
 
     def parking(self) -> list[Connection]:
         """Connections with messages set aside."""
@@ -178,8 +180,10 @@ class Connections:
 
     def emptied(self) -> None:
         """The broker read the socket until it was empty: what disconnected before has said all it will."""
-        if self._closing:
-            self._drained.extend(conn for conn in self._closing.values() if conn not in self._drained)
+        for conn in self._closing.values():
+            if not conn.said_all:
+                conn.said_all = True
+                self._drained.append(conn)
 
     def _finish(self, conn: Connection, now: float) -> None:
         if self._reporting:
@@ -211,8 +215,8 @@ class Connections:
             return self._in_process(identity, now)
         if self._closing:
             closing = self._closing.get((identity, fd))
-            if closing is not None:  # read after its disconnect was reported: its last words still count
-                return closing
+            if closing is not None and not closing.said_all:  # read after its disconnect was reported: its last
+                return closing                                # words still count
         conn = self._by_fd.get(fd)
         if conn is None or (conn.identity is not None and conn.identity != identity):
             self.poll_events(now)  # the monitor may not have told us of this connection yet
