@@ -39,6 +39,9 @@ RETRY_BACKOFF_CAP = 60.0
 
 MAX_NAME_LENGTH = 200
 
+RESERVED_KEY_PREFIX = "cronoq:"
+"""Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""
+
 
 class TaskRecord:
     """What the book knows of one task. While the task is live the core's `Task` holds its state."""
@@ -95,6 +98,20 @@ class TaskInfo:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FormerKey:
+    """The key a previous version gave the same submission (a schedule tick's `schedule:<name>:<tick>`).
+
+    A task kept under it, in the same pool and tenant, counts as the first
+    submission only if it was submitted in [since, until): a previous
+    version's task for the tick, not one a client made up under that name.
+    """
+
+    key: str
+    since: float
+    until: float
+
+
 @dataclass(slots=True)
 class SubmitRequest:
     """A submission after the shell decoded it; times are seconds from now.
@@ -112,6 +129,9 @@ class SubmitRequest:
     max_retries: int = 0
     submission: str | None = None
     """The client's unique id for this submission: a re-sent submit (lost reply) returns the first task."""
+    internal: bool = False
+    """Made by the broker itself (a schedule's tick): only such a submission may use a reserved key."""
+    former_key: FormerKey | None = None
 
 
 class ChangeLog(Protocol):
@@ -148,6 +168,11 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
     _check_name("key", request.key, optional=True)
+    if request.key is not None and request.key.startswith(RESERVED_KEY_PREFIX) and not request.internal:
+        raise InvalidArgument(
+            f"key {request.key!r} starts with {RESERVED_KEY_PREFIX!r}: keys with that prefix are reserved "
+            "for the broker's own tasks (schedule ticks); choose another key"
+        )
     _check_name("submission", request.submission, optional=True)
     priority = PRIORITY_CLASS.get(request.priority) if isinstance(request.priority, str) else None
     if priority is None:
@@ -217,6 +242,8 @@ class TaskBook:
                 return self.records[existing], True
         if request.key is not None:
             existing = self._keys.get((request.pool, request.tenant, request.key))
+            if existing is None and request.former_key is not None:
+                existing = self._under_former_key(request.pool, request.tenant, request.former_key)
             if existing is not None:
                 return self.records[existing], True
         self._check_backlog(request.pool, request.tenant)
@@ -230,6 +257,12 @@ class TaskBook:
         if self.journal is not None:
             self.journal.accepted(record)
         return record, False
+
+    def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> str | None:
+        task_id = self._keys.get((pool, tenant, former.key))
+        if task_id is None or not former.since <= self.records[task_id].submitted_at < former.until:
+            return None
+        return task_id
 
     def _check_backlog(self, pool: str, tenant: str | None) -> None:
         max_backlog, max_tenant_backlog = self._limits(pool)

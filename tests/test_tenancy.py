@@ -1,20 +1,27 @@
-"""Tenants share no names: idempotency keys and submission ids, in the book and after recovery.
+"""Tenants share no names: idempotency keys, submission ids and schedule ticks, in the book and across upgrades.
 
-These drive a real TaskBook (with a real journal where recovery matters) and
-the embedded Scheduler; the attacks over the wire against a broker process
-are in tests/integration/test_tenancy.py.
+These drive a real TaskBook (with a real journal where recovery matters), the
+broker's real CronRunner on a real data_dir, and the embedded Scheduler; the
+attacks over the wire against a broker process are in
+tests/integration/test_tenancy.py.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 
 import pytest
 
 import cronoq
 from cronoq.book import SubmitRequest, TaskBook
+from cronoq.broker.cron import STATE_FILE, CronRunner
 from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.schedules import Schedule
 from tests.test_store import World
 
+HOUR = 3600.0
+T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC, on the hour
 
 
 def new_book() -> TaskBook:
@@ -78,10 +85,86 @@ def test_recovery_rebuilds_keys_and_submission_ids_per_tenant(tmp_path):
     assert not dup and fresh.id not in (acme.id, globex.id)
 
 
+def test_keys_in_the_reserved_namespace_are_refused_unless_the_broker_makes_them():
+    book = new_book()
+    with pytest.raises(cronoq.InvalidArgument, match="reserved for the broker's own tasks"):
+        book.submit(SubmitRequest(b"x", pool="a", tenant="acme", key="cronoq:schedule:nightly:1"), 0.0)
+    assert not book.records
+    tick, dup = book.submit(SubmitRequest(b"x", pool="a", key="cronoq:schedule:nightly:1", internal=True), 0.0)
+    assert not dup and tick.key == "cronoq:schedule:nightly:1"
+    # A key that only contains the prefix further in is the client's own.
+    assert not book.submit(SubmitRequest(b"x", pool="a", key="my-cronoq:job"), 0.0)[1]
+
+
+# ----------------------------------------------------------------- schedule ticks across the upgrade
+
+HOURLY = Schedule("hourly", "0 * * * *", pool="a", tenant="acme")
+START = T0 + HOUR + 30  # the broker starts 30 s after the tick at T0 + 1 h: that tick is due at once
+
+
+def runner(data_dir: Path, state: dict | None) -> CronRunner:
+    if state is not None:
+        (data_dir / STATE_FILE).write_text(json.dumps(state))
+    return CronRunner((HOURLY,), data_dir, START)
+
+
+def fire(book: TaskBook, cron: CronRunner, now: float) -> list[tuple[str, bool]]:
+    """What the broker's loop does with due ticks: submit each; returns (task id, duplicate) per tick."""
+    return [(record.id, dup) for record, dup in (book.submit(request, now) for request in cron.due(now))]
+
+
+def test_a_tick_the_former_version_submitted_before_it_stopped_is_not_submitted_again(tmp_path):
+    book = new_book()
+    # The former version fired the tick at T0 + 1 h (key `schedule:...`) and stopped before it wrote
+    # schedules.json, which still says T0 and has no format entry.
+    theirs, _ = book.submit(SubmitRequest(b"p", pool="a", tenant="acme", key=f"schedule:hourly:{int(T0 + HOUR)}"),
+                            T0 + HOUR + 0.2)
+    cron = runner(tmp_path, {"hourly": T0})
+    assert fire(book, cron, START) == [(theirs.id, True)]
+    cron.save()
+    # From then on the file says ticks are keyed in the reserved namespace; the next tick is a new task.
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    assert state == {"hourly": T0 + HOUR, "cronoq:format": 2}
+    [(next_id, dup)] = fire(book, cron, T0 + 2 * HOUR)
+    assert not dup and book.get(next_id).key == f"cronoq:schedule:hourly:{int(T0 + 2 * HOUR)}"
+
+
+def test_a_client_claim_of_a_former_tick_key_does_not_stop_the_tick(tmp_path):
+    book = new_book()
+    # acme's own client claimed the old-style name before the tick came (the former version's hole).
+    claim, _ = book.submit(SubmitRequest(b"c", pool="a", tenant="acme", key=f"schedule:hourly:{int(T0 + HOUR)}"),
+                           T0 + HOUR - 60)
+    cron = runner(tmp_path, {"hourly": T0})
+    [(tick_id, dup)] = fire(book, cron, START)
+    assert not dup and tick_id != claim.id
+    assert book.get(tick_id).key == f"cronoq:schedule:hourly:{int(T0 + HOUR)}"
+
+
+def test_after_the_upgrade_old_style_keys_are_plain_client_keys(tmp_path):
+    book = new_book()
+    # A client key that looks like an old tick, submitted after the tick: with a state file written by this
+    # version, it is nobody's tick.
+    book.submit(SubmitRequest(b"c", pool="a", tenant="acme", key=f"schedule:hourly:{int(T0 + HOUR)}"), T0 + HOUR + 1)
+    cron = runner(tmp_path, {"hourly": T0, "cronoq:format": 2})
+    [(tick_id, dup)] = fire(book, cron, START)
+    assert not dup
+    # A crash after the tick was journaled but before the file was saved: the reserved key stops a double.
+    assert fire(book, runner(tmp_path, {"hourly": T0, "cronoq:format": 2}), START) == [(tick_id, True)]
+    assert fire(book, runner(tmp_path, {"hourly": T0}), START) == [(tick_id, True)]
+
+
+def test_the_former_key_counts_only_in_the_schedules_own_tenant(tmp_path):
+    book = new_book()
+    book.submit(SubmitRequest(b"g", pool="a", tenant="globex", key=f"schedule:hourly:{int(T0 + HOUR)}"),
+                T0 + HOUR + 0.2)
+    [(tick_id, dup)] = fire(book, runner(tmp_path, {"hourly": T0}), START)
+    assert not dup and book.get(tick_id).tenant == "acme"
+
+
 # ----------------------------------------------------------------- the embedded Scheduler
 
 
-async def test_the_embedded_scheduler_scopes_keys_by_tenant():
+async def test_the_embedded_scheduler_scopes_keys_by_tenant_and_reserves_the_namespace():
     pool = cronoq.Pool("default", lambda payload: payload)
     async with cronoq.Scheduler([pool]) as sched:
         await sched.pause("default")
@@ -89,6 +172,8 @@ async def test_the_embedded_scheduler_scopes_keys_by_tenant():
         globex = await sched.submit("g", tenant="globex", key="k")
         assert acme.id != globex.id
         assert (await sched.submit("again", tenant="acme", key="k")).id == acme.id
+        with pytest.raises(cronoq.InvalidArgument, match="reserved for the broker's own tasks"):
+            await sched.submit("x", key="cronoq:schedule:nightly:1")
         await sched.resume("default")
         assert await globex.result(timeout=10) == "g"
         assert await acme.result(timeout=10) == "a"

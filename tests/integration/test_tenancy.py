@@ -11,7 +11,10 @@ DEALER, as any peer may send them, so the replies are compared byte for byte.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import os
+import time
 
 import msgspec
 import pytest
@@ -19,7 +22,7 @@ import zmq
 
 import cronoq
 from cronoq import protocol
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, until, write_config
 
 V = protocol.PROTOCOL_VERSION
 TOKENS = {"T_ACME": "acme-secret", "T_GLOBEX": "globex-secret", "T_ADMIN": "admin-secret", "T_WORKER": "worker-secret"}
@@ -129,6 +132,37 @@ async def test_keys_and_submission_ids_acme_claims_first_stay_globexs_own(broker
             await running
 
 
+async def test_no_client_can_claim_a_schedules_ticks(broker):
+    ran: list[tuple[float, str]] = []
+
+    async def record(payload):
+        ran.append((time.time(), payload))
+        return payload
+
+    worker, running = serve(broker, cronoq.Pool("reports", record))
+    try:
+        async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, \
+                cronoq.connect(broker.clients, token=TOKENS["T_GLOBEX"]) as globex, \
+                cronoq.connect(broker.clients, token=TOKENS["T_ADMIN"]) as admin:
+            now = int(time.time())
+            for client in (acme, globex, admin):  # not even the schedule's own tenant or an admin: they are the broker's
+                with pytest.raises(cronoq.InvalidArgument, match="reserved for the broker's own tasks"):
+                    await client.submit("claim", pool="reports", key=f"cronoq:schedule:every-second:{now + 2}")
+            # The names the previous versions gave ticks are acme's own keys now: claiming them stops nothing.
+            for tick in range(now + 1, now + 31):
+                await acme.submit("claim", pool="reports", key=f"schedule:every-second:{tick}")
+        claimed = time.time()
+
+        async def ran_twice_since() -> bool:
+            return len([at for at, payload in ran if payload == "scheduled" and at > claimed + 0.5]) >= 2
+
+        # Every tick from here to the end of the wait is one acme claimed.
+        await until(ran_twice_since, "globex's schedule ran twice more", timeout=min(15.0, now + 29 - claimed))
+    finally:
+        await worker.stop()
+        await running
+
+
 async def test_another_tenants_task_gets_the_answer_of_a_task_that_never_existed(broker):
     async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, \
             cronoq.connect(broker.clients, token=TOKENS["T_GLOBEX"]) as globex, \
@@ -155,3 +189,36 @@ async def test_another_tenants_task_gets_the_answer_of_a_task_that_never_existed
             with pytest.raises(cronoq.NotFound):
                 await globex.cancel(task_id)
         assert (await acme.status(secret)).state == "queued"
+
+
+async def test_a_tick_the_previous_version_submitted_does_not_fire_again_after_the_upgrade(tmp_path):
+    """A data_dir as the previous version left it: the tick's task journaled under `schedule:<name>:<tick>`,
+    schedules.json (without the format entry) not yet saying so, as after a crash between the two."""
+    path = tmp_path / "upgrade.toml"
+    data_dir = tmp_path / "upgrade-data"
+    this_year = datetime.datetime.now(datetime.timezone.utc).year
+    tick = int(datetime.datetime(this_year, 1, 1, tzinfo=datetime.timezone.utc).timestamp())
+    long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc).timestamp()
+
+    async def queued(broker: BrokerProcess) -> int:
+        async with cronoq.connect(broker.clients, token=TOKENS["T_ADMIN"]) as admin:
+            return (await admin.stats())["pools"]["reports"]["queued"]
+
+    broker = BrokerProcess(write_config(path, '[[pools]]\nname = "reports"\n' + AUTH), env=TOKENS).start()
+    try:
+        async with cronoq.connect(broker.clients, token=TOKENS["T_ADMIN"]) as admin:
+            old = await admin.submit("new year", pool="reports", tenant="acme", key=f"schedule:new-year:{tick}")
+        assert broker.stop() == 0
+        (data_dir / "schedules.json").write_text(json.dumps({"new-year": long_ago}))
+        yearly = '[[schedules]]\nname = "new-year"\ncron = "0 0 1 1 *"\npool = "reports"\ntenant = "acme"\n'
+        broker = BrokerProcess(write_config(path, '[[pools]]\nname = "reports"\n' + yearly + AUTH), env=TOKENS).start()
+        assert await queued(broker) == 1  # the old task stands for the tick: no second one
+        async with cronoq.connect(broker.clients, token=TOKENS["T_ADMIN"]) as admin:
+            assert (await admin.status(old.id)).state == "queued"
+        state = json.loads((data_dir / "schedules.json").read_text())
+        assert state["new-year"] == tick and state["cronoq:format"] == 2
+        assert broker.stop() == 0
+        broker.start()
+        assert await queued(broker) == 1
+    finally:
+        broker.stop()
