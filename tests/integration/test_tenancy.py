@@ -163,6 +163,29 @@ async def test_no_client_can_claim_a_schedules_ticks(broker):
         await running
 
 
+def derivable(earlier: str, later: str) -> bool:
+    """Whether `later` looks computed from `earlier`: a shared head (prefix and counter) or a small step."""
+    shared_head = os.path.commonprefix([earlier, later])
+    step = abs(int(later, 16) - int(earlier, 16))
+    differing_bits = bin(int(later, 16) ^ int(earlier, 16)).count("1")
+    return len(shared_head) >= 8 or step < 2**64 or differing_bits < 32
+
+
+async def test_task_ids_are_128_random_bits_with_nothing_to_derive(broker):
+    async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, \
+            cronoq.connect(broker.clients, token=TOKENS["T_GLOBEX"]) as globex, \
+            cronoq.connect(broker.clients, token=TOKENS["T_ADMIN"]) as admin:
+        await admin.pause("default")
+        ids = []
+        for n in range(40):  # interleaved: acme's ids say nothing of globex's in between
+            ids.append((await acme.submit(n)).id)
+            ids.append((await globex.submit(n)).id)
+    assert all(len(task_id) == 32 and int(task_id, 16) >= 0 for task_id in ids)
+    assert len(set(ids)) == len(ids)
+    assert not [(a, b) for a, b in zip(ids, ids[1:]) if derivable(a, b)]
+    assert not [(a, b) for a, b in zip(ids[::2], ids[2::2]) if derivable(a, b)]  # acme's own, one after another
+
+
 async def test_another_tenants_task_gets_the_answer_of_a_task_that_never_existed(broker):
     async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, \
             cronoq.connect(broker.clients, token=TOKENS["T_GLOBEX"]) as globex, \
