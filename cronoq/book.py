@@ -39,6 +39,9 @@ RETRY_BACKOFF_CAP = 60.0
 
 MAX_NAME_LENGTH = 200
 
+RESERVED_KEY_PREFIX = "cronoq:"
+"""Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""
+
 
 class TaskRecord:
     """What the book knows of one task. While the task is live the core's `Task` holds its state."""
@@ -95,6 +98,20 @@ class TaskInfo:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FormerKey:
+    """The key a previous version gave the same submission (a schedule tick's `schedule:<name>:<tick>`).
+
+    A task kept under it, in the same pool and tenant, counts as the first
+    submission only if it was submitted in [since, until): a previous
+    version's task for the tick, not one a client made up under that name.
+    """
+
+    key: str
+    since: float
+    until: float
+
+
 @dataclass(slots=True)
 class SubmitRequest:
     """A submission after the shell decoded it; times are seconds from now.
@@ -112,6 +129,9 @@ class SubmitRequest:
     max_retries: int = 0
     submission: str | None = None
     """The client's unique id for this submission: a re-sent submit (lost reply) returns the first task."""
+    internal: bool = False
+    """Made by the broker itself (a schedule's tick): only such a submission may use a reserved key."""
+    former_key: FormerKey | None = None
 
 
 class ChangeLog(Protocol):
@@ -148,6 +168,11 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
     _check_name("key", request.key, optional=True)
+    if request.key is not None and request.key.startswith(RESERVED_KEY_PREFIX) and not request.internal:
+        raise InvalidArgument(
+            f"key {request.key!r} starts with {RESERVED_KEY_PREFIX!r}: keys with that prefix are reserved "
+            "for the broker's own tasks (schedule ticks); choose another key"
+        )
     _check_name("submission", request.submission, optional=True)
     priority = PRIORITY_CLASS.get(request.priority) if isinstance(request.priority, str) else None
     if priority is None:
@@ -168,7 +193,13 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
 
 
 class TaskBook:
-    """Records, idempotency keys, retries and retention around one SchedulerCore."""
+    """Records, idempotency keys, retries and retention around one SchedulerCore.
+
+    Idempotency keys are scoped by (pool, tenant, key) and submission ids by
+    (tenant, submission): a duplicate is only ever found among the
+    submitting tenant's own tasks (tasks without a tenant are a scope of
+    their own), so no tenant can claim, or learn of, another's names.
+    """
 
     def __init__(
         self,
@@ -195,21 +226,24 @@ class TaskBook:
         self._accepting = frozenset(core.pool_names())  # asked on every submit: kept, not rebuilt
         # Live records are kept in the order they last entered their queue (a snapshot restores that order).
         self.records: dict[str, TaskRecord] = {}
-        self._keys: dict[tuple[str, str], str] = {}
-        self._submissions: dict[str, str] = {}
+        self._keys: dict[tuple[str, str | None, str], str] = {}
+        self._submissions: dict[tuple[str | None, str], str] = {}
         self._finished: deque[tuple[float, str]] = deque()
 
     # ----------------------------------------------------------------- submit
 
     def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
-        """Accept a task; returns its record, and whether it is an earlier task with the same key or submission."""
+        """Accept a task; returns its record, and whether it is an earlier task of the same tenant with the
+        same key (in the same pool) or submission id."""
         priority = validate_submit(request, self._accepting, self.max_payload_bytes)
         if request.submission is not None:
-            existing = self._submissions.get(request.submission)
+            existing = self._submissions.get((request.tenant, request.submission))
             if existing is not None:
                 return self.records[existing], True
         if request.key is not None:
-            existing = self._keys.get((request.pool, request.key))
+            existing = self._keys.get((request.pool, request.tenant, request.key))
+            if existing is None and request.former_key is not None:
+                existing = self._under_former_key(request.pool, request.tenant, request.former_key)
             if existing is not None:
                 return self.records[existing], True
         self._check_backlog(request.pool, request.tenant)
@@ -223,6 +257,12 @@ class TaskBook:
         if self.journal is not None:
             self.journal.accepted(record)
         return record, False
+
+    def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> str | None:
+        task_id = self._keys.get((pool, tenant, former.key))
+        if task_id is None or not former.since <= self.records[task_id].submitted_at < former.until:
+            return None
+        return task_id
 
     def _check_backlog(self, pool: str, tenant: str | None) -> None:
         max_backlog, max_tenant_backlog = self._limits(pool)
@@ -250,9 +290,9 @@ class TaskBook:
     def _keep(self, record: TaskRecord) -> None:
         self.records[record.id] = record
         if record.key is not None:
-            self._keys[(record.pool, record.key)] = record.id
+            self._keys[(record.pool, record.tenant, record.key)] = record.id
         if record.submission is not None:
-            self._submissions[record.submission] = record.id
+            self._submissions[(record.tenant, record.submission)] = record.id
 
     # ----------------------------------------------------------------- recovery
 
@@ -429,7 +469,7 @@ class TaskBook:
         """The record of a task, or NotFound."""
         record = self.records.get(task_id) if isinstance(task_id, str) else None
         if record is None:
-            raise NotFound(f"no task with id {task_id!r} (unknown, or its record has expired)")
+            raise unknown_task(task_id)
         return record
 
     def info(self, task_id: str) -> TaskInfo:
@@ -455,14 +495,22 @@ class TaskBook:
             record = self.records.pop(task_id, None)
             if record is None:
                 continue
-            if record.key is not None and self._keys.get((record.pool, record.key)) == task_id:
-                del self._keys[(record.pool, record.key)]
-            if record.submission is not None and self._submissions.get(record.submission) == task_id:
-                del self._submissions[record.submission]
+            key = (record.pool, record.tenant, record.key)
+            if record.key is not None and self._keys.get(key) == task_id:
+                del self._keys[key]
+            submission = (record.tenant, record.submission)
+            if record.submission is not None and self._submissions.get(submission) == task_id:
+                del self._submissions[submission]
             if self.journal is not None:
                 self.journal.forgotten(record)
             dropped += 1
         return dropped
+
+
+def unknown_task(task_id: Any) -> NotFound:
+    """The answer for an id with no record, and for a task the asker may not see: the same, so that it
+    tells nobody whether another tenant's task exists."""
+    return NotFound(f"no task with id {task_id!r} (unknown, or its record has expired)")
 
 
 def outcome_error_fields(record: TaskRecord) -> dict[str, Any]:

@@ -7,8 +7,10 @@ broker asks `ScheduleClock.due(now)` on each pass and sleeps until
 
 Once per tick, across restarts: the broker remembers the last tick fired per
 schedule, and each tick's task carries the idempotency key
-`schedule:<name>:<tick>`, so a tick submitted just before a crash is not
-submitted again after it. Ticks missed while the broker was down run once
+`cronoq:schedule:<name>:<tick>`, so a tick submitted just before a crash is
+not submitted again after it. Keys starting with `cronoq:` are the
+broker's own: clients may not submit them, so no client can claim a tick
+ahead of its schedule. Ticks missed while the broker was down run once
 (the latest of them) on start, or are skipped with `catch_up = false`.
 
 A sixth field, seconds, may follow the standard five (croniter's
@@ -77,7 +79,11 @@ class Schedule:
         return float(croniter(self.cron, start).get_prev(float))
 
     def key(self, tick: float) -> str:
-        """The idempotency key of this schedule's task for `tick`."""
+        """The idempotency key of this schedule's task for `tick` (in the broker's reserved namespace)."""
+        return f"cronoq:schedule:{self.name}:{int(tick)}"
+
+    def former_key(self, tick: float) -> str:
+        """The key versions before the reserved namespace gave this tick's task."""
         return f"schedule:{self.name}:{int(tick)}"
 
 

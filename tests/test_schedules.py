@@ -67,7 +67,8 @@ def test_time_zones_follow_local_wall_clock_time():
 def test_a_seconds_field_allows_fine_schedules_and_keys_name_the_tick():
     every_two = Schedule("fast", "* * * * * */2")
     assert every_two.next_tick(T0 + 0.5) == T0 + 2
-    assert every_two.key(T0 + 2) == f"schedule:fast:{int(T0 + 2)}"
+    assert every_two.key(T0 + 2) == f"cronoq:schedule:fast:{int(T0 + 2)}"  # a namespace clients may not write
+    assert every_two.former_key(T0 + 2) == f"schedule:fast:{int(T0 + 2)}"  # as versions before that keyed it
 
 
 @pytest.mark.parametrize("cron, zone, problem", [

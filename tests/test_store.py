@@ -123,11 +123,12 @@ def test_a_crash_loses_nothing_committed(tmp_path, seed):
     after = World(tmp_path, now=world.now)
     assert picture(after.book) == before
     assert after.book.paused_pools() == paused
-    # Idempotency keys and submission ids still point at their tasks.
+    # Idempotency keys and submission ids still point at their tasks, each within its tenant.
     for record in after.book.records.values():
         for dedup in ({"key": record.key} if record.key else {}), {"submission": record.submission}:
             if dedup.get("key") or dedup.get("submission"):
-                again, duplicate = after.book.submit(SubmitRequest(b"x", pool=record.pool, **dedup), after.now)
+                again, duplicate = after.book.submit(
+                    SubmitRequest(b"x", pool=record.pool, tenant=record.tenant, **dedup), after.now)
                 assert duplicate and again is record
 
 

@@ -15,7 +15,7 @@ import logging
 from typing import Any, Callable
 
 from cronoq import protocol
-from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields
+from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields, unknown_task
 from cronoq.broker.auth import Principal
 from cronoq.broker.connections import Connection
 from cronoq.broker.messages import body_frame, check_frame_count, error_reply
@@ -151,7 +151,12 @@ class ClientRequests:
             delay=request.delay, key=request.key, max_retries=request.max_retries, submission=request.submission,
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
-            raise PermissionDenied("that idempotency key (or submission id) belongs to another tenant's task")
+            # Cannot happen: the book finds duplicates only among the tasks of the tenant submitting, and a
+            # pinned token always submits as its own tenant. Were it to happen anyway, the other tenant's
+            # id must not leak, and no honest answer is left (accepting a second task would break the
+            # key's promise; any refusal of our own would say the key exists), so it fails the way a bug
+            # does: logged, and answered UNAVAILABLE.
+            raise RuntimeError(f"a duplicate lookup crossed tenants: {principal.tenant!r} found {record.id}")
         self._outbox.put(conn, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
         if request.watch:
             self._wait_for(record, conn, request.rid)
@@ -164,9 +169,11 @@ class ClientRequests:
             _add_waiter(record, (conn, rid))
 
     def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
+        """The task's record if this principal may see it; else NotFound, word for word the answer for an id
+        that never existed, so a pinned token learns nothing of other tenants' tasks."""
         record = self._book.get(task_id)
         if not principal.may_see_tenant(record.tenant):
-            raise PermissionDenied(f"task {task_id} belongs to another tenant; this token is pinned to {principal.tenant!r}")
+            raise unknown_task(task_id)
         return record
 
     def _pool_action(self, action: Callable[[str], None], pool: str) -> None:
