@@ -1,0 +1,127 @@
+"""Sizes are checked where they are made: an oversized payload or result costs only its own task.
+
+Each test runs a real broker process and a real worker over tcp. Its limit is
+max_payload_bytes (1 MiB by default); libzmq drops a connection that sends a
+frame over that + 64 KiB, so what cronoq's client and worker make is checked
+before it is sent, and what a foreign peer sends costs only that peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+
+import cronoq
+from cronoq import protocol
+from tests.integration.test_faults import WAIT
+from tests.support import BrokerProcess, until
+
+V = protocol.PROTOCOL_VERSION
+LIMIT = 1 << 20  # the broker's default max_payload_bytes
+BIG = 2 << 20  # over the limit and over the frames libzmq accepts (limit + 64 KiB)
+POOLS = '[[pools]]\nname = "default"\n'
+
+
+async def sized(payload: Any) -> Any:
+    """A handler whose payload says what to return after how long: ["big" | "loud" | anything, seconds]."""
+    kind, seconds = payload
+    await asyncio.sleep(seconds)
+    if kind == "big":
+        return b"x" * BIG
+    if kind == "loud":
+        raise ValueError("y" * BIG)
+    return kind
+
+
+class Serving:
+    """A broker process and an in-process cronoq.Worker (concurrency 4) serving `sized`."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        self.broker = broker
+        self.worker = cronoq.Worker(broker.workers, cronoq.Pool("default", sized), concurrency=4,
+                                    heartbeat_interval=0.2)
+        self.run = asyncio.get_running_loop().create_task(self.worker.run())
+
+    async def stop(self) -> None:
+        await self.worker.stop()
+        await self.run
+
+    def broker_log(self) -> str:
+        return self.broker.log.read_text()
+
+
+async def serving(broker_factory: Any, name: str) -> Serving:
+    scene = Serving(broker_factory(POOLS, name=name))
+
+    async def registered() -> bool:
+        return scene.worker.registered
+    await until(registered, "the worker registered")
+    return scene
+
+
+async def _still_one_worker(client: cronoq.Client) -> bool:
+    return (await client.stats())["workers"] == 1
+
+
+async def test_an_oversized_result_fails_its_task_alone_and_the_worker_stays(broker_factory):
+    scene = await serving(broker_factory, "results.toml")
+    try:
+        async with cronoq.connect(scene.broker.clients) as client:
+            # Three of globex's tasks share the worker with acme's task whose result is too large.
+            innocent = [await client.submit(["small", 0.5], tenant="globex") for _ in range(3)]
+            big = await client.submit(["big", 0.1], tenant="acme")
+            with pytest.raises(cronoq.TaskFailed) as failed:
+                await big.result(timeout=WAIT)
+            assert failed.value.type == "ResultTooLarge"
+            assert str(len(msgspec.msgpack.encode(b"x" * BIG))) in failed.value.message
+            assert str(LIMIT) in failed.value.message
+            info = await client.status(big.id)
+            assert (info.state, info.attempts) == ("failed", 1)
+
+            assert [await h.result(timeout=WAIT) for h in innocent] == ["small"] * 3
+            assert [(await client.status(h.id)).attempts for h in innocent] == [1, 1, 1]
+            # The same worker, on the same connection, runs the next task of the other tenant.
+            after = await client.submit(["after", 0], tenant="globex")
+            assert await after.result(timeout=WAIT) == "after"
+            assert scene.worker.registered and await _still_one_worker(client)
+            assert client.reconnects == 0
+        assert "lost" not in scene.broker_log(), "no worker may have been lost"
+    finally:
+        await scene.stop()
+
+
+async def test_an_oversized_result_is_retried_only_under_max_retries(broker_factory):
+    scene = await serving(broker_factory, "retried.toml")
+    try:
+        async with cronoq.connect(scene.broker.clients) as client:
+            big = await client.submit(["big", 0], max_retries=1)
+            with pytest.raises(cronoq.TaskFailed, match="ResultTooLarge"):
+                await big.result(timeout=WAIT)
+            assert (await client.status(big.id)).attempts == 2, "one retry, as max_retries says, then failed"
+            assert scene.worker.registered and await _still_one_worker(client)
+    finally:
+        await scene.stop()
+
+
+async def test_a_huge_exception_message_is_cut_not_sent_whole(broker_factory):
+    scene = await serving(broker_factory, "loud.toml")
+    try:
+        async with cronoq.connect(scene.broker.clients) as client:
+            loud = await client.submit(["loud", 0])
+            with pytest.raises(cronoq.TaskFailed) as failed:
+                await loud.result(timeout=WAIT)
+            error = failed.value
+            assert error.type == "ValueError"
+            assert error.message.startswith("yyy") and "bytes cut" in error.message
+            assert len(error.message.encode()) + len(error.traceback.encode()) < 64 * 1024
+            assert error.traceback.startswith("Traceback") and "bytes cut" in error.traceback
+            assert (await client.status(loud.id)).attempts == 1
+            after = await client.submit(["after", 0])
+            assert await after.result(timeout=WAIT) == "after"
+            assert scene.worker.registered and client.reconnects == 0
+        assert "lost" not in scene.broker_log()
+    finally:
+        await scene.stop()
