@@ -129,7 +129,16 @@ class Ping(_Message, tag="ping"):
     rid: int
 
 
-ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping]
+class Hello(_Message, tag="hello"):
+    """What the broker's rules are; answered with `Ok` whose value is a map (`hello_value`). Any role.
+
+    Sent by a client on each new connection, so it checks payload sizes itself before sending.
+    """
+
+    rid: int
+
+
+ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping, Hello]
 
 
 class RequestBatch(_Message, tag="batch"):
@@ -425,6 +434,17 @@ def result_too_large(size: int, limit: int) -> str:
     """Why a result of `size` bytes (as msgpack) is not sent to a broker taking at most `limit`."""
     return (f"the result is {size} bytes as msgpack, over the broker's max_payload_bytes = {limit}; return less, "
             "or store the data elsewhere and return a reference to it")
+
+
+def hello_value(max_payload_bytes: int) -> dict[str, Any]:
+    """The value of the `ok` answering a `hello`: the broker's rules a client checks for itself."""
+    return {"protocol": PROTOCOL_VERSION, "max_payload_bytes": max_payload_bytes}
+
+
+def advertised_limit(value: Any) -> int | None:
+    """The max_payload_bytes in a `hello` answer, or None if it holds none that makes sense."""
+    limit = value.get("max_payload_bytes") if isinstance(value, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 class _RidPeek(msgspec.Struct, array_like=True):

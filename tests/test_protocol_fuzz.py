@@ -12,7 +12,7 @@ from cronoq.errors import InvalidArgument
 
 DECODERS = (protocol.decode_client_request, protocol.decode_client_reply,
             protocol.decode_worker_message, protocol.decode_worker_command)
-TAGS = ["submit", "wait", "unwait", "status", "cancel", "pause", "resume", "stats", "ping", "accepted", "outcome",
+TAGS = ["submit", "wait", "unwait", "status", "cancel", "pause", "resume", "stats", "ping", "hello", "accepted", "outcome",
         "info", "ok", "error", "ready", "heartbeat", "done", "leave", "bye", "welcome", "task", "reregister", "left",
         "batch", "nope", ""]
 

@@ -1,4 +1,4 @@
-"""The size rules of the wire format: failure text is cut to a bound."""
+"""The size rules of the wire format: failure text is cut to a bound, and a `hello` answer is read safely."""
 
 from __future__ import annotations
 
@@ -33,3 +33,10 @@ def test_clip_keeps_both_ends_of_a_long_traceback():
 
 def test_a_lone_surrogate_cannot_make_a_failure_unsendable():
     assert protocol.encode(protocol.clip("bad \udc80 text", 100)) == protocol.encode("bad ? text")
+
+
+def test_the_hello_answer_names_the_limit_and_odd_answers_name_none():
+    assert protocol.advertised_limit(protocol.hello_value(4096)) == 4096
+    for odd in (None, 1, [], {}, {"max_payload_bytes": "1"}, {"max_payload_bytes": True},
+                {"max_payload_bytes": 0}, {"max_payload_bytes": -5}):
+        assert protocol.advertised_limit(odd) is None

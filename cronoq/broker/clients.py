@@ -127,6 +127,9 @@ class ClientRequests:
                 reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._reload()))
             case protocol.Ping():
                 reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
+            case protocol.Hello():
+                reply(identity, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid,
+                                            protocol.hello_value(self._book.max_payload_bytes)))
 
     def _submit(self, identity: bytes, principal: Principal, request: protocol.Submit,
                 body: bytes | None, now: float) -> None:

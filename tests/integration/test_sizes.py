@@ -13,11 +13,13 @@ from typing import Any
 
 import msgspec
 import pytest
+import zmq
+import zmq.asyncio
 
 import cronoq
 from cronoq import protocol
 from tests.integration.test_faults import WAIT
-from tests.support import BrokerProcess, until
+from tests.support import BrokerProcess, free_port, until
 
 V = protocol.PROTOCOL_VERSION
 LIMIT = 1 << 20  # the broker's default max_payload_bytes
@@ -125,3 +127,87 @@ async def test_a_huge_exception_message_is_cut_not_sent_whole(broker_factory):
         assert "lost" not in scene.broker_log()
     finally:
         await scene.stop()
+
+
+async def test_an_oversized_payload_is_refused_before_it_is_sent(broker_factory):
+    broker = broker_factory(POOLS, name="payloads.toml")
+    # A short request_timeout: a payload that reached the broker would drop the connection and leave
+    # this submit unanswered, failing Unavailable instead of InvalidArgument.
+    async with cronoq.connect(broker.clients, request_timeout=5) as client:
+        # At once, before the broker answered the client's hello: submit waits for the limit.
+        with pytest.raises(cronoq.InvalidArgument, match=rf"{BIG + 5} bytes.*max_payload_bytes = {LIMIT}"):
+            await client.submit(b"x" * BIG)
+        assert client.max_payload_bytes == LIMIT
+        with pytest.raises(cronoq.InvalidArgument, match="max_payload_bytes"):
+            await client.submit(b"x" * LIMIT)  # its msgpack encoding is 5 bytes over
+        fits = await client.submit(b"x" * (LIMIT - 5))
+        assert (await client.status(fits.id)).state == "queued"
+        await client.ping()
+        await asyncio.sleep(0.5)  # a dropped connection would be made again within 0.1 s
+        await client.ping()
+        assert client.reconnects == 0, "the broker never saw the oversized payloads"
+
+
+def test_the_blocking_client_refuses_an_oversized_payload_too(broker_factory):
+    broker = broker_factory(POOLS, name="sync.toml")
+    with cronoq.connect_sync(broker.clients, request_timeout=5) as sched:
+        with pytest.raises(cronoq.InvalidArgument, match=f"max_payload_bytes = {LIMIT}"):
+            sched.submit(b"x" * BIG)
+        assert sched.status(sched.submit("fine").id).state == "queued"
+
+
+async def test_a_client_learns_the_limit_again_after_the_broker_restarts_with_another(broker_factory):
+    broker = broker_factory(POOLS, name="restarts.toml")
+    async with cronoq.connect(broker.clients, request_timeout=10) as client:
+        await client.ping()
+        assert client.max_payload_bytes == LIMIT
+        broker.stop()
+        text = broker.config_path.read_text().replace("[broker]\n", "[broker]\nmax_payload_bytes = 4096\n")
+        broker.config_path.write_text(text)
+        broker.start()
+
+        async def learned() -> bool:
+            return client.max_payload_bytes == 4096
+        await until(learned, "the client heard the restarted broker's limit")
+        with pytest.raises(cronoq.InvalidArgument, match="max_payload_bytes = 4096"):
+            await client.submit(b"x" * 5000)
+        await client.submit(b"x" * 4000)
+
+
+async def test_submit_does_not_guess_the_limit_of_a_broker_that_never_answers():
+    async with cronoq.connect(f"tcp://127.0.0.1:{free_port()}", request_timeout=0.3) as client:
+        with pytest.raises(cronoq.Unavailable, match="no reply"):
+            await client.submit(b"x" * BIG)
+        assert client.max_payload_bytes is None
+
+
+async def test_a_broker_without_hello_gets_submits_unchecked():
+    """An older broker refuses `hello` as a malformed request; the client then leaves sizes to it."""
+    ctx = zmq.asyncio.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen: list[str] = []
+
+    async def older_broker() -> None:
+        while True:
+            identity, _token, header, *body = await router.recv_multipart()
+            tag = msgspec.msgpack.decode(header)[0]
+            seen.append(tag)
+            rid = protocol.peek_rid(header)
+            if tag == "submit":
+                reply = protocol.Accepted(V, rid, f"task-{rid}")
+            else:
+                reply = protocol.Error(V, rid, "INVALID_ARGUMENT", f"malformed client request: unknown tag {tag!r}")
+            await router.send_multipart([identity, protocol.encode(reply)])
+
+    serve = asyncio.get_running_loop().create_task(older_broker())
+    try:
+        async with cronoq.connect(f"tcp://127.0.0.1:{port}", request_timeout=5) as client:
+            handle = await client.submit(b"x" * 5000)
+            assert handle.id.startswith("task-")
+            assert client.max_payload_bytes is None
+            assert seen[:2] == ["hello", "submit"]
+    finally:
+        serve.cancel()
+        router.close()
