@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 import cronoq
 from cronoq import protocol
@@ -211,3 +212,66 @@ async def test_a_broker_without_hello_gets_submits_unchecked():
     finally:
         serve.cancel()
         router.close()
+
+
+async def _raw_dealer(endpoint: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """A DEALER that is not cronoq's, and a monitor telling when its connection is up or dropped."""
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+    sock.connect(endpoint)
+    return sock, monitor
+
+
+async def _next_event(monitor: zmq.Socket, event: int) -> None:
+    while (await recv_monitor_message(monitor))["event"] != event:
+        pass
+
+
+@pytest.mark.parametrize("endpoint", ["clients", "workers"])
+async def test_a_frame_over_the_socket_limit_costs_only_its_sender(broker_factory, endpoint):
+    scene = await serving(broker_factory, f"raw-{endpoint}.toml")
+    try:
+        async with cronoq.connect(scene.broker.clients) as client:
+            running = [await client.submit(["small", 1.0], tenant="globex") for _ in range(3)]
+
+            async def started() -> bool:
+                return all([(await client.status(h.id)).state == "running" for h in running])
+            await until(started, "globex's tasks run on the worker")
+
+            sock, monitor = await _raw_dealer(getattr(scene.broker, endpoint))
+            await asyncio.wait_for(_next_event(monitor, zmq.EVENT_HANDSHAKE_SUCCEEDED), WAIT)
+            header = protocol.encode(protocol.Submit(V, 1) if endpoint == "clients" else protocol.Done(V, "x", 1, True))
+            await sock.send_multipart([b"", header, b"\x00" * BIG])
+            await asyncio.wait_for(_next_event(monitor, zmq.EVENT_DISCONNECTED), WAIT)
+            sock.disable_monitor()
+            monitor.close()
+            sock.close()
+
+            assert [await h.result(timeout=WAIT) for h in running] == ["small"] * 3
+            assert [(await client.status(h.id)).attempts for h in running] == [1, 1, 1]
+            after = await client.submit(["after", 0], tenant="acme")
+            assert await after.result(timeout=WAIT) == "after"
+            assert scene.worker.registered and await _still_one_worker(client)
+            assert client.reconnects == 0
+        assert "lost" not in scene.broker_log()
+    finally:
+        await scene.stop()
+
+
+async def test_a_foreign_payload_over_the_limit_but_under_the_frame_limit_is_refused(broker_factory):
+    broker = broker_factory(POOLS, name="foreign.toml")
+    sock, monitor = await _raw_dealer(broker.clients)
+    try:
+        await sock.send_multipart([b"", protocol.encode(protocol.Submit(V, 42)), b"\x00" * (LIMIT + 1)])
+        [header] = await asyncio.wait_for(sock.recv_multipart(), WAIT)
+        error = protocol.decode_client_reply(header)
+        assert isinstance(error, protocol.Error) and (error.rid, error.code) == (42, "INVALID_ARGUMENT")
+        assert f"{LIMIT + 1} bytes, over max_payload_bytes = {LIMIT}" in error.message
+        await sock.send_multipart([b"", protocol.encode(protocol.Ping(V, 43))])
+        [header] = await asyncio.wait_for(sock.recv_multipart(), WAIT)
+        assert protocol.decode_client_reply(header) == protocol.Ok(V, 43, V), "the connection is still served"
+    finally:
+        sock.disable_monitor()
+        monitor.close()
+        sock.close()
