@@ -272,7 +272,7 @@ class Welcome(_Message, tag="welcome"):
     """The worker was registered; it should heartbeat at this interval.
 
     `max_payload_bytes` is the largest result body the broker takes (nil from a broker that does not
-    say): the worker reports a larger result as a failure (`RESULT_TOO_LARGE`) instead of sending it.
+    say): the worker reports a larger result as the task's failure instead of sending it.
     """
 
     rid: int
@@ -401,10 +401,6 @@ def pack(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],
 MAX_ERROR_TYPE_BYTES = 256
 MAX_ERROR_MESSAGE_BYTES = 8 * 1024
 MAX_TRACEBACK_BYTES = 32 * 1024
-
-RESULT_TOO_LARGE = "ResultTooLarge"
-"""The error_type of a task whose handler returned a result over the broker's max_payload_bytes."""
-
 
 def clip(text: str, limit: int) -> str:
     """`text` as it is if its UTF-8 encoding fits in `limit` bytes; else its start and its end around a

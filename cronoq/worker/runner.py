@@ -7,8 +7,8 @@ broker never sends more than `concurrency` tasks at once.
 A result is checked against the broker's max_payload_bytes (sent in
 `Welcome`) before it is sent: libzmq would drop the connection of a worker
 sending a frame far over it, and with it every task the worker holds. A
-result over the limit is reported as the task's failure (`ResultTooLarge`),
-and the text of any failure is cut to a bounded size, so one task's output
+result over the limit is reported as the task's failure (`InvalidArgument`,
+as the broker's own check says it), and the text of any failure is cut to a bounded size, so one task's output
 never costs the others.
 
 Liveness follows the Paranoid Pirate pattern: both sides heartbeat; when
@@ -243,7 +243,7 @@ class Worker:
             # Sent, it would cost the connection and every task on it; this way only its own task fails.
             message = protocol.result_too_large(len(result), limit)
             log.warning("task %s failed: %s", assign.id, message)
-            self._send(_failure(assign, protocol.RESULT_TOO_LARGE, message, ""))
+            self._send(_failure(assign, InvalidArgument.__name__, message, ""))
             return
         self._send(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
 
