@@ -363,10 +363,10 @@ class Client:
         takes, is refused here with InvalidArgument, and nothing is sent.
         """
         body = protocol.encode_body(payload)
-        for what, name in (("pool", pool), ("tenant", tenant), ("key", key)):
-            if isinstance(name, str) and len(name) > MAX_NAME_LENGTH:
-                raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, "
-                                      f"got one of {len(name)}")
+        longest = MAX_NAME_LENGTH  # one test of the three names, as submit is the hot path
+        if ((type(pool) is str and len(pool) > longest) or (type(tenant) is str and len(tenant) > longest)
+                or (type(key) is str and len(key) > longest)):
+            raise InvalidArgument(_long_name(pool=pool, tenant=tenant, key=key))
         limit = self._max_payload_bytes if self._heard_hello else await self._payload_limit()
         if limit is not None and len(body) > limit:
             raise InvalidArgument(protocol.payload_too_large(len(body), limit))
@@ -441,6 +441,14 @@ class Client:
     async def ping(self) -> None:
         """Round trip to the broker; raises Unavailable when it does not answer in time."""
         await self._request(protocol.Ping(protocol.PROTOCOL_VERSION, next(self._rids)))
+
+
+def _long_name(**names: Any) -> str:
+    """Which of a submit's names is longer than the broker takes (it would refuse it; a huge one, unsent,
+    would even cost the connection)."""
+    what, name = next((what, name) for what, name in names.items()
+                      if type(name) is str and len(name) > MAX_NAME_LENGTH)
+    return f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got one of {len(name)}"
 
 
 def connect(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,

@@ -276,3 +276,14 @@ async def test_a_foreign_payload_over_the_limit_but_under_the_frame_limit_is_ref
         sock.disable_monitor()
         monitor.close()
         sock.close()
+
+
+async def test_a_name_longer_than_the_broker_takes_is_refused_before_it_is_sent(broker_factory):
+    broker = broker_factory(POOLS, name="names.toml")
+    async with cronoq.connect(broker.clients, request_timeout=5) as client:
+        with pytest.raises(cronoq.InvalidArgument, match="key must be .* at most 200 characters, got one of 2097152"):
+            await client.submit(1, key="k" * BIG)  # sent, its header frame alone would cost the connection
+        with pytest.raises(cronoq.InvalidArgument, match="tenant must be"):
+            await client.submit(1, tenant="t" * 201)
+        await client.submit(1, tenant="t" * 200, key="k" * 200)
+        assert client.reconnects == 0
