@@ -129,7 +129,16 @@ class Ping(_Message, tag="ping"):
     rid: int
 
 
-ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping]
+class Hello(_Message, tag="hello"):
+    """What the broker's rules are; answered with `Ok` whose value is a map (`hello_value`). Any role.
+
+    Sent by a client on each new connection, so it checks payload sizes itself before sending.
+    """
+
+    rid: int
+
+
+ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping, Hello]
 
 
 class RequestBatch(_Message, tag="batch"):
@@ -260,11 +269,16 @@ class WorkerBatch(_Message, tag="batch"):
 
 
 class Welcome(_Message, tag="welcome"):
-    """The worker was registered; it should heartbeat at this interval."""
+    """The worker was registered; it should heartbeat at this interval.
+
+    `max_payload_bytes` is the largest result body the broker takes (nil from a broker that does not
+    say): the worker reports a larger result as the task's failure instead of sending it.
+    """
 
     rid: int
     heartbeat_interval: float
     liveness: int
+    max_payload_bytes: Union[int, None] = None
 
 
 class Assign(_Message, tag="task"):
@@ -375,6 +389,58 @@ def pack(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],
         return [([frame], len(items))]
     half = len(items) // 2
     return pack(batch_type, items[:half], limit) + pack(batch_type, items[half:], limit)
+
+
+# --------------------------------------------------------------- sizes
+
+# libzmq drops a connection that sends the broker a frame over max_payload_bytes + 64 KiB, and with it
+# every task a worker holds. So sizes are checked where they are made: a client checks a payload, and a
+# worker a result, against the max_payload_bytes the broker told it (`hello`, `welcome`); a worker cuts
+# the text of a failure to these sizes (UTF-8 bytes), which keeps a `done` header far under 64 KiB
+# whatever a handler raised.
+MAX_ERROR_TYPE_BYTES = 256
+MAX_ERROR_MESSAGE_BYTES = 8 * 1024
+MAX_TRACEBACK_BYTES = 32 * 1024
+
+def clip(text: str, limit: int) -> str:
+    """`text` as it is if its UTF-8 encoding fits in `limit` bytes; else its start and its end around a
+    marker saying how many bytes were cut, all within `limit` (for a limit of a few dozen bytes or more).
+    Characters UTF-8 cannot carry (lone surrogates) become "?", so the result always encodes."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return data.decode("utf-8")
+    room = max(0, limit - len(_cut_marker(len(data)).encode()))  # the marker only gets shorter below
+    head = data[:room // 2].decode("utf-8", "ignore")  # "ignore" drops a character split by the cut
+    tail = data[len(data) - (room - room // 2):].decode("utf-8", "ignore")
+    cut = len(data) - len(head.encode()) - len(tail.encode())
+    return head + _cut_marker(cut) + tail
+
+
+def _cut_marker(cut: int) -> str:
+    return f"\n... [{cut} bytes cut] ...\n"
+
+
+def payload_too_large(size: int, limit: int) -> str:
+    """Why a payload of `size` bytes (as msgpack) is refused by a broker taking at most `limit`."""
+    return (f"payload is {size} bytes as msgpack, over the broker's max_payload_bytes = {limit}; send less, "
+            "or store the data elsewhere and send a reference to it")
+
+
+def result_too_large(size: int, limit: int) -> str:
+    """Why a result of `size` bytes (as msgpack) is not sent to a broker taking at most `limit`."""
+    return (f"the result is {size} bytes as msgpack, over the broker's max_payload_bytes = {limit}; return less, "
+            "or store the data elsewhere and return a reference to it")
+
+
+def hello_value(max_payload_bytes: int) -> dict[str, Any]:
+    """The value of the `ok` answering a `hello`: the broker's rules a client checks for itself."""
+    return {"protocol": PROTOCOL_VERSION, "max_payload_bytes": max_payload_bytes}
+
+
+def advertised_limit(value: Any) -> int | None:
+    """The max_payload_bytes in a `hello` answer, or None if it holds none that makes sense."""
+    limit = value.get("max_payload_bytes") if isinstance(value, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 class _RidPeek(msgspec.Struct, array_like=True):

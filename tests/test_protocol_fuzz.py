@@ -12,7 +12,7 @@ from cronoq.errors import InvalidArgument
 
 DECODERS = (protocol.decode_client_request, protocol.decode_client_reply,
             protocol.decode_worker_message, protocol.decode_worker_command)
-TAGS = ["submit", "wait", "unwait", "status", "cancel", "pause", "resume", "stats", "ping", "accepted", "outcome",
+TAGS = ["submit", "wait", "unwait", "status", "cancel", "pause", "resume", "stats", "ping", "hello", "accepted", "outcome",
         "info", "ok", "error", "ready", "heartbeat", "done", "leave", "bye", "welcome", "task", "reregister", "left",
         "batch", "nope", ""]
 
@@ -58,6 +58,8 @@ def test_messages_round_trip_and_old_clients_may_leave_new_trailing_fields_out()
     assert protocol.decode_client_request(old).submission is None
     ready = msgspec.msgpack.encode(["ready", 1, 1, ["default"], 2])
     assert protocol.decode_worker_message(ready).concurrency is None
+    welcome = msgspec.msgpack.encode(["welcome", 1, 1, 1.0, 3])
+    assert protocol.decode_worker_command(welcome).max_payload_bytes is None
 
 
 def _carried(frames: list[bytes], decode) -> list[tuple]:

@@ -133,6 +133,9 @@ class ClientRequests:
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._reload()))
             case protocol.Ping():
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
+            case protocol.Hello():
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid,
+                                            protocol.hello_value(self._book.max_payload_bytes)))
 
     def _submit(self, conn: Connection, principal: Principal, request: protocol.Submit,
                 body: bytes | None, now: float) -> None:

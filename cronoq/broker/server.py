@@ -527,6 +527,7 @@ class Broker:
                 self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
                 self._to_workers.put(conn, protocol.Welcome(
                     protocol.PROTOCOL_VERSION, message.rid, self.config.heartbeat_interval, self.config.liveness,
+                    self.config.max_payload_bytes,
                 ))
             case _ if entry is None:
                 if not isinstance(message, protocol.Bye):

@@ -8,6 +8,11 @@ reconnects by itself, and on each new connection the client re-sends every
 request still waiting for its reply — a `wait` the restarted broker never
 heard of, a `submit` whose reply was lost. Each submit carries a submission
 id of its own, so the broker answers a re-sent one with the first task.
+
+On each connection the client also asks the broker for its rules (`hello`):
+`submit` refuses a payload over the broker's max_payload_bytes itself,
+before anything is sent. Sent, libzmq would drop the connection for it, and
+the re-sent submit would drop the next one too.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
-from cronoq.book import TaskInfo, seconds_from_now
+from cronoq.book import MAX_NAME_LENGTH, TaskInfo, seconds_from_now
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.handles import TaskHandle, outcome_value
@@ -138,6 +143,16 @@ class Client:
         self._connections = 0
         self.reconnects = 0
         """How many times the connection to the broker was made again (and outstanding requests re-sent)."""
+        # The latest `hello` (in flight, or answered or failed), and what its answers said so far.
+        self._hello: asyncio.Future[tuple[Any, bytes | None]] | None = None
+        self._heard_hello = False
+        self._max_payload_bytes: int | None = None
+
+    @property
+    def max_payload_bytes(self) -> int | None:
+        """The broker's max_payload_bytes as it last said (on connecting); None until it has, or if it never
+        says (an older broker): `submit` then leaves the check to the broker."""
+        return self._max_payload_bytes
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -169,6 +184,7 @@ class Client:
             self._channel = Channel(sock, self._on_reply, pack=functools.partial(protocol.pack, protocol.RequestBatch),
                                     prefix=[self._token], on_unsent=self._on_unsent)
             self._monitor = Channel(monitor, self._on_connection_event)
+            self._ask_rules()  # goes out with the first connection
         return self
 
     async def close(self) -> None:
@@ -199,16 +215,55 @@ class Client:
         if parse_monitor_message(frames)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
             return
         self._connections += 1
-        if self._connections == 1 or self._channel is None:
-            return  # requests sent before the first connection were queued and went out with it
-        self.reconnects += 1
-        for outstanding in self._pending.values():
-            if outstanding.resend and not outstanding.future.done():
-                self._channel.post(outstanding.message, outstanding.body)
-        # A restarted broker forgot who watches which task: ask again, under the same rids.
-        for rid, watch in self._watches.items():
-            if watch.task_id is not None:
-                self._channel.post(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))
+        if self._channel is None:
+            return
+        if self._connections > 1:  # requests sent before the first connection were queued and went out with it
+            self.reconnects += 1
+            for outstanding in self._pending.values():
+                if outstanding.resend and not outstanding.future.done():
+                    self._channel.post(outstanding.message, outstanding.body)
+            # A restarted broker forgot who watches which task: ask again, under the same rids.
+            for rid, watch in self._watches.items():
+                if watch.task_id is not None:
+                    self._channel.post(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))
+        # The broker on the other end may have restarted with another config.
+        self._ask_rules()
+
+    def _ask_rules(self) -> None:
+        """Send a `hello`, unless one is still waiting for its answer (a new connection re-sends that one)."""
+        if self._hello is None or self._hello.done():
+            self._hello = self._send(protocol.Hello(protocol.PROTOCOL_VERSION, next(self._rids)))
+            self._hello.add_done_callback(self._take_rules)
+
+    def _take_rules(self, hello: asyncio.Future[tuple[Any, bytes | None]]) -> None:
+        """Keep what the broker's answer to a `hello` says. No answer in time leaves what is known as it is."""
+        if hello.cancelled():
+            return
+        error = hello.exception()  # retrieved here, so no caller need be waiting for it
+        if error is None:
+            reply, _ = hello.result()
+            self._heard_hello = True
+            self._max_payload_bytes = protocol.advertised_limit(reply.value)
+        elif not isinstance(error, Unavailable):
+            # A broker that does not know `hello` (or refuses our token): it checks sizes on its own.
+            self._heard_hello = True
+            self._max_payload_bytes = None
+
+    async def _payload_limit(self) -> int | None:
+        """The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
+        request_timeout: Unavailable then, as a submit would get). None: the broker does not say."""
+        if not self._heard_hello:
+            self._ask_rules()  # none waiting means the last went unanswered: ask again
+            hello = self._hello
+            assert hello is not None
+            try:
+                await asyncio.shield(hello)  # shared by every submit waiting: one's cancellation is not all's
+            except Unavailable:
+                raise
+            except CronoqError:
+                pass
+            self._take_rules(hello)  # whichever of the two callbacks runs first, the answer is kept
+        return self._max_payload_bytes
 
     # ----------------------------------------------------------------- requests
 
@@ -314,7 +369,19 @@ class Client:
         self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
         deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
     ) -> TaskHandle:
-        """Queue a task; returns its handle once the broker has accepted it (durably, with a data_dir)."""
+        """Queue a task; returns its handle once the broker has accepted it (durably, with a data_dir).
+
+        A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the broker
+        takes, is refused here with InvalidArgument, and nothing is sent.
+        """
+        body = protocol.encode_body(payload)
+        longest = MAX_NAME_LENGTH  # one test of the three names, as submit is the hot path
+        if ((type(pool) is str and len(pool) > longest) or (type(tenant) is str and len(tenant) > longest)
+                or (type(key) is str and len(key) > longest)):
+            raise InvalidArgument(_long_name(pool=pool, tenant=tenant, key=key))
+        limit = self._max_payload_bytes if self._heard_hello else await self._payload_limit()
+        if limit is not None and len(body) > limit:
+            raise InvalidArgument(protocol.payload_too_large(len(body), limit))
         now = time.time()
         message = protocol.Submit(
             protocol.PROTOCOL_VERSION, next(self._rids), pool=pool, tenant=tenant, priority=priority,
@@ -322,7 +389,6 @@ class Client:
             key=key, max_retries=max_retries,
             submission=f"{self._submission_prefix}-{next(self._submissions):x}", watch=True,
         )
-        body = protocol.encode_body(payload)
         # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
         watch = self._watches[message.rid] = _Watch(self)
         try:
@@ -387,6 +453,14 @@ class Client:
     async def ping(self) -> None:
         """Round trip to the broker; raises Unavailable when it does not answer in time."""
         await self._request(protocol.Ping(protocol.PROTOCOL_VERSION, next(self._rids)))
+
+
+def _long_name(**names: Any) -> str:
+    """Which of a submit's names is longer than the broker takes (it would refuse it; a huge one, unsent,
+    would even cost the connection)."""
+    what, name = next((what, name) for what, name in names.items()
+                      if type(name) is str and len(name) > MAX_NAME_LENGTH)
+    return f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got one of {len(name)}"
 
 
 def connect(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,

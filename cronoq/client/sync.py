@@ -46,6 +46,11 @@ class SyncClient:
         self._client = Client(address, token, request_timeout=request_timeout, curve_public_key=curve_public_key)
         self._call(self._client._open())
 
+    @property
+    def max_payload_bytes(self) -> int | None:
+        """The broker's max_payload_bytes as it last said; None until it has (see `Client.max_payload_bytes`)."""
+        return self._client.max_payload_bytes
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 

@@ -4,6 +4,13 @@ Flow control is by credit: the worker tells the broker how many slots it has
 free when it registers (`Ready`), and each `Done` returns one slot, so the
 broker never sends more than `concurrency` tasks at once.
 
+A result is checked against the broker's max_payload_bytes (sent in
+`Welcome`) before it is sent: libzmq would drop the connection of a worker
+sending a frame far over it, and with it every task the worker holds. A
+result over the limit is reported as the task's failure (`InvalidArgument`,
+as the broker's own check says it), and the text of any failure is cut to a bounded size, so one task's output
+never costs the others.
+
 Liveness follows the Paranoid Pirate pattern: both sides heartbeat; when
 the broker is silent for `liveness` intervals the worker drops its socket,
 waits (doubling the wait, up to a cap) and registers again. Tasks that were
@@ -79,6 +86,8 @@ class Worker:
         self._last_heard = 0.0
         self._reconnect_delay = heartbeat_interval
         self._stopping = False
+        # The broker's max_payload_bytes from the last Welcome; None until one says (older brokers never do).
+        self._max_result_bytes: int | None = None
 
     @property
     def registered(self) -> bool:
@@ -196,6 +205,8 @@ class Worker:
                 pass
             case protocol.Welcome():
                 self._registered.set()
+                if command.max_payload_bytes is not None:
+                    self._max_result_bytes = command.max_payload_bytes
                 self._reconnect_delay = self.heartbeat_interval
                 log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
             case protocol.Reregister():
@@ -224,10 +235,32 @@ class Worker:
                 raise LookupError(f"this worker does not serve pool {assign.pool!r}")
             value = await pool.call(protocol.decode_body(body), self._executor)
             result = protocol.encode_body(value)
-            done = protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True)
         except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
-            done = protocol.Done(
-                protocol.PROTOCOL_VERSION, assign.id, assign.attempt, False,
-                error_type=type(exc).__name__, error_message=str(exc), traceback=traceback.format_exc(),
-            )
-        self._send(done, result)
+            self._send(_failure(assign, type(exc).__name__, _text(exc), traceback.format_exc()))
+            return
+        limit = self._max_result_bytes
+        if limit is not None and len(result) > limit:
+            # Sent, it would cost the connection and every task on it; this way only its own task fails.
+            message = protocol.result_too_large(len(result), limit)
+            log.warning("task %s failed: %s", assign.id, message)
+            self._send(_failure(assign, InvalidArgument.__name__, message, ""))
+            return
+        self._send(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+
+
+def _failure(assign: protocol.Assign, error_type: str, message: str, trace: str) -> protocol.Done:
+    """The `done` of a failed lease, its text cut to sizes that keep the header frame small."""
+    return protocol.Done(
+        protocol.PROTOCOL_VERSION, assign.id, assign.attempt, False,
+        error_type=protocol.clip(error_type, protocol.MAX_ERROR_TYPE_BYTES),
+        error_message=protocol.clip(message, protocol.MAX_ERROR_MESSAGE_BYTES),
+        traceback=protocol.clip(trace, protocol.MAX_TRACEBACK_BYTES),
+    )
+
+
+def _text(exc: Exception) -> str:
+    """An exception's message; one whose __str__ itself fails still gets a message."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"<the exception's message could not be made: {type(err).__name__}>"
