@@ -81,6 +81,24 @@ async def test_cancel_a_queued_task(backend):
         assert (await sched.status(handle.id)).state == "cancelled"
 
 
+async def test_a_handle_asks_for_its_own_status_and_cancels_itself(backend):
+    async with backend.open([flaky_pool(0)]) as sched:
+        await sched.pause("work")
+        handle = await sched.submit("x", pool="work", tenant="acme")
+        info = await handle.status()
+        assert (info.id, info.state, info.tenant) == (handle.id, "queued", "acme")
+        assert await handle.cancel() is True
+        assert await handle.cancel() is False
+        assert (await handle.status()).state == "cancelled"
+        with pytest.raises(cronoq.Cancelled):
+            await handle.result(timeout=10)
+        await sched.resume("work")
+        done = await sched.submit("y", pool="work")
+        await done.result(timeout=10)
+        assert (await done.status()).state == "succeeded"
+        assert await done.cancel() is False
+
+
 async def test_a_delayed_task_waits_then_runs(backend):
     async with backend.open([flaky_pool(0)]) as sched:
         handle = await sched.submit("x", pool="work", delay=datetime.timedelta(seconds=0.3))
