@@ -230,6 +230,23 @@ def test_worker_command_line_mistakes_are_clear(target, problem):
     assert "Traceback" not in result.stderr
 
 
+def test_a_worker_names_its_unset_token_variable(broker_factory):
+    broker = broker_factory(AUTH_TOML, env=TOKENS)
+    result = run_command(["-m", "cronoq.worker.cli", "--broker", broker.workers, "--token-env", "CRONOQ_NOPE_FOR_TEST",
+                          "tests.apps.echo:default"], env=TOKENS)
+    assert result.returncode == 2 and "UNAUTHENTICATED" in result.stderr
+    assert "CRONOQ_NOPE_FOR_TEST is not set" in result.stderr
+    assert "CRONOQ_TOKEN" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_worker_with_a_client_token_is_told_which_role_it_needs(broker_factory):
+    broker = broker_factory(AUTH_TOML, env=TOKENS)
+    result = run_command(["-m", "cronoq.worker.cli", "--broker", broker.workers, "--token-env", "T_CLIENT",
+                          "tests.apps.echo:default"], env=TOKENS)
+    assert result.returncode == 2
+    assert "a client token may not serve pools; that takes a worker or admin token" in result.stderr
+
+
 @pytest.mark.parametrize("busy", ["clients", "workers", "metrics"])
 def test_a_broker_that_cannot_bind_leaves_data_dir_alone(broker_factory, tmp_path, busy):
     first = broker_factory("", name="first.toml", broker_extra=f'metrics = "127.0.0.1:{free_port()}"')
