@@ -4,7 +4,7 @@ The socket's FD is watched with `loop.add_reader`. ZeroMQ's FD is edge-like:
 it signals only when the socket's state changes, and a send can consume the
 signal of a message that arrived meanwhile. So a readable socket is drained
 until a receive finds nothing (EAGAIN), and every send schedules one more
-drain (see ../shared/ANCHORS.md for what this buys).
+drain (bench/README.md measures what this buys).
 
 Messages `post`ed during one turn of the loop leave together at the end of
 it, packed into as few ZeroMQ messages as fit (a batch): a client whose
