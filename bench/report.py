@@ -65,7 +65,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets, each with what this run measured and whether it holds."""
+    """The performance targets, each with what this run measured and whether it holds."""
     by_name = {row["name"]: row for row in rows}
     out: list[dict[str, Any]] = []
 

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Python {info['python']}; other processes used {foreign_cores:.2f} cores on average meanwhile\n")
     print(report.table(rows))
     if checks:
-        print("\nTargets (issue 5):\n" + report.targets_text(checks))
+        print("\nTargets:\n" + report.targets_text(checks))
 
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,9 @@
 """cronoq: a distributed task scheduler that shares workers fairly between tenants.
 
-See ../shared/CONTRACT.md (and the README) for the public API.
+Workers serve `Pool`s for a broker (`cronoq-broker`); clients submit to it
+with `connect` (or `connect_sync`); `Scheduler` runs the same scheduling in
+one process. The reference for all of it, errors and scheduling rules
+included, is docs/api.md in the repository; the README starts there.
 """
 
 from cronoq.book import TaskInfo

@@ -178,6 +178,9 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
     if priority is None:
         raise InvalidArgument(f"priority must be one of {', '.join(PRIORITIES)}, got {request.priority!r}")
     _check_seconds("deadline", request.deadline)
+    if request.deadline is not None and request.deadline <= 0:
+        # A deadline already reached would expire the task at once: surely a mistake, so say so.
+        raise InvalidArgument(f"deadline must be more than 0 seconds from now, got {request.deadline:g} seconds")
     _check_seconds("delay", request.delay)
     if request.delay is not None and request.delay < 0:
         raise InvalidArgument(f"delay must not be negative, got {request.delay!r}")

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from cronoq import curve, views
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, Client
-from cronoq.errors import CronoqError
+from cronoq.errors import CronoqError, Unauthenticated
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -42,59 +42,114 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
+MIN_TOP_INTERVAL = 0.1
+"""Seconds: `top` asks the broker for its statistics once per frame; faster would only load the broker."""
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+
+
+def _top_interval(text: str) -> float:
+    seconds = _number(text)
+    if not seconds >= MIN_TOP_INTERVAL:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_TOP_INTERVAL:g} seconds, got {text}")
+    return seconds
+
+
+def _future_seconds(text: str) -> float:
+    seconds = _number(text)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds from now, got {text}")
+    return seconds
+
+
+def _seconds(text: str) -> float:
+    seconds = _number(text)
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return seconds
+
+
+def _subcommand(commands: Any, name: str, text: str, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """A subcommand whose one-line summary (in `cronoq --help`) is also its description (in `--help`)."""
+    return commands.add_parser(name, parents=parents, help=text, description=text[0].upper() + text[1:] + ".")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     parser = argparse.ArgumentParser(prog="cronoq", description="Inspect and steer a cronoq broker.",
                                      parents=[common])
     commands = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
-    status = commands.add_parser("status", parents=[common], help="per pool: backlog, running, workers, shares")
+    status = _subcommand(commands, "status", "per pool: backlog, running, workers, shares", [common])
     status.add_argument("--json", action="store_true", help="print the broker's statistics as JSON")
 
-    top = commands.add_parser("top", parents=[common], help="a live view of pools, workers and tenant shares")
+    top = _subcommand(commands, "top", "a live view of pools, workers and tenant shares", [common])
     top.add_argument("--once", action="store_true", help="print one frame and exit")
-    top.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between frames (default 1)")
+    top.add_argument("--interval", type=_top_interval, default=1.0, metavar="S",
+                     help=f"seconds between frames, at least {MIN_TOP_INTERVAL:g} (default 1)")
 
-    submit = commands.add_parser("submit", parents=[common], help="submit a task; prints its id")
-    submit.add_argument("payload", help="the payload as JSON (a bare word is taken as a string)")
-    submit.add_argument("--pool", default="default")
-    submit.add_argument("--tenant")
-    submit.add_argument("--priority", default="normal", choices=["critical", "high", "normal", "low"])
-    submit.add_argument("--deadline", type=float, metavar="S", help="seconds from now")
-    submit.add_argument("--delay", type=float, metavar="S", help="seconds from now")
-    submit.add_argument("--key", help="idempotency key")
-    submit.add_argument("--max-retries", type=int, default=0)
+    submit = _subcommand(commands, "submit", "submit a task; prints its id", [common])
+    submit.add_argument("payload", metavar="PAYLOAD",
+                        help="the task's payload as JSON, e.g. '{\"n\": 1}' or '\"a string\"' (see --text)")
+    submit.add_argument("--text", action="store_true", help="send PAYLOAD as a string, as it is, instead of as JSON")
+    submit.add_argument("--pool", default="default", help="the pool to run it in (default: default)")
+    submit.add_argument("--tenant", help="whose task it is, for fair sharing (a tenant-pinned token fills it in)")
+    submit.add_argument("--priority", default="normal", choices=["critical", "high", "normal", "low"],
+                        help="its priority class (default normal)")
+    submit.add_argument("--deadline", type=_future_seconds, metavar="S",
+                        help="seconds from now (more than 0): not dispatched by then, it expires and never runs")
+    submit.add_argument("--delay", type=_seconds, metavar="S", help="seconds from now before it may be dispatched")
+    submit.add_argument("--key", help="idempotency key: a second submit with the same key returns the first task")
+    submit.add_argument("--max-retries", type=int, default=0, metavar="N",
+                        help="how many more times to run it if its handler raises (default 0)")
     submit.add_argument("--wait", action="store_true", help="wait for the result and print it as JSON")
 
-    inspect = commands.add_parser("inspect", parents=[common], help="state, attempts, timings and error of a task")
-    inspect.add_argument("task_id", metavar="TASK_ID")
-    inspect.add_argument("--json", action="store_true")
+    inspect = _subcommand(commands, "inspect", "state, attempts, timings and error of a task", [common])
+    inspect.add_argument("task_id", metavar="TASK_ID", help="the id `cronoq submit` (or `submit()`) returned")
+    inspect.add_argument("--json", action="store_true", help="print the fields as JSON (times in ISO 8601, null when unset)")
 
-    cancel = commands.add_parser("cancel", parents=[common], help="cancel a task that has not started")
-    cancel.add_argument("task_id", metavar="TASK_ID")
+    cancel = _subcommand(commands, "cancel", "cancel a task that has not started", [common])
+    cancel.add_argument("task_id", metavar="TASK_ID", help="the id of the task to cancel")
 
     for name, text in (("pause", "stop dispatching a pool (it still accepts tasks)"), ("resume", "dispatch a paused pool again")):
-        sub = commands.add_parser(name, parents=[common], help=text)
-        sub.add_argument("pool", metavar="POOL")
+        sub = _subcommand(commands, name, text, [common])
+        sub.add_argument("pool", metavar="POOL", help="the pool's name, as declared in the broker's config")
 
-    commands.add_parser("reload", parents=[common], help="make the broker reread its config file (like SIGHUP)")
+    _subcommand(commands, "reload", "make the broker reread its config file (like SIGHUP)", [common])
 
-    keygen = commands.add_parser("keygen", help="write a CURVE key pair for the broker (no broker needed)")
+    keygen = _subcommand(commands, "keygen", "write a CURVE key pair for the broker (no broker needed)", [])
     keygen.add_argument("--dir", default=".", help="where to write NAME.key and NAME.key_secret (default .)")
     keygen.add_argument("--name", default="broker", help="the files' name (default broker)")
+    keygen.add_argument("--force", action="store_true",
+                        help="replace an existing pair (clients and workers holding the old public key are locked out)")
     return parser
 
 
-def _payload(text: str) -> Any:
+class UsageError(Exception):
+    """A mistake on the command line found after parsing; reported in one line, exit status 2."""
+
+
+def _payload(args: argparse.Namespace) -> Any:
+    """The task's payload from PAYLOAD: JSON, or the text itself with --text."""
+    if args.text:
+        return args.payload
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        return json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"PAYLOAD is not valid JSON ({exc}): quote a string as JSON ('\"hello\"'), "
+            "or pass --text to send PAYLOAD as a string as it is"
+        ) from None
 
 
-def _when(stamp: float | None) -> str:
+def _when(stamp: float | None) -> str | None:
     if stamp is None:
-        return "-"
+        return None
     return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -109,12 +164,13 @@ async def _top(client: Client, args: argparse.Namespace) -> int:
     if args.once:
         print(views.top_frame(previous, None, 0.0))
         return 0
+    # Clear the screen and home the cursor before each frame, like top(1); into a pipe, frames follow each other.
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
     try:
         while True:
             await asyncio.sleep(args.interval)
             current = await client.stats()
-            # Clear the screen and home the cursor, like top(1).
-            sys.stdout.write("\x1b[H\x1b[2J" + views.top_frame(current, previous, args.interval) + "\n")
+            sys.stdout.write(clear + views.top_frame(current, previous, args.interval) + "\n")
             sys.stdout.flush()
             previous = current
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -123,7 +179,7 @@ async def _top(client: Client, args: argparse.Namespace) -> int:
 
 async def _submit(client: Client, args: argparse.Namespace) -> int:
     handle = await client.submit(
-        _payload(args.payload), pool=args.pool, tenant=args.tenant, priority=args.priority,
+        args.payload, pool=args.pool, tenant=args.tenant, priority=args.priority,
         deadline=args.deadline, delay=args.delay, key=args.key, max_retries=args.max_retries,
     )
     print(handle.id)
@@ -137,13 +193,13 @@ async def _inspect(client: Client, args: argparse.Namespace) -> int:
     fields = {
         "id": info.id, "pool": info.pool, "tenant": info.tenant, "priority": info.priority, "state": info.state,
         "attempts": info.attempts, "submitted_at": _when(info.submitted_at), "started_at": _when(info.started_at),
-        "finished_at": _when(info.finished_at), "deadline": _when(info.deadline), "last_error": info.error,
+        "finished_at": _when(info.finished_at), "deadline": _when(info.deadline), "last_error": info.error or None,
     }
     if args.json:
         print(json.dumps(fields, indent=2))
     else:
         width = max(map(len, fields))
-        print("\n".join(f"{name:<{width}}  {'-' if value is None else value}" for name, value in fields.items()))
+        print("\n".join(f"{name:<{width}}  {'-' if value in (None, '') else value}" for name, value in fields.items()))
     return 0
 
 
@@ -177,7 +233,7 @@ async def _reload(client: Client, args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    public_file, secret_file = curve.keygen(args.dir, args.name)
+    public_file, secret_file = curve.keygen(args.dir, args.name, overwrite=args.force)
     print(f"public key:  {public_file}  (give it to clients and workers: --curve-public-key {public_file})")
     print(f"secret key:  {secret_file}  (the broker's: [broker] curve_secret_key_file; keep it private)")
     return 0
@@ -189,11 +245,23 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
 }
 
 
+def unset_token_hint(variable: str) -> str:
+    """Why no token was sent, naming the variable `--token-env` points at (it is unset or empty)."""
+    state = "is empty" if variable in os.environ else "is not set"
+    return (f"this broker requires a token, and the environment variable {variable} {state} "
+            f"(--token-env {variable}): export the token in it, or name another variable with --token-env")
+
+
 async def _run(args: argparse.Namespace) -> int:
-    token = os.environ.get(args.token_env)
-    async with Client(args.broker, token, request_timeout=args.timeout,
-                      curve_public_key=args.curve_public_key) as client:
-        return await COMMANDS[args.command](client, args)
+    token = os.environ.get(args.token_env) or None
+    try:
+        async with Client(args.broker, token, request_timeout=args.timeout,
+                          curve_public_key=args.curve_public_key) as client:
+            return await COMMANDS[args.command](client, args)
+    except Unauthenticated:
+        if token is None:
+            raise Unauthenticated(unset_token_hint(args.token_env)) from None
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,7 +272,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "keygen":
             return _keygen(args)
+        if args.command == "submit":
+            args.payload = _payload(args)  # a bad payload is refused before connecting
         return asyncio.run(_run(args))
+    except UsageError as exc:
+        print(f"cronoq {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Whoever read our output has gone (`cronoq top | head`): stop quietly, and keep Python from
+        # complaining when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0 if args.command == "top" else 1
     except CronoqError as exc:
         print(f"cronoq {args.command}: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """The broker's configuration: reading the TOML file and validating every key.
 
-This module is the one place the config rules of ../CONTRACT.md section 2
+This module is the one place the config rules (docs/configuration.md)
 live. It fails closed: an unknown key, a wrong type, a value out of range, a
 duplicate pool or an unset `token_env` variable is a `ConfigError` whose
 message names the file, the key, what is wrong and what would be valid. The
@@ -125,7 +125,7 @@ class BrokerConfig:
 
 
 def default_config(cwd: Path | None = None) -> BrokerConfig:
-    """The contract's built-in defaults, with durable state in `cwd`/cronoq-data."""
+    """The built-in defaults (`cronoq-broker` with no -c), with durable state in `cwd`/cronoq-data."""
     base = Path(os.path.abspath(cwd if cwd is not None else os.getcwd()))
     return BrokerConfig(source=DEFAULTS_SOURCE, data_dir=base / DEFAULT_DATA_DIR)
 

@@ -20,14 +20,25 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from cronoq.errors import InvalidArgument
+from cronoq.errors import FailedPrecondition, InvalidArgument
 
 Z85_KEY_LENGTH = 40
 
 
-def keygen(directory: str | os.PathLike[str], name: str = "broker") -> tuple[Path, Path]:
-    """Write a new key pair as NAME.key (public) and NAME.key_secret in `directory`; returns both paths."""
+def keygen(directory: str | os.PathLike[str], name: str = "broker", *, overwrite: bool = False) -> tuple[Path, Path]:
+    """Write a new key pair as NAME.key (public) and NAME.key_secret in `directory`; returns both paths.
+
+    An existing pair is kept, and FailedPrecondition raised, unless `overwrite`: replacing it locks
+    out every client and worker that holds the old public key.
+    """
     folder = Path(directory)
+    if not overwrite:
+        for existing in (folder / f"{name}.key", folder / f"{name}.key_secret"):
+            if existing.exists():
+                raise FailedPrecondition(
+                    f"{existing} already exists: a new pair would lock out every client and worker holding "
+                    "the old public key; pass --force (overwrite=True) to replace it, or choose another --dir or --name"
+                )
     folder.mkdir(parents=True, exist_ok=True)
     public_file, secret_file = (Path(p) for p in zmq.auth.create_certificates(str(folder), name))
     os.chmod(secret_file, 0o600)

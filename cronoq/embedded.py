@@ -93,7 +93,7 @@ class Scheduler:
         self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
         deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
     ) -> TaskHandle:
-        """Queue a task; returns its handle. See the contract for each argument."""
+        """Queue a task; returns its handle. docs/api.md ("Submitting a task") describes each argument."""
         self._check_open()
         now = time.time()
         request = SubmitRequest(

@@ -1,8 +1,9 @@
 """The one error tree of cronoq.
 
 Every refusal a user can meet is a `CronoqError` whose `code` is one of the
-contract's strings (../shared/CONTRACT.md section 4). The same code crosses
-the wire, so the broker and the embedded Scheduler raise the same classes.
+strings below (docs/api.md, "Errors", says when each is raised). The same
+code crosses the wire, so the broker and the embedded Scheduler raise the
+same classes.
 """
 
 from __future__ import annotations

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cronoq.core import CANCELLED, EXPIRED, FAILED, SUCCEEDED
 from cronoq.errors import Cancelled, CronoqError, DeadlineExceeded, TaskFailed
 from cronoq.protocol import decode_body
 
+if TYPE_CHECKING:
+    from cronoq.book import TaskInfo
+
 
 class _ResultSource(Protocol):
     async def result(self, task_id: str, timeout: float | None = None) -> Any: ...
+
+
+class _Scheduler(_ResultSource, Protocol):
+    """What a handle asks about its task: the embedded Scheduler or a broker Client."""
+
+    async def status(self, task_id: str) -> "TaskInfo": ...
+    async def cancel(self, task_id: str) -> bool: ...
 
 
 def outcome_value(task_id: str, state: str, body: bytes | None, error_type: str,
@@ -28,7 +38,11 @@ def outcome_value(task_id: str, state: str, body: bytes | None, error_type: str,
 
 
 class TaskHandle:
-    """A submitted task. `id` is a string that any client may use with `result`, `status`, `cancel`."""
+    """A submitted task. `id` is a string that any client may use with `result`, `status`, `cancel`.
+
+    `source` answers `result`: the Scheduler or Client itself, or (for a client's own submit) the
+    watch that will receive the outcome, which names its Client as `client`.
+    """
 
     __slots__ = ("id", "_source", "duplicate")
 
@@ -41,6 +55,19 @@ class TaskHandle:
     async def result(self, timeout: float | None = None) -> Any:
         """Wait for the task's value; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
         return await self._source.result(self.id, timeout=timeout)
+
+    async def status(self) -> "TaskInfo":
+        """A snapshot of the task now: state, attempts, timings (as `sched.status(id)`)."""
+        return await self._scheduler().status(self.id)
+
+    async def cancel(self) -> bool:
+        """Cancel the task if it has not been dispatched; False if it already runs or has finished."""
+        return await self._scheduler().cancel(self.id)
+
+    def _scheduler(self) -> _Scheduler:
+        # A client's handle holds its submit's watch rather than the client: the watch keeps the
+        # outcome for `result()` however late it is asked for. The watch knows its client.
+        return getattr(self._source, "client", self._source)
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.id!r})"

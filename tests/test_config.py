@@ -1,4 +1,4 @@
-"""Config loading and validation: the contract's section 2, and failing closed."""
+"""Config loading and validation: the rules of docs/configuration.md, and failing closed."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from cronoq.config import (
 from cronoq.core.settings import PoolSettings
 from cronoq.schedules import Schedule
 
-# The example of ../shared/CONTRACT.md section 2, verbatim.
+# The documented example config (every key the broker must accept), verbatim.
 CONTRACT_EXAMPLE = """\
 [broker]
 clients = "tcp://127.0.0.1:5555"   # ROUTER that clients submit to

@@ -1,6 +1,10 @@
-"""Who is asking: tokens, roles and pinned tenants (CONTRACT section 2).
+"""Who is asking: tokens, roles and pinned tenants.
 
-Presented tokens are looked up by their SHA-256 digest, so the lookup takes
+With no `[[auth.tokens]]` the broker is open and every caller may do
+everything. With any, each message carries a token: a missing or unknown
+one is `UNAUTHENTICATED`; a role doing what it may not is
+`PERMISSION_DENIED` (clients submit, wait, ask for status and cancel;
+workers serve pools; admins do everything). Presented tokens are looked up by their SHA-256 digest, so the lookup takes
 the same time however much of a secret a caller guessed right; secrets are
 never logged or echoed.
 """
@@ -21,6 +25,27 @@ CLIENT, WORKER, ADMIN = "client", "worker", "admin"
 CLIENT_ACTIONS = frozenset({"submit", "wait", "unwait", "status", "cancel", "ping"})
 WORKER_ACTIONS = frozenset({"serve", "ping"})
 
+# How a refusal names each action: "a client token may not <phrase>".
+ACTION_PHRASES = {
+    "submit": "submit tasks",
+    "wait": "wait for results",
+    "unwait": "stop waiting for results",
+    "status": "ask for a task's status",
+    "cancel": "cancel tasks",
+    "pause": "pause a pool",
+    "resume": "resume a pool",
+    "stats": "ask for the broker's statistics",
+    "reload": "reload the broker's config",
+    "serve": "serve pools",
+    "ping": "ping the broker",
+}
+
+
+def _roles_allowed(action: str) -> str:
+    """The roles that may do `action`, as a phrase: "a worker or admin"."""
+    roles = [role for role, actions in ((CLIENT, CLIENT_ACTIONS), (WORKER, WORKER_ACTIONS)) if action in actions]
+    return "a " + " or ".join([*roles, ADMIN]) if roles else "an admin"
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -40,7 +65,8 @@ class Principal:
     def require(self, action: str) -> None:
         """Raise PermissionDenied if this principal's role may not do `action`."""
         if not self.allows(action):
-            raise PermissionDenied(f"a {self.role} token may not {action}; use a token with the right role")
+            what = ACTION_PHRASES.get(action, f"do {action!r}")
+            raise PermissionDenied(f"a {self.role} token may not {what}; that takes {_roles_allowed(action)} token")
 
     def may_see_tenant(self, tenant: str | None) -> bool:
         return self.tenant is None or self.tenant == tenant
@@ -70,7 +96,10 @@ class Authenticator:
         if not self._by_digest:
             return OPEN
         if not token:
-            raise Unauthenticated("this broker requires a token: pass token=... (or set CRONOQ_TOKEN for the CLI)")
+            raise Unauthenticated(
+                "this broker requires a token and none was sent: pass token=... to cronoq.connect or "
+                "cronoq.Worker; the cronoq commands read it from the environment variable --token-env names"
+            )
         last_token, last_principal = self._last
         if hmac.compare_digest(token, last_token):
             return last_principal

@@ -6,8 +6,11 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from typing import Sequence
+
+import zmq
 
 from cronoq import logs
 from cronoq.broker.server import Broker
@@ -29,6 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="key=value lines (text, the default) or one JSON object per line")
     return parser
+
+
+def _check_free(address: str | None) -> None:
+    """Raise OSError if the metrics address ("host:port") cannot be bound now; it is served once the loop runs."""
+    if address is None:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_server((host, int(port))).close()
+    except OSError as exc:
+        raise OSError(f"cannot serve metrics at {address}: {exc.strerror or exc}") from None
 
 
 def _reload(broker: Broker) -> None:
@@ -62,19 +76,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cronoq-broker: invalid config: {exc}", file=sys.stderr)
         return 2
     broker = Broker(config)
+    # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
+    # cannot serve must not create the directory, take its lock or replay its journal.
     try:
+        broker.bind()
+        _check_free(config.metrics)
         recovered = broker.open()
-    except StoreError as exc:
+    except (OSError, StoreError) as exc:
+        zmq.Context.instance().destroy(linger=0)  # close whatever was bound
         print(f"cronoq-broker: {exc}", file=sys.stderr)
         return 1
     if recovered is not None:
         log.info("carrying on from %s: %s", config.data_dir, ", ".join(f"{n} {what}" for what, n in recovered.items()))
-    try:
-        broker.bind()
-    except OSError as exc:
-        broker.close()
-        print(f"cronoq-broker: {exc}", file=sys.stderr)
-        return 1
     import uvloop
 
     try:

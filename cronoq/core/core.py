@@ -1,7 +1,7 @@
 """SchedulerCore: the scheduler of cronoq as a pure state machine.
 
-How the pieces fit (the rules are CONTRACT.md section 5; docs/scheduling.md
-explains them at length):
+How the pieces fit (the rules are in docs/api.md, "Scheduling rules";
+docs/scheduling.md explains them at length):
 
     SchedulerCore
       _tasks    id -> Task, every live task (queued, delayed, running)

@@ -3,14 +3,14 @@
 Two interchangeable queues hold a class's tasks without a deadline:
 
 - `FairQueue` (pools with `tenant_weights` or `fair_share`): weighted
-  start-time fair queuing (SFQ) between tenants, as CONTRACT.md section 5
-  defines it. Each tenant is a *flow*: a FIFO of its tasks. Only the head of
+  start-time fair queuing (SFQ) between tenants, as docs/api.md
+  ("Scheduling rules") defines it. Each tenant is a *flow*: a FIFO of its tasks. Only the head of
   each backlogged flow carries a start tag, given when that task becomes the
   head: `S = max(V, F[t])`, where `F[t] = S_prev + 1/w` is kept per flow (0
   before its first dispatch). A heap of heads keyed by `(S, arrival seq)`
   yields the next task in O(log tenants); `V` becomes the `S` dispatched.
 
-  With fixed weights this is the contract's order: a flow that stays
+  With fixed weights this is the rules' order: a flow that stays
   backlogged gets successive tags `S, S + 1/w, ...` either way, and a flow
   that (re)starts gets `max(V, F[t])` either way. Tagging heads late is what
   lets a reload re-weight the queued backlog at once: only heads hold tags,
@@ -20,7 +20,7 @@ Two interchangeable queues hold a class's tasks without a deadline:
 - `FifoQueue` (pools without fairness): one FIFO, submission order.
 
 Tags are exact integers (see weights.py), so a tie between tags is a true
-tie, broken by arrival as the contract says.
+tie, broken by arrival as the rules say.
 
 Both queues keep their tasks in a `Chain` (chain.py), a FIFO threaded through
 the tasks themselves, and delete lazily: a cancelled task stays linked until

@@ -1,7 +1,7 @@
 """Tenant weights as exact tag steps.
 
 SFQ adds 1/w to a tenant's tag at every dispatch. In floats those sums drift
-(three steps of 1/3 fall short of 1), and ties the contract breaks by arrival
+(three steps of 1/3 fall short of 1), and ties the rules break by arrival
 would be broken by rounding instead. So every 1/w is written as an integer
 number of units of 1/scale, where scale is the lcm of the weights' numerators,
 and tags are integers. Weights are read as the decimals they were written as

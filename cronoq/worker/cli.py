@@ -11,7 +11,8 @@ import sys
 from typing import Sequence
 
 from cronoq import logs
-from cronoq.errors import CronoqError
+from cronoq.cli import unset_token_hint
+from cronoq.errors import CronoqError, Unauthenticated
 from cronoq.pool import Pool
 from cronoq.worker.runner import Worker
 
@@ -75,12 +76,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
         pools = load_pools(args.target)
+        token = os.environ.get(args.token_env) or None
         worker = Worker(
-            args.broker, pools, concurrency=args.concurrency, token=os.environ.get(args.token_env),
+            args.broker, pools, concurrency=args.concurrency, token=token,
             heartbeat_interval=args.heartbeat_interval, liveness=args.liveness,
             curve_public_key=args.curve_public_key,
         )
-        _run_loop(_serve(worker))
+        try:
+            _run_loop(_serve(worker))
+        except Unauthenticated:
+            if token is None:
+                raise Unauthenticated(unset_token_hint(args.token_env)) from None
+            raise
     except (UsageError, CronoqError) as exc:
         code = getattr(exc, "code", "usage")
         print(f"cronoq-worker: {code}: {exc}", file=sys.stderr)

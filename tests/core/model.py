@@ -1,11 +1,11 @@
-"""A naive reference scheduler: the rules of CONTRACT.md section 5, written the slow, obvious way.
+"""A naive reference scheduler: the scheduling rules of docs/api.md, written the slow, obvious way.
 
 No heaps, no lazy deletion, no counters: every decision scans the live tasks.
 It keeps only what the rules themselves define as state: the virtual time V
 of each class, F[t] and the start tag of each tenant's last dispatch in each
 class, and the arrival number each task got when it entered its class.
 
-Tags are exact Fractions here, as the contract's arithmetic is. It relies
+Tags are exact Fractions here, as the rules' arithmetic is. It relies
 on one fact shown in docs/scheduling.md: the start tag of a
 tenant's head task equals max(V, F[t]) evaluated at any moment while it is
 the head, so no task tag is stored at all. The property tests run this

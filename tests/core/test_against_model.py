@@ -3,7 +3,7 @@
 Hypothesis drives submit, dispatch, finish, requeue, cancel, expire, delays,
 time, workers coming and going, pause and reload. After every step the core
 and the model (tests/core/model.py) must agree on every decision and every
-count, and the invariants of issue 2 must hold: no expired task dispatched,
+count, and the core's invariants must hold: no expired task dispatched,
 max_in_flight respected, no task lost or dispatched twice, and every task
 ends in exactly one terminal state.
 """

@@ -1,7 +1,7 @@
 """Properties of the fair share, priorities and deadlines, over random workloads (Hypothesis).
 
 Each property drives the core one dispatch at a time with a fake clock and
-checks a guarantee of CONTRACT.md section 5 / issue 2 on the order produced:
+checks a guarantee of the scheduling rules (docs/api.md) on the order produced:
 
 - the SFQ window bound |W_i/w_i - W_j/w_j| <= 1/w_i + 1/w_j while both stay backlogged;
 - a tenant returning from idle banks no credit: its lead over its weighted

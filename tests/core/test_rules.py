@@ -1,4 +1,4 @@
-"""One test per scheduling rule of CONTRACT.md section 5, on the pure core with a fake clock.
+"""One test per scheduling rule of docs/api.md, on the pure core with a fake clock.
 
 The clock is just a float passed as `now`; nothing here sleeps or reads time.
 """

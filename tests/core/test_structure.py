@@ -111,7 +111,7 @@ def test_idle_tenants_are_swept_from_the_flow_tables():
 
 def test_a_tenant_served_while_v_stands_still_is_remembered():
     # With one task per tenant V never moves, so each served tenant's F[t] = V + 1
-    # still matters (the contract's rule) and its (small) flow record is kept.
+    # still matters (the scheduling rules') and its (small) flow record is kept.
     core = SchedulerCore([PoolSettings("p", fair_share=True)])
     core.add_worker("w", ["p"], 10**9)
     for i in range(300):

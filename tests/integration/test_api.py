@@ -81,6 +81,24 @@ async def test_cancel_a_queued_task(backend):
         assert (await sched.status(handle.id)).state == "cancelled"
 
 
+async def test_a_handle_asks_for_its_own_status_and_cancels_itself(backend):
+    async with backend.open([flaky_pool(0)]) as sched:
+        await sched.pause("work")
+        handle = await sched.submit("x", pool="work", tenant="acme")
+        info = await handle.status()
+        assert (info.id, info.state, info.tenant) == (handle.id, "queued", "acme")
+        assert await handle.cancel() is True
+        assert await handle.cancel() is False
+        assert (await handle.status()).state == "cancelled"
+        with pytest.raises(cronoq.Cancelled):
+            await handle.result(timeout=10)
+        await sched.resume("work")
+        done = await sched.submit("y", pool="work")
+        await done.result(timeout=10)
+        assert (await done.status()).state == "succeeded"
+        assert await done.cancel() is False
+
+
 async def test_a_delayed_task_waits_then_runs(backend):
     async with backend.open([flaky_pool(0)]) as sched:
         handle = await sched.submit("x", pool="work", delay=datetime.timedelta(seconds=0.3))
@@ -127,6 +145,10 @@ async def test_a_cancelled_waiter_leaves_the_others_waiting_on_the_same_task(bac
     ({"priority": "urgent"}, "priority"),
     ({"deadline": "soon"}, "deadline"),
     ({"deadline": datetime.datetime(2030, 1, 1)}, "aware datetime"),
+    ({"deadline": -5}, "deadline must be more than 0 seconds from now"),
+    ({"deadline": 0}, "deadline must be more than 0 seconds from now"),
+    ({"deadline": datetime.timedelta(seconds=-1)}, "deadline must be more than 0 seconds from now"),
+    ({"deadline": datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)}, "deadline must be more than 0"),
     ({"delay": -1}, "delay"),
     ({"max_retries": -1}, "max_retries"),
     ({"tenant": ""}, "tenant"),

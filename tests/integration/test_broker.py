@@ -8,7 +8,7 @@ import signal
 import pytest
 
 import cronoq
-from tests.support import BrokerProcess, run_command, start_worker_process, write_config
+from tests.support import BrokerProcess, free_port, run_command, start_worker_process, write_config
 
 TOKENS = {
     "T_ACME": "acme-client-secret",
@@ -228,3 +228,37 @@ def test_worker_command_line_mistakes_are_clear(target, problem):
     result = run_command(["-m", "cronoq.worker.cli", "--broker", "tcp://127.0.0.1:1", target])
     assert result.returncode == 2 and problem in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_worker_names_its_unset_token_variable(broker_factory):
+    broker = broker_factory(AUTH_TOML, env=TOKENS)
+    result = run_command(["-m", "cronoq.worker.cli", "--broker", broker.workers, "--token-env", "CRONOQ_NOPE_FOR_TEST",
+                          "tests.apps.echo:default"], env=TOKENS)
+    assert result.returncode == 2 and "UNAUTHENTICATED" in result.stderr
+    assert "CRONOQ_NOPE_FOR_TEST is not set" in result.stderr
+    assert "CRONOQ_TOKEN" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_worker_with_a_client_token_is_told_which_role_it_needs(broker_factory):
+    broker = broker_factory(AUTH_TOML, env=TOKENS)
+    result = run_command(["-m", "cronoq.worker.cli", "--broker", broker.workers, "--token-env", "T_CLIENT",
+                          "tests.apps.echo:default"], env=TOKENS)
+    assert result.returncode == 2
+    assert "a client token may not serve pools; that takes a worker or admin token" in result.stderr
+
+
+@pytest.mark.parametrize("busy", ["clients", "workers", "metrics"])
+def test_a_broker_that_cannot_bind_leaves_data_dir_alone(broker_factory, tmp_path, busy):
+    first = broker_factory("", name="first.toml", broker_extra=f'metrics = "127.0.0.1:{free_port()}"')
+    endpoints = {"clients": f"tcp://127.0.0.1:{free_port()}", "workers": f"tcp://127.0.0.1:{free_port()}",
+                 "metrics": f"127.0.0.1:{free_port()}"}
+    taken = {"clients": first.clients, "workers": first.workers,
+             "metrics": first.config_path.read_text().split('metrics = "')[1].split('"')[0]}
+    endpoints[busy] = taken[busy]
+    second = tmp_path / "second.toml"
+    second.write_text(f'[broker]\nclients = "{endpoints["clients"]}"\nworkers = "{endpoints["workers"]}"\n'
+                      f'metrics = "{endpoints["metrics"]}"\ndata_dir = "second-data"\n')
+    result = run_command(["-m", "cronoq.broker.cli", "-c", str(second), "--log-level", "INFO"])
+    assert result.returncode == 1 and taken[busy] in result.stderr and "Traceback" not in result.stderr
+    assert "carrying on" not in result.stderr
+    assert not (tmp_path / "second-data").exists()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import subprocess
+import sys
 
 import cronoq
-from tests.support import free_port, run_command, until
+from cronoq.cli import build_parser
+from tests.support import _env, free_port, run_command, until
 
 TWO_TENANTS = """
 [[pools]]
@@ -36,7 +40,7 @@ def test_status_and_top_show_a_known_backlog_of_two_tenants(broker_factory):
     for tenant, count in (("acme", 3), ("globex", 5)):
         for _ in range(count):
             assert cli(broker, "submit", '{"n": 1}', "--pool", "llm", "--tenant", tenant).returncode == 0
-    assert cli(broker, "submit", "x", "--pool", "llm", "--tenant", "acme", "--priority", "critical").returncode == 0
+    assert cli(broker, "submit", '"x"', "--pool", "llm", "--tenant", "acme", "--priority", "critical").returncode == 0
 
     result = cli(broker, "status", "--json")
     assert result.returncode == 0, result.stderr
@@ -114,3 +118,115 @@ async def test_status_reports_the_dispatch_rate(broker_factory):
     finally:
         await worker.stop()
         await running
+
+
+def test_an_unset_token_variable_is_named(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    result = cli(broker, "status", "--token-env", "CRONOQ_NOPE_FOR_TEST")
+    assert result.returncode == 1 and "UNAUTHENTICATED" in result.stderr
+    assert "CRONOQ_NOPE_FOR_TEST is not set" in result.stderr and "CRONOQ_TOKEN" not in result.stderr
+    empty = cli(broker, "status", "--token-env", "CRONOQ_EMPTY_FOR_TEST", env={**ENV, "CRONOQ_EMPTY_FOR_TEST": ""})
+    assert empty.returncode == 1 and "CRONOQ_EMPTY_FOR_TEST is empty" in empty.stderr
+
+
+def test_permission_refusals_read_as_sentences(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    as_client = {**ENV, "CRONOQ_TOKEN": ENV["T_CLIENT"]}
+    stats = cli(broker, "status", env=as_client)
+    assert stats.returncode == 1
+    assert "a client token may not ask for the broker's statistics; that takes an admin token" in stats.stderr
+    pause = cli(broker, "pause", "llm", env=as_client)
+    assert "a client token may not pause a pool; that takes an admin token" in pause.stderr
+
+
+async def test_a_payload_that_is_not_json_is_refused_unless_sent_as_text(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    for bad in ("{bad json", "hello"):
+        refused = await asyncio.to_thread(cli, broker, "submit", bad, "--pool", "llm")
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert "PAYLOAD is not valid JSON" in refused.stderr and "--text" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert json.loads((await asyncio.to_thread(cli, broker, "status", "--json")).stdout)["pools"]["llm"]["queued"] == 0
+
+    async def echo(payload):
+        return payload
+
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("llm", echo), token=ENV["T_ADMIN"], heartbeat_interval=0.2)
+    running = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        as_text = await asyncio.to_thread(cli, broker, "submit", "{bad json", "--text", "--pool", "llm", "--wait")
+        assert as_text.returncode == 0, as_text.stderr
+        assert json.loads(as_text.stdout.splitlines()[1]) == "{bad json"
+        as_json = await asyncio.to_thread(cli, broker, "submit", '{"k": [1]}', "--pool", "llm", "--wait")
+        assert json.loads(as_json.stdout.splitlines()[1]) == {"k": [1]}
+    finally:
+        await worker.stop()
+        await running
+
+
+def test_a_deadline_that_is_not_in_the_future_is_refused_before_sending():
+    nowhere = f"tcp://127.0.0.1:{free_port()}"
+    for deadline in ("0", "-5"):
+        refused = run_command(["-m", "cronoq.cli", "submit", "1", "--deadline", deadline, "--broker", nowhere,
+                               "--timeout", "0.5"])
+        assert refused.returncode == 2 and "--deadline" in refused.stderr and "UNAVAILABLE" not in refused.stderr
+        assert "more than 0 seconds" in refused.stderr
+
+
+def test_inspect_json_shows_missing_values_as_null(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    cli(broker, "pause", "llm")
+    task_id = cli(broker, "submit", "1", "--pool", "llm").stdout.strip()
+    shown = json.loads(cli(broker, "inspect", task_id, "--json").stdout)
+    assert shown["tenant"] is None and shown["started_at"] is None and shown["finished_at"] is None
+    assert shown["deadline"] is None and shown["last_error"] is None
+    assert isinstance(shown["submitted_at"], str)
+    assert "-" not in shown.values()
+
+
+def test_keygen_refuses_to_replace_a_key_pair_without_force(tmp_path):
+    keys = tmp_path / "keys"
+    assert run_command(["-m", "cronoq.cli", "keygen", "--dir", str(keys)]).returncode == 0
+    public = (keys / "broker.key").read_text()
+    again = run_command(["-m", "cronoq.cli", "keygen", "--dir", str(keys)])
+    assert again.returncode == 1 and "already exists" in again.stderr and "--force" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert (keys / "broker.key").read_text() == public, "the old pair is untouched"
+    forced = run_command(["-m", "cronoq.cli", "keygen", "--dir", str(keys), "--force"])
+    assert forced.returncode == 0, forced.stderr
+    assert (keys / "broker.key").read_text() != public
+
+
+def test_top_refuses_an_interval_that_would_flood_the_broker():
+    for interval in ("0", "-1", "0.01"):
+        refused = run_command(["-m", "cronoq.cli", "top", "--interval", interval])
+        assert refused.returncode == 2 and "--interval" in refused.stderr and "at least 0.1" in refused.stderr
+
+
+def test_top_into_a_pipe_that_closes_ends_quietly(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cronoq.cli", "top", "--interval", "0.1", "--broker", broker.clients],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(ENV), text=True,
+    )
+    first = proc.stdout.readline()  # like `cronoq top | head -1`
+    proc.stdout.close()
+    try:
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read()
+    assert "cronoq top" in first and "\x1b[" not in first, "no screen control codes into a pipe"
+    assert code == 0 and stderr == ""
+
+
+def test_every_subcommand_and_option_explains_itself():
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        assert sub.description, f"`cronoq {name} --help` has no description"
+        for action in sub._actions:
+            assert action.help, f"`cronoq {name}` {action.option_strings or action.dest} has no help text"
+    shown = run_command(["-m", "cronoq.cli", "submit", "--help"])
+    assert shown.returncode == 0 and "--text" in shown.stdout and "idempotency" in shown.stdout

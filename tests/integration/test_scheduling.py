@@ -1,4 +1,4 @@
-"""The contract's scheduling rules, end to end, against both backends.
+"""The scheduling rules (docs/api.md), end to end, against both backends.
 
 Each test queues a known backlog while its pool is paused, resumes it, and
 reads the dispatch order back from the handler (a counter), with one slot so
