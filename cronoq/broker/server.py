@@ -74,7 +74,9 @@ SPARE_DESCRIPTORS = 64
 # Seconds over which `stats` reports each pool's dispatch rate.
 RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
-RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file")
+# max_payload_bytes is among them: libzmq fixes the largest frame it accepts when the sockets bind.
+RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file",
+                "max_payload_bytes", "auth_timeout", "max_connections", "connection_buffer_bytes")
 
 
 class Broker:
@@ -126,7 +128,8 @@ class Broker:
     def open(self) -> dict[str, int] | None:
         """Lock data_dir and carry on from the state it holds; returns what recovery did (None: no data_dir).
 
-        Raises StoreError when the directory cannot be used. Call before `bind()`.
+        Raises StoreError when the directory cannot be used. `cronoq-broker` calls it after `bind()`, so that a
+        broker that cannot have its ports leaves data_dir untouched.
         """
         return self._data.open(self._clock())
 
@@ -467,7 +470,6 @@ class Broker:
             new = dataclasses.replace(new, **{key: getattr(self.config, key) for key in needs_restart})
         old_pools = {pool.name for pool in self.config.pools}
         self._book.configure(new.pools)
-        self._book.max_payload_bytes = new.max_payload_bytes
         self._book.max_deliveries = new.max_deliveries
         self._book.result_ttl = new.result_ttl
         self._auth = Authenticator(new.tokens)
