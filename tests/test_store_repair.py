@@ -155,6 +155,27 @@ def test_a_missing_data_dir_has_nothing_to_repair(tmp_path):
 
 def test_a_data_dir_in_use_is_not_repaired(tmp_path):
     world = World(tmp_path)
-    with pytest.raises(journal_module.StoreError, match="is in use by another broker"):
+    with pytest.raises(journal_module.StoreError, match=r"is in use by another broker \(pid \d+\): stop it before"):
         _repair(tmp_path)
     world.journal.close()
+
+
+def test_a_snapshot_whose_header_is_lost_is_repaired_with_every_journal_replayed_after_it(tmp_path):
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=0)
+    tasks = [world.book.submit(SubmitRequest(bytes([n]), pool="a"), world.now)[0] for n in range(5)]
+    world.journal.commit()
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    world.book.cancel(tasks[0].id, world.now)
+    world.journal.commit()
+    world.crash()
+    _flip(tmp_path / SNAPSHOT, frames.HEADER_SIZE + 3)
+    with pytest.raises(DamagedFile, match="snapshot is damaged at offset 0: "):
+        Journal.open(tmp_path)
+    status, report = _repair(tmp_path)
+    assert status == 0, report
+    assert "snapshot: its header frame is lost; 2 intact frames, 5 records" in report
+    assert "every journal was replayed after it" in report
+    journal, replay = Journal.open(tmp_path)
+    assert [r.state for r in replay.records.values()] == ["queued"] * 4 + ["cancelled"]
+    assert journal.generation == 3
+    journal.close()

@@ -98,7 +98,7 @@ class Gap:
     end: int
     what: str
     torn: bool
-    """A torn tail (see the module's rule): it runs to the end of the file and nothing intact follows."""
+    """A torn tail (see the module's rule), which runs to the end of the file; else damage."""
 
 
 class FrameReader:

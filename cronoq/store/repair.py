@@ -104,7 +104,10 @@ def repair(data_dir: Path, out: TextIO = sys.stdout) -> int:
     if not data_dir.is_dir() or not ((data_dir / SNAPSHOT).exists() or journal_generations(data_dir)):
         print(f"{data_dir} holds no journal or snapshot: nothing to repair, nothing changed", file=out)
         return 0
-    lock_fd, created = lock(data_dir)
+    try:
+        lock_fd, created = lock(data_dir)
+    except StoreError as exc:
+        raise StoreError(f"{str(exc).split(';')[0]}: stop it before repairing") from None
     changed = False
     try:
         found = survey(data_dir)
