@@ -17,7 +17,7 @@ import pytest
 from cronoq.book import SubmitRequest, TaskBook
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.store import frames
-from cronoq.store.journal import SNAPSHOT, Journal, StoreError, journal_path
+from cronoq.store.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path
 from cronoq.store.replay import Replay
 from tests.support import peer
 
@@ -189,24 +189,34 @@ def test_a_torn_tail_is_reported_and_cut_at_every_offset(tmp_path, caplog):
         with caplog.at_level(logging.WARNING, logger="cronoq.store"):
             again = World(tmp_path)
         assert picture(again.book) == pictures[2]
-        assert f"{path}: torn or corrupt tail at offset {last_frame_at}" in caplog.text
+        assert f"{path}: torn tail at offset {last_frame_at}" in caplog.text
         assert path.stat().st_size == last_frame_at
         again.crash()
 
 
-def test_a_corrupt_frame_in_the_middle_cuts_the_journal_there(tmp_path, caplog):
-    world, pictures = _committed_world(tmp_path, 4)
+def _files(data_dir: Path) -> dict[str, bytes]:
+    """Every file in data_dir and its bytes (the lock file included)."""
+    return {p.name: p.read_bytes() for p in sorted(data_dir.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("frame", [0, 2, 3])
+def test_a_corrupt_frame_followed_by_intact_ones_refuses_to_start_and_changes_nothing(tmp_path, frame):
+    world, _ = _committed_world(tmp_path, 4)
     path = journal_path(tmp_path, world.journal.generation)
     offsets = [offset for offset, _ in frames.FrameReader(path)]
     data = bytearray(path.read_bytes())
-    data[offsets[2] + frames.HEADER_SIZE + 3] ^= 0xFF  # flip a byte inside the second commit
+    data[offsets[frame] + frames.HEADER_SIZE + 3] ^= 0x10  # one bit inside the header frame, or a commit
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="cronoq.store"):
-        again = World(tmp_path)
-    assert picture(again.book) == pictures[1]
-    assert "checksum" in caplog.text and f"offset {offsets[2]}" in caplog.text
-
-
+    (tmp_path / "snapshot.tmp").write_bytes(b"half a snapshot")  # a leftover that a successful start removes
+    before = _files(tmp_path)
+    with pytest.raises(DamagedFile) as refused:
+        World(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path} is damaged at offset {offsets[frame]}: a frame of ")
+    assert f"checksum does not match; intact frames follow at offset {offsets[frame + 1]}; refusing" in message
+    assert message.endswith("run: cronoq-broker --repair")
+    assert _files(tmp_path) == before
 def test_compaction_keeps_the_state_and_drops_old_journals(tmp_path):
     world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
     random_workload(world, random.Random(7), 400)
@@ -263,8 +273,12 @@ def test_a_damaged_snapshot_or_an_unknown_format_refuses_to_start(tmp_path):
     snapshot = tmp_path / SNAPSHOT
     whole = snapshot.read_bytes()
     snapshot.write_bytes(whole[:-3])
-    with pytest.raises(StoreError, match="snapshot is damaged"):
+    before = _files(tmp_path)
+    end_at = len(whole) - frames.HEADER_SIZE - 7  # the End record's frame: 7 bytes of body
+    with pytest.raises(DamagedFile, match=f"^{snapshot} is damaged at offset {end_at}: a frame of 7 bytes "
+                                          "cut off after 4 by the end of the file; refusing to start"):
         Journal.open(tmp_path)
+    assert _files(tmp_path) == before
     snapshot.write_bytes(whole)
     journal = journal_path(tmp_path, 2)
     journal.write_bytes(b"")

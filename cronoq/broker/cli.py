@@ -1,13 +1,15 @@
-"""`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM."""
+"""`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import shlex
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import zmq
@@ -16,7 +18,8 @@ from cronoq import logs
 from cronoq.broker.server import Broker
 from cronoq.errors import CronoqError
 from cronoq.config import BrokerConfig, ConfigError, default_config, load_config
-from cronoq.store.journal import StoreError
+from cronoq.store.journal import DamagedFile, StoreError
+from cronoq.store.repair import repair
 
 log = logging.getLogger("cronoq.broker")
 
@@ -31,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="key=value lines (text, the default) or one JSON object per line")
+    parser.add_argument("--repair", action="store_true",
+                        help="repair a damaged data_dir instead of serving: copy its files to data_dir/damaged-TIME/, "
+                             "rebuild it from every intact frame, report what was lost, and exit")
     return parser
 
 
@@ -75,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"cronoq-broker: invalid config: {exc}", file=sys.stderr)
         return 2
+    if args.repair:
+        return _repair(config, args.config)
     broker = Broker(config)
     # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
     # cannot serve must not create the directory, take its lock or replay its journal.
@@ -84,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         recovered = broker.open()
     except (OSError, StoreError) as exc:
         zmq.Context.instance().destroy(linger=0)  # close whatever was bound
+        if isinstance(exc, DamagedFile):
+            exc.repair_command = _repair_command(args.config)
         print(f"cronoq-broker: {exc}", file=sys.stderr)
         return 1
     if recovered is not None:
@@ -100,6 +110,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cronoq-broker: {broker.failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def _repair_command(config_file: str | None) -> str:
+    """The command line that repairs the data_dir of this config."""
+    return f"cronoq-broker -c {shlex.quote(config_file)} --repair" if config_file else "cronoq-broker --repair"
+
+
+def _repair(config: BrokerConfig, config_file: str | None) -> int:
+    """`--repair`: repair the config's data_dir and exit (0: healthy or repaired)."""
+    if config.data_dir is None:
+        print('cronoq-broker: nothing to repair: with durability = "none" the broker keeps no data_dir',
+              file=sys.stderr)
+        return 1
+    try:
+        return repair(Path(config.data_dir))
+    except (StoreError, OSError) as exc:
+        print(f"cronoq-broker --repair: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

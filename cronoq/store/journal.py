@@ -25,21 +25,33 @@ start journal g+1, write the snapshot (generation g+1) to a temporary file,
 fsync, rename it over the old one, then delete the journals before g+1. A
 crash at any point leaves an old snapshot with all the journals after it, or
 the new snapshot with the new journal; recovery replays whichever it finds.
+
+Opening reads every file first, changing nothing (cronoq.store.reading: a
+torn tail is fine, damage is refused); only then does it tidy up — cut torn
+tails, delete leftovers — and take the directory over.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import msgspec
-
 from cronoq.book import TaskRecord
 from cronoq.store import frames
+from cronoq.store.reading import (
+    SNAPSHOT,
+    DamagedFile,
+    State,
+    StoreError,
+    claim,
+    journal_generations,
+    journal_path,
+    lock,
+    read_state,
+    release,
+)
 from cronoq.store.records import (
     FORMAT,
     Accepted,
@@ -52,15 +64,14 @@ from cronoq.store.records import (
     Paused,
     Record,
     Requeued,
-    decode_batch,
     encode,
 )
 from cronoq.store.replay import Replay, record_to_kept
 
+__all__ = ["COMPACT_MIN_BYTES", "COMPACT_RATIO", "SNAPSHOT", "DamagedFile", "Journal", "StoreError", "journal_path"]
+
 log = logging.getLogger("cronoq.store")
 
-SNAPSHOT = "snapshot"
-_JOURNAL = re.compile(r"journal\.(\d{8})")
 SNAPSHOT_FRAME_RECORDS = 1024
 """Records per snapshot frame: big enough to encode fast, small enough to read back in pieces."""
 
@@ -68,14 +79,6 @@ COMPACT_MIN_BYTES = 64 << 20
 """A journal smaller than this is never compacted: replaying it takes well under a second."""
 COMPACT_RATIO = 4
 """Compact when the journal holds this many times more records than there are kept tasks."""
-
-
-class StoreError(Exception):
-    """The data directory cannot be used (locked, unreadable, of an unknown format); the message says why."""
-
-
-def journal_path(data_dir: Path, generation: int) -> Path:
-    return data_dir / f"journal.{generation:08d}"
 
 
 class Journal:
@@ -104,50 +107,39 @@ class Journal:
              compact_ratio: float = COMPACT_RATIO) -> tuple["Journal", Replay]:
         """Lock `data_dir`, read back its state, and return the journal ready to append, with what it read.
 
-        A torn or corrupt tail of a journal is reported (file, offset) and cut
-        off. Raises StoreError when the directory is in use, unreadable, or
-        holds a damaged snapshot or a format this version does not know.
+        A torn tail of a journal is reported (file, offset) and cut off.
+        Raises StoreError when the directory is in use or unreadable, and
+        DamagedFile (a StoreError) when a file is damaged; then nothing in
+        the directory has been changed.
         """
         try:
             data_dir.mkdir(parents=True, exist_ok=True)
-            lock_fd = _lock(data_dir)
+            lock_fd, created = lock(data_dir)
         except OSError as exc:
             raise StoreError(f"cannot use data_dir {data_dir}: {exc.strerror or exc}") from None
         try:
-            return cls._recover(data_dir, lock_fd, fsync_each_commit, compact_min_bytes, compact_ratio)
+            state = read_state(data_dir)
+        except OSError as exc:
+            release(data_dir, lock_fd, created)
+            raise StoreError(f"cannot read data_dir {data_dir}: {exc.strerror or exc} ({exc.filename or ''})") from None
+        except BaseException:
+            release(data_dir, lock_fd, created)
+            raise
+        try:
+            claim(lock_fd)
+            fd = _tidy(data_dir, state)
+        except OSError as exc:
+            os.close(lock_fd)
+            raise StoreError(f"cannot write to data_dir {data_dir}: {exc.strerror or exc} ({exc.filename or ''})") \
+                from None
         except BaseException:
             os.close(lock_fd)
             raise
-
-    @classmethod
-    def _recover(cls, data_dir: Path, lock_fd: int, fsync_each_commit: bool, compact_min_bytes: int,
-                 compact_ratio: float) -> tuple["Journal", Replay]:
-        try:
-            for leftover in data_dir.glob("*.tmp"):  # a snapshot whose write was cut short
-                leftover.unlink()
-            replay = Replay()
-            snapshot = data_dir / SNAPSHOT
-            first = _read_snapshot(snapshot, replay) if snapshot.exists() else 1
-            generations = sorted(int(m.group(1)) for p in data_dir.iterdir() if (m := _JOURNAL.fullmatch(p.name)))
-            for old in (g for g in generations if g < first):  # a compaction finished but did not clean up
-                journal_path(data_dir, old).unlink()
-            live = [g for g in generations if g >= first] or [first]
-            total_bytes = 0
-            before = replay.applied
-            for generation in live:
-                total_bytes += _replay_journal(journal_path(data_dir, generation), generation, replay)
-            if replay.orphans:
-                log.warning("%s: %d journal records named tasks that were never recorded as accepted (after a "
-                            "damaged file); they were skipped", data_dir, replay.orphans)
-            current = live[-1]
-            fd = os.open(journal_path(data_dir, current), os.O_WRONLY | os.O_APPEND)
-        except OSError as exc:
-            raise StoreError(f"cannot read data_dir {data_dir}: {exc.strerror or exc} ({exc.filename or ''})") from None
-        journal = cls(data_dir, lock_fd, current, fd, fsync_each_commit=fsync_each_commit,
+        journal = cls(data_dir, lock_fd, state.generation, fd, fsync_each_commit=fsync_each_commit,
                       compact_min_bytes=compact_min_bytes, compact_ratio=compact_ratio)
-        journal.bytes = total_bytes
-        journal.records = replay.applied - before
-        return journal, replay
+        journal.bytes = state.journal_bytes
+        journal.records = state.journal_records
+        return journal, state.replay
 
     # ----------------------------------------------------------------- changes (called by the task book)
 
@@ -209,16 +201,11 @@ class Journal:
         """Replace the snapshot and the journals with a snapshot of `kept` and a fresh journal; returns its size."""
         self.commit()
         generation = self.generation + 1
-        fd = _create_journal(self.data_dir, generation)
+        fd = create_journal(self.data_dir, generation)
         os.close(self._fd)
         self._fd, self.generation = fd, generation
         self._unsynced = False
-        size = frames.write_atomically(self.data_dir / SNAPSHOT, _snapshot_frames(generation, kept, paused))
-        for path in self.data_dir.iterdir():
-            m = _JOURNAL.fullmatch(path.name)
-            if m and int(m.group(1)) < generation:
-                path.unlink()
-        frames.fsync_dir(self.data_dir)
+        size = install_snapshot(self.data_dir, generation, kept, paused)
         self.bytes = self.records = 0
         return size
 
@@ -244,21 +231,27 @@ class Journal:
 # --------------------------------------------------------------------- files
 
 
-def _lock(data_dir: Path) -> int:
-    fd = os.open(data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StoreError(f"data_dir {data_dir} is in use by another broker (pid {holder}); "
-                         "give each broker its own data_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
+def _tidy(data_dir: Path, state: State) -> int:
+    """After a successful read: cut torn tails, drop leftovers, create missing journals; returns the fd to append to."""
+    for leftover in state.leftovers:  # a snapshot whose write was cut short
+        leftover.unlink()
+    for old in state.stale:  # a compaction finished but did not clean up
+        old.unlink()
+    if state.replay.orphans:
+        log.warning("%s: %d journal records named tasks that were never recorded as accepted; they were skipped",
+                    data_dir, state.replay.orphans)
+    for read in state.torn:
+        gap = read.gaps[0]
+        log.warning("%s: torn tail at offset %d (%s): cutting off its last %d bytes, a write that a crash cut "
+                    "short", read.path, gap.start, gap.what, read.size - read.end)
+        frames.truncate(read.path, read.end)
+    for generation in state.fresh:
+        os.close(create_journal(data_dir, generation))
+        state.journal_bytes += journal_path(data_dir, generation).stat().st_size
+    return os.open(journal_path(data_dir, state.generation), os.O_WRONLY | os.O_APPEND)
 
 
-def _create_journal(data_dir: Path, generation: int) -> int:
+def create_journal(data_dir: Path, generation: int) -> int:
     """A new, durable journal file holding only its header; returns its fd (append mode)."""
     path = journal_path(data_dir, generation)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -266,6 +259,17 @@ def _create_journal(data_dir: Path, generation: int) -> int:
     os.fsync(fd)
     frames.fsync_dir(data_dir)
     return fd
+
+
+def install_snapshot(data_dir: Path, generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> int:
+    """Replace the snapshot atomically with one of `kept` naming `generation`, then delete the journals before
+    it (journal `generation` must exist already). Returns the snapshot's size."""
+    size = frames.write_atomically(data_dir / SNAPSHOT, _snapshot_frames(generation, kept, paused))
+    for old in journal_generations(data_dir):
+        if old < generation:
+            journal_path(data_dir, old).unlink()
+    frames.fsync_dir(data_dir)
+    return size
 
 
 def _snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> Iterator[bytes]:
@@ -282,70 +286,3 @@ def _snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterab
     if chunk:
         yield encode(chunk)
     yield encode([End(count)])
-
-
-def _decode(path: Path, offset: int, body: bytes) -> list[Record]:
-    try:
-        return decode_batch(body)
-    except msgspec.DecodeError as exc:
-        # The checksum matched, so this is no torn write: a newer format, or a bug. Guessing could lose tasks.
-        raise StoreError(f"{path}: offset {offset}: a record this version of cronoq cannot read ({exc}); "
-                         "refusing to start") from None
-
-
-def _check_header(path: Path, batch: list[Record], kind: str) -> Header:
-    header = batch[0] if batch else None
-    if not isinstance(header, Header) or header.kind != kind:
-        raise StoreError(f"{path}: not a cronoq {kind} file (its first frame is no {kind} header)")
-    if header.format != FORMAT:
-        raise StoreError(f"{path}: format {header.format}, but this version of cronoq reads format {FORMAT}")
-    return header
-
-
-def _read_snapshot(path: Path, replay: Replay) -> int:
-    """Apply a snapshot; returns its generation. A damaged snapshot is refused, never half-used."""
-    reader = frames.FrameReader(path)
-    generation = 0
-    count = 0
-    ended = False
-    for offset, body in reader:
-        batch = _decode(path, offset, body)
-        if offset == 0:
-            generation = _check_header(path, batch, "snapshot").generation
-            batch = batch[1:]
-        for record in batch:
-            if isinstance(record, End):
-                ended = record.count == count
-            else:
-                count += 1
-                replay.apply(record)
-    if reader.problem is not None or not ended:
-        # Snapshots are written to a temporary file, fsynced, then renamed: a damaged one means the disk
-        # lost data. Starting without it would silently drop tasks, so say so and stop.
-        where = f"at offset {reader.end}: {reader.problem}" if reader.problem else "it ends early"
-        raise StoreError(f"{path} is damaged ({where}); it cannot be trusted. Move it away to start from the "
-                         "journals alone (tasks only in the snapshot are then lost)")
-    return generation
-
-
-def _replay_journal(path: Path, generation: int, replay: Replay) -> int:
-    """Apply one journal; cut off a torn or corrupt tail (reported). Returns the intact size."""
-    if not path.exists():
-        os.close(_create_journal(path.parent, generation))
-        return path.stat().st_size
-    reader = frames.FrameReader(path)
-    for offset, body in reader:
-        batch = _decode(path, offset, body)
-        if offset == 0:
-            _check_header(path, batch, "journal")
-            batch = batch[1:]
-        for record in batch:
-            replay.apply(record)
-    if reader.problem is not None:
-        log.warning("%s: torn or corrupt tail at offset %d (%s): cutting off its last %d bytes, a write that "
-                    "a crash cut short", path, reader.end, reader.problem, reader.size - reader.end)
-        frames.truncate(path, reader.end)
-    if reader.end == 0:  # created but its header never made it: start it afresh
-        os.close(_create_journal(path.parent, generation))
-        return path.stat().st_size
-    return reader.end

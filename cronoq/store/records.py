@@ -12,7 +12,9 @@ format it does not know instead of guessing.
 
 from __future__ import annotations
 
-from typing import Union
+import heapq
+import re
+from typing import Iterator, Union
 
 import msgspec
 
@@ -131,3 +133,36 @@ _decoder = msgspec.msgpack.Decoder(list[Record])
 def decode_batch(body: bytes) -> list[Record]:
     """The records of one frame. Raises msgspec.DecodeError on a body this format cannot read."""
     return _decoder.decode(body)
+
+
+# Where a frame body can begin, for resynchronising past damage (cronoq.store.frames): a body is a msgpack
+# array (fixarray, array16 or array32) whose first item is a record, itself an array (fixarray or array16)
+# whose first item is one of the tags above as a short string. Searching for the tags runs at C speed; the
+# bytes before each are then checked for the two array headers.
+_TAG = re.compile(rb"\xa1[adrfxpk]|\xa3end|\xa6cronoq")
+_FIXARRAY = range(0x91, 0xA0)
+
+
+def batch_starts(buf: bytes, start: int) -> Iterator[int]:
+    """Ascending offsets >= `start` where an encoded batch could begin (every real one is among them)."""
+    pending: list[int] = []  # a min-heap: one tag's candidates can lie a few bytes before the previous tag's
+    for match in _TAG.finditer(buf, start):
+        tag = match.start()
+        while pending and pending[0] < tag - 8:  # the earliest a later tag can name
+            yield heapq.heappop(pending)
+        for record in _array_headers_before(buf, tag, array32=False):
+            for body in _array_headers_before(buf, record, array32=True):
+                if body >= start:
+                    heapq.heappush(pending, body)
+    while pending:
+        yield heapq.heappop(pending)
+
+
+def _array_headers_before(buf: bytes, item: int, *, array32: bool) -> Iterator[int]:
+    """Offsets of the array headers that could end just before `item` (fixarray, array16, array32)."""
+    if item >= 1 and buf[item - 1] in _FIXARRAY:
+        yield item - 1
+    if item >= 3 and buf[item - 3] == 0xDC:
+        yield item - 3
+    if array32 and item >= 5 and buf[item - 5] == 0xDD:
+        yield item - 5

@@ -33,6 +33,8 @@ class Replay:
         self.applied = 0
         self.orphans = 0
         """Changes of tasks this replay never saw accepted (only after a damaged file); skipped."""
+        self.orphan_ids: set[str] = set()
+        """The tasks those changes named, unless later forgotten: lost with the damage."""
 
     def apply(self, change: Record) -> None:
         self.applied += 1
@@ -72,6 +74,7 @@ class Replay:
             case Forgotten():
                 if records.pop(change.id, None) is None:
                     self.orphans += 1
+                    self.orphan_ids.discard(change.id)  # lost, but it would be gone by now anyway
             case Paused():
                 if change.paused:
                     self.paused.add(change.pool)
@@ -85,8 +88,12 @@ class Replay:
     def _get(self, task_id: str) -> TaskRecord | None:
         record = self.records.get(task_id)
         if record is None:
-            self.orphans += 1
+            self._orphan(task_id)
         return record
+
+    def _orphan(self, task_id: str) -> None:
+        self.orphans += 1
+        self.orphan_ids.add(task_id)
 
 
 def kept_to_record(kept: Kept) -> TaskRecord:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import msgspec
@@ -18,6 +19,8 @@ import zmq
 import cronoq
 import cronoq.transport
 from cronoq import protocol
+from cronoq.store.frames import HEADER_SIZE, FrameReader
+from cronoq.store.records import Accepted, decode_batch
 from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
 
 WAIT = 30.0
@@ -324,6 +327,95 @@ async def test_a_flood_past_max_backlog_is_refused_and_nothing_accepted_is_lost(
             for tenant, handles in accepted.items():
                 assert [await h.result(timeout=WAIT) for h in handles] == [[tenant, n] for n in range(len(handles))]
         assert (await client.submit("room again", pool="capped", tenant="e")).id
+
+
+# --------------------------------------------------------------------- a damaged journal
+
+
+def _files(data_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(data_dir).as_posix(): p.read_bytes() for p in sorted(data_dir.rglob("*")) if p.is_file()}
+
+
+def _flip_bit(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+def _start_is_refused(config: Path, data_dir: Path, journal: Path, offset: int) -> None:
+    """`cronoq-broker -c config` exits 1 with one line naming the file and offset, and changes nothing."""
+    before = _files(data_dir)
+    result = run_command(["-m", "cronoq.broker.cli", "-c", str(config)], cwd=config.parent)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"cronoq-broker: {journal} is damaged at offset {offset}: "), result.stderr
+    assert result.stderr.rstrip().endswith(f"run: cronoq-broker -c {config} --repair"), result.stderr
+    assert _files(data_dir) == before
+
+
+async def test_a_damaged_journal_stops_the_broker_untouched_and_repair_brings_back_every_intact_task(
+        broker_factory, restarted):
+    broker = broker_factory('[[pools]]\nname = "held"\n', name="damage.toml")
+    config, data_dir = broker.config_path, broker.config_path.parent / "damage-data"
+    async with cronoq.connect(broker.clients) as client:
+        await client.pause("held")  # the tasks stay queued, and so in the journal as accepted
+        handles = [await client.submit(n, pool="held", tenant="acme") for n in range(60)]
+        assert await client.cancel(handles[10].id)  # a later record that names task 10
+    assert broker.stop() == 0
+    journal = data_dir / "journal.00000001"
+    offsets, frame_of = [], {}
+    for n, (offset, body) in enumerate(FrameReader(journal)):
+        offsets.append(offset)
+        frame_of.update((r.id, n) for r in decode_batch(body) if isinstance(r, Accepted))
+    original = journal.read_bytes()
+
+    # One bit in the first frame (the journal's header): the broker used to start empty.
+    _flip_bit(journal, HEADER_SIZE + 5)
+    _start_is_refused(config, data_dir, journal, 0)
+    # One bit mid-file: the broker used to cut everything after it.
+    journal.write_bytes(original)
+    middle = frame_of[handles[30].id]
+    _flip_bit(journal, offsets[middle] + HEADER_SIZE + 20)
+    _start_is_refused(config, data_dir, journal, offsets[middle])
+
+    # All three at once, then the repair.
+    lost = {handles[10].id, handles[30].id}
+    _flip_bit(journal, HEADER_SIZE + 5)
+    _flip_bit(journal, offsets[frame_of[handles[10].id]] + HEADER_SIZE + 20)
+    damaged = journal.read_bytes()
+    result = run_command(["-m", "cronoq.broker.cli", "-c", str(config), "--repair"], cwd=config.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [copy] = data_dir.glob("damaged-*")
+    assert (copy / journal.name).read_bytes() == damaged
+    assert f"the original files are in {copy}" in result.stdout
+    for frame in (0, middle, frame_of[handles[10].id]):
+        assert f"skipped bytes {offsets[frame]} to {offsets[frame + 1]} " in result.stdout
+    assert f"lost: 1 task that journal records name but whose accepted record went with the damage " \
+           f"(the payload is gone): {handles[10].id}" in result.stdout
+
+    broker = restart(broker, restarted)
+    async with cronoq.connect(broker.clients) as client:
+        assert (await client.stats())["pools"]["held"]["paused"]
+        for handle in handles:
+            if handle.id in lost:
+                with pytest.raises(cronoq.NotFound):
+                    await client.status(handle.id)
+            else:
+                info = await client.status(handle.id)
+                assert (info.state, info.pool, info.tenant) == ("queued", "held", "acme"), handle.id
+        await client.resume("held")
+        async with _worker(broker, cronoq.Pool("held", _echo)):
+            assert await client.result(handles[59].id, timeout=WAIT) == 59
+    assert broker.stop() == 0
+    again = run_command(["-m", "cronoq.broker.cli", "-c", str(config), "--repair"], cwd=config.parent)
+    assert again.returncode == 0 and "is healthy: nothing to repair, nothing changed" in again.stdout
+
+
+def test_repair_on_the_built_in_defaults_with_no_data_dir_yet_changes_nothing(tmp_path):
+    result = run_command(["-m", "cronoq.broker.cli", "--repair"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"{tmp_path / 'cronoq-data'} holds no journal or snapshot: nothing to repair" in result.stdout
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_second_broker_on_the_same_data_dir_is_refused_clearly(broker_factory, tmp_path):
