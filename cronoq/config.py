@@ -110,7 +110,8 @@ class BrokerConfig:
     max_deliveries: int = 5
     result_ttl: float = 86400.0
     auth_timeout: float = 5.0
-    max_connections: int = 10000
+    max_connections: int | None = None
+    """None: as many as the open-file limit leaves room for, at most DEFAULT_MAX_CONNECTIONS."""
     connection_buffer_bytes: int = 4 * 1048576
     pools: tuple[PoolSettings, ...] = field(default_factory=_default_pools)
     limits: Mapping[str, PoolLimits] = field(default_factory=_default_limits)
@@ -193,7 +194,7 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "max_deliveries": s.get("max_deliveries", _positive_int, 5),
         "result_ttl": s.get("result_ttl", _positive_number, 86400.0),
         "auth_timeout": s.get("auth_timeout", _positive_number, 5.0),
-        "max_connections": s.get("max_connections", _positive_int, 10000),
+        "max_connections": s.get("max_connections", _positive_int, None),
         "connection_buffer_bytes": s.get("connection_buffer_bytes", _positive_int, 4 * 1048576),
     }
     if out["clients"] == out["workers"] and not _is_ephemeral(out["clients"]):

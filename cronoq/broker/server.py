@@ -71,6 +71,8 @@ BACKLOG_RETRY = 0.005
 REFUSAL_INTERVAL = 1.0
 # Descriptors kept free of connections for the journal, the metrics server and libzmq's own.
 SPARE_DESCRIPTORS = 64
+# Connections per endpoint when the config does not say (fewer when the open-file limit is lower).
+DEFAULT_MAX_CONNECTIONS = 10_000
 # Seconds over which `stats` reports each pool's dispatch rate.
 RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
@@ -579,8 +581,8 @@ def _seed_routing_ids() -> None:
         log.warning("could not seed the C library's rand(): routing identities will be predictable")
 
 
-def _connection_limit(configured: int) -> int:
-    """Raise the open-file limit as far as allowed, and keep max_connections within it."""
+def _connection_limit(configured: int | None) -> int:
+    """Raise the open-file limit as far as allowed, and keep max_connections within it (when it was set, say so)."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY or soft < hard:
@@ -590,7 +592,9 @@ def _connection_limit(configured: int) -> int:
     except (OSError, ValueError) as exc:
         log.warning("could not raise the open-file limit: %s", exc)
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    usable = max(1, soft - SPARE_DESCRIPTORS) // 2  # two endpoints share the descriptors
+    usable = max(1, (soft - SPARE_DESCRIPTORS) // 2)  # two endpoints share the descriptors
+    if configured is None:
+        return min(DEFAULT_MAX_CONNECTIONS, usable)
     if configured > usable:
         log.warning("max_connections = %d, but the open-file limit (%d) leaves room for %d per endpoint; using %d",
                     configured, soft, usable, usable)
