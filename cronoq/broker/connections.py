@@ -98,7 +98,7 @@ class Connections:
         self.backlogged: set[Connection] = set()
         """Connections with messages waiting in their backlog: the broker retries them each pass."""
         self.refused = 0
-        """Connections cut because max_connections were open (for logs and tests)."""
+        """Connections cut because max_connections were open (the log says so now and then)."""
         self._unreported: list[Connection] = []
         self._reporting = True
         # Disconnected, with messages perhaps still to read: by (identity, descriptor), until the socket has
@@ -244,10 +244,6 @@ class Connections:
             conn = self._by_identity[identity] = Connection(-1, now)
             conn.identity = identity
         return conn
-
-    def get(self, identity: bytes) -> Connection | None:
-        """The live connection under `identity`, if any."""
-        return self._by_identity.get(identity)
 
     # ----------------------------------------------------------------- budget
 
