@@ -41,8 +41,12 @@ MIN_FRAMES = 2
 MAX_FRAMES = 3
 
 
-class _Message(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
-    """Common base: a tagged array whose second element is the protocol version."""
+class _Message(msgspec.Struct, array_like=True, frozen=True):
+    """Common base: a tagged array whose second element is the protocol version.
+
+    Every field is written, defaults included (msgspec does not leave trailing defaults out of arrays); a
+    header read may leave out trailing fields that have a default, and may carry extra ones, which are ignored.
+    """
 
     v: int
 
