@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -62,50 +62,41 @@ class Cap:
         return f"\x00capture:{self.name}\x00"
 
 
-def _swap_captures(value: Any) -> Any:
+def _with_captures(value: Any, shown: Callable[[Cap], str]) -> Any:
+    """`value` with each Cap in it (at any depth) replaced by `shown(cap)`."""
     if isinstance(value, Cap):
-        return value.marker
+        return shown(value)
     if isinstance(value, list):
-        return [_swap_captures(v) for v in value]
+        return [_with_captures(v, shown) for v in value]
     if isinstance(value, dict):
-        return {k: _swap_captures(v) for k, v in value.items()}
+        return {k: _with_captures(v, shown) for k, v in value.items()}
     return value
 
 
 def _hex(value: Any) -> str:
     """The msgpack of `value` as hex, each Cap written as `{name}` in place of its string's bytes."""
-    encoded = msgspec.msgpack.encode(_swap_captures(value)).hex()
-    for name in _cap_names(value):
+    names: set[str] = set()
+
+    def marked(cap: Cap) -> str:
+        names.add(cap.name)
+        return cap.marker
+
+    encoded = msgspec.msgpack.encode(_with_captures(value, marked)).hex()
+    for name in names:
         encoded = encoded.replace(msgspec.msgpack.encode(Cap(name).marker).hex(), "{" + name + "}")
     return encoded
 
 
-def _cap_names(value: Any) -> set[str]:
-    if isinstance(value, Cap):
-        return {value.name}
-    if isinstance(value, (list, tuple)):
-        return set().union(*map(_cap_names, value)) if value else set()
-    if isinstance(value, dict):
-        return set().union(*map(_cap_names, value.values())) if value else set()
-    return set()
-
-
 def _named(value: Any) -> Any:
     """A value for the JSON `message`: a Cap as its `{name}` placeholder."""
-    if isinstance(value, Cap):
-        return "{" + value.name + "}"
-    if isinstance(value, list):
-        return [_named(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _named(v) for k, v in value.items()}
-    return value
+    return _with_captures(value, lambda cap: "{" + cap.name + "}")
 
 
 @dataclass
 class Msg:
     """A header: its wire array, and (when it is a valid message) its fields by name, defaults filled in."""
 
-    wire: list
+    wire: Any  # an array, or (to show it refused) anything else
     named: dict | None
     canonical: bool = True
 
@@ -115,14 +106,13 @@ def msg(tag: str, *args: Any, full: bool = False, canonical: bool = True, **kwar
     are left out, as a sender may, unless `full` (cronoq's own encoder writes every field: only then is the
     header `canonical`, byte for byte what cronoq would send)."""
     spec = FIELDS[tag]
-    values = dict(zip([name for name, _ in spec], args))
-    values.update(kwargs)
-    values_ = {name: values.get(name, default) for name, default in spec}
-    assert all(v is not REQUIRED for v in values_.values()), f"{tag}: a required field is missing"
+    given = {**dict(zip([name for name, _ in spec], args)), **kwargs}
+    fields = {name: given.get(name, default) for name, default in spec}
+    assert all(v is not REQUIRED for v in fields.values()), f"{tag}: a required field is missing"
     sent = len(spec)
-    while not full and sent and _holds_default(values_[spec[sent - 1][0]], spec[sent - 1][1]):
+    while not full and sent and _holds_default(fields[spec[sent - 1][0]], spec[sent - 1][1]):
         sent -= 1
-    return Msg([tag, 1, *[values_[name] for name, _ in spec[:sent]]], {"tag": tag, "v": 1, **values_},
+    return Msg([tag, 1, *[fields[name] for name, _ in spec[:sent]]], {"tag": tag, "v": 1, **fields},
                canonical and sent == len(spec))
 
 
@@ -244,6 +234,11 @@ class Vector:
         self.steps.append(step)
         return self
 
+    def refused(self, peer: str, header: Msg, body: bytes | None = None, *, rid: int, code: str = "INVALID_ARGUMENT",
+                text: str | None = None, **kwargs: Any) -> "Vector":
+        """One step whose sender gets one error: under `rid`, of `code`, its message containing `text`."""
+        return self.send(peer, header, body, expect={peer: [error(rid, code, text)]}, **kwargs)
+
     def to_json(self) -> dict:
         return {"about": self.about, "broker": self.broker, "peers": self.peers, "steps": self.steps}
 
@@ -345,12 +340,12 @@ case("wait-unwait",
     .send("client", msg("submit", 21), OK_PAYLOAD, expect={"client": [accepted(21, cap("task"))]}) \
     .send("client", msg("wait", 22, Cap("task"))) \
     .send("client", msg("unwait", 22, Cap("task"))) \
-    .send("client", msg("wait", 23, "0123456789abcdef0123456789abcdef"), expect={"client": [error(23, "NOT_FOUND")]})
+    .refused("client", msg("wait", 23, "0123456789abcdef0123456789abcdef"), rid=23, code="NOT_FOUND")
 
 case("pause-resume", "pause and resume answer ok true; an undeclared pool is NOT_FOUND.") \
     .send("client", msg("pause", 24, "held"), expect={"client": [ok(24, True)]}) \
     .send("client", msg("resume", 25, "held"), expect={"client": [ok(25, True)]}) \
-    .send("client", msg("pause", 26, "no-such-pool"), expect={"client": [error(26, "NOT_FOUND", "no-such-pool")]})
+    .refused("client", msg("pause", 26, "no-such-pool"), rid=26, code="NOT_FOUND", text="no-such-pool")
 
 case("stats", "stats answers ok with a map holding per-pool statistics under pools.") \
     .send("client", msg("stats", 27), expect={"client": [
@@ -408,16 +403,16 @@ case("rid-echoed-when-the-version-is-a-string", "The version must be the integer
     .send("client", raw("ping", "1", 50), expect={"client": [error(50, "INVALID_ARGUMENT")]})
 
 case("rid-echoed-for-another-version", "A version other than 1 is refused, under the message's rid.") \
-    .send("client", raw("ping", 2, 51), expect={"client": [error(51, "INVALID_ARGUMENT", "unsupported protocol version")]})
+    .refused("client", raw("ping", 2, 51), rid=51, text="unsupported protocol version")
 
 case("rid-echoed-for-an-unknown-tag", "An unknown tag is refused under the rid the header shows, naming the tag.") \
-    .send("client", raw("nope", 1, 52), expect={"client": [error(52, "INVALID_ARGUMENT", "unknown tag 'nope'")]})
+    .refused("client", raw("nope", 1, 52), rid=52, text="unknown tag 'nope'")
 
 case("rid-unreadable", "A rid that is not an integer cannot be echoed: rid 0.") \
     .send("client", raw("ping", 1, "53"), expect={"client": [error(0, "INVALID_ARGUMENT")]})
 
 case("header-not-an-array", "A header that is not an array: rid 0.") \
-    .send("client", Msg({"tag": "ping"}, None), expect={"client": [error(0, "INVALID_ARGUMENT")]})  # type: ignore[arg-type]
+    .refused("client", Msg({"tag": "ping"}, None), rid=0)
 
 case("extra-trailing-fields-ignored", "Extra trailing elements are ignored.") \
     .send("client", Msg(["ping", 1, 54, "extra", 7], {"tag": "ping", "v": 1, "rid": 54}, canonical=False),
@@ -427,7 +422,7 @@ case("frame-count",
      "A message needs 2 or 3 frames. With 1 there is no header: rid 0. With 4 the header is still read for its rid. "
      "The first message makes the connection known (until then it would earn one error a second).") \
     .send("client", msg("ping", 55), expect={"client": [ok(55, 1)]}) \
-    .send("client", msg("ping", 56), frames=[b""], expect={"client": [error(0, "INVALID_ARGUMENT", "2 or 3 frames")]}) \
+    .refused("client", msg("ping", 56), frames=[b""], rid=0, text="2 or 3 frames") \
     .send("client", msg("ping", 57), frames=[b"", None, b"\xc0", b"\xc0"],
           expect={"client": [error(57, "INVALID_ARGUMENT", "2 or 3 frames")]})
 
@@ -449,24 +444,24 @@ case("types-are-strict",
 case("submit-values",
      "Values the types allow but the rules do not: each refused under its rid, naming the field.") \
     .send("client", msg("ping", 70), expect={"client": [ok(70, 1)]}) \
-    .send("client", msg("submit", 71, priority="urgent"), OK_PAYLOAD, expect={"client": [error(71, "INVALID_ARGUMENT", "priority")]}) \
-    .send("client", msg("submit", 72, deadline=0.0), OK_PAYLOAD, expect={"client": [error(72, "INVALID_ARGUMENT", "deadline")]}) \
-    .send("client", msg("submit", 73, delay=-1.0), OK_PAYLOAD, expect={"client": [error(73, "INVALID_ARGUMENT", "delay")]}) \
-    .send("client", msg("submit", 74, max_retries=1001), OK_PAYLOAD, expect={"client": [error(74, "INVALID_ARGUMENT", "max_retries")]}) \
-    .send("client", msg("submit", 75, key="cronoq:mine"), OK_PAYLOAD, expect={"client": [error(75, "INVALID_ARGUMENT", "cronoq:")]}) \
-    .send("client", msg("submit", 76, ""), OK_PAYLOAD, expect={"client": [error(76, "INVALID_ARGUMENT", "pool")]}) \
-    .send("client", msg("submit", 77, "no-such-pool"), OK_PAYLOAD, expect={"client": [error(77, "NOT_FOUND", "no-such-pool")]}) \
-    .send("client", msg("submit", 78, tenant="x" * 201), OK_PAYLOAD, expect={"client": [error(78, "INVALID_ARGUMENT", "tenant")]})
+    .refused("client", msg("submit", 71, priority="urgent"), OK_PAYLOAD, rid=71, text="priority") \
+    .refused("client", msg("submit", 72, deadline=0.0), OK_PAYLOAD, rid=72, text="deadline") \
+    .refused("client", msg("submit", 73, delay=-1.0), OK_PAYLOAD, rid=73, text="delay") \
+    .refused("client", msg("submit", 74, max_retries=1001), OK_PAYLOAD, rid=74, text="max_retries") \
+    .refused("client", msg("submit", 75, key="cronoq:mine"), OK_PAYLOAD, rid=75, text="cronoq:") \
+    .refused("client", msg("submit", 76, ""), OK_PAYLOAD, rid=76, text="pool") \
+    .refused("client", msg("submit", 77, "no-such-pool"), OK_PAYLOAD, rid=77, code="NOT_FOUND", text="no-such-pool") \
+    .refused("client", msg("submit", 78, tenant="x" * 201), OK_PAYLOAD, rid=78, text="tenant")
 
 case("submit-body-must-be-msgpack",
      "A body that is not exactly one msgpack document is refused: an unused type byte, a truncated array, two "
      "documents, JSON text. One over max_payload_bytes (4096) is refused for its size.") \
     .send("client", msg("ping", 80), expect={"client": [ok(80, 1)]}) \
-    .send("client", msg("submit", 81), b"\xc1", expect={"client": [error(81, "INVALID_ARGUMENT", "not one msgpack document")]}) \
-    .send("client", msg("submit", 82), b"\x92\x01", expect={"client": [error(82, "INVALID_ARGUMENT", "not one msgpack document")]}) \
-    .send("client", msg("submit", 83), b"\x01\x02", expect={"client": [error(83, "INVALID_ARGUMENT", "not one msgpack document")]}) \
-    .send("client", msg("submit", 84), b'{"json": true}', expect={"client": [error(84, "INVALID_ARGUMENT", "not one msgpack document")]}) \
-    .send("client", msg("submit", 85), body(b"x" * 5000), expect={"client": [error(85, "INVALID_ARGUMENT", "max_payload_bytes")]})
+    .refused("client", msg("submit", 81), b"\xc1", rid=81, text="not one msgpack document") \
+    .refused("client", msg("submit", 82), b"\x92\x01", rid=82, text="not one msgpack document") \
+    .refused("client", msg("submit", 83), b"\x01\x02", rid=83, text="not one msgpack document") \
+    .refused("client", msg("submit", 84), b'{"json": true}', rid=84, text="not one msgpack document") \
+    .refused("client", msg("submit", 85), body(b"x" * 5000), rid=85, text="max_payload_bytes")
 
 case("unknown-connection-earns-one-error-a-second",
      "A connection that has not had a message taken earns at most one error a second: the second bad message, "
@@ -506,7 +501,7 @@ case("token-one-per-connection",
      "A connection speaks for the first valid token it showed: another valid token on it is PERMISSION_DENIED.",
      broker="secured", peers={"admin": "clients"}) \
     .send("admin", msg("ping", 99), token=TOKENS["admin"], expect={"admin": [ok(99, 1)]}) \
-    .send("admin", msg("ping", 100), token=TOKENS["client"], expect={"admin": [error(100, "PERMISSION_DENIED")]})
+    .refused("admin", msg("ping", 100), token=TOKENS["client"], rid=100, code="PERMISSION_DENIED")
 
 case("worker-ready-refused-for-its-token",
      "A ready refused for its token carries the ready's rid: a client token may not serve; no token is "
@@ -514,7 +509,7 @@ case("worker-ready-refused-for-its-token",
      peers={"rogue": "workers", "anonymous": "workers", "worker": "workers"}) \
     .send("rogue", msg("ready", 101, ["work"], 1), token=TOKENS["client"],
           expect={"rogue": [error(101, "PERMISSION_DENIED", "serve pools")]}) \
-    .send("anonymous", msg("ready", 102, ["work"], 1), expect={"anonymous": [error(102, "UNAUTHENTICATED")]}) \
+    .refused("anonymous", msg("ready", 102, ["work"], 1), rid=102, code="UNAUTHENTICATED") \
     .send("worker", msg("ready", 103, ["work"], 0), token=TOKENS["worker"],
           expect={"worker": [welcome(103)]}) \
     .send("worker", msg("bye"), token=TOKENS["worker"])
@@ -530,9 +525,9 @@ case("worker-ready-refused",
      "A refused ready carries its rid: an undeclared pool is NOT_FOUND; no pools, or negative slots, "
      "INVALID_ARGUMENT.", peers={"worker": "workers"}) \
     .send("worker", msg("heartbeat"), expect={"worker": [reply("reregister", 1)]}) \
-    .send("worker", msg("ready", 110, ["no-such-pool"], 1), expect={"worker": [error(110, "NOT_FOUND", "no-such-pool")]}) \
-    .send("worker", msg("ready", 111, [], 1), expect={"worker": [error(111, "INVALID_ARGUMENT", "at least one pool")]}) \
-    .send("worker", msg("ready", 112, ["work"], -1), expect={"worker": [error(112, "INVALID_ARGUMENT", "slots")]}) \
+    .refused("worker", msg("ready", 110, ["no-such-pool"], 1), rid=110, code="NOT_FOUND", text="no-such-pool") \
+    .refused("worker", msg("ready", 111, [], 1), rid=111, text="at least one pool") \
+    .refused("worker", msg("ready", 112, ["work"], -1), rid=112, text="slots") \
     .send("worker", msg("bye"))
 
 case("worker-endpoint-rid-echo",
@@ -540,8 +535,8 @@ case("worker-endpoint-rid-echo",
      "version is a string. Messages without a rid (done) never lend their third field as one.",
      peers={"worker": "workers"}) \
     .send("worker", msg("heartbeat"), expect={"worker": [reply("reregister", 1)]}) \
-    .send("worker", raw("submit", 1, 113), expect={"worker": [error(113, "INVALID_ARGUMENT", "unknown tag 'submit'")]}) \
-    .send("worker", raw("ready", "1", 114, ["work"], 1), expect={"worker": [error(114, "INVALID_ARGUMENT")]}) \
+    .refused("worker", raw("submit", 1, 113), rid=113, text="unknown tag 'submit'") \
+    .refused("worker", raw("ready", "1", 114, ["work"], 1), rid=114) \
     .send("worker", raw("done", 1, 115), expect={"worker": [error(0, "INVALID_ARGUMENT")]}) \
     .send("worker", msg("bye"))
 
