@@ -42,13 +42,66 @@ def _decodes_or_refuses(decode, header: bytes) -> None:
         assert message.v == protocol.PROTOCOL_VERSION
 
 
+READERS = (protocol.read_client_requests, protocol.read_client_replies,
+           protocol.read_worker_messages, protocol.read_worker_commands)
+
+
+def _reads_or_refuses(read, header: bytes, body: bytes | None) -> None:
+    """A reader gives (message or Refused, body) pairs, every message of the protocol's version, or raises
+    InvalidArgument for the message as a whole."""
+    try:
+        items = read(header, body)
+    except InvalidArgument as exc:
+        assert exc.code == "INVALID_ARGUMENT" and exc.message
+        return
+    for item, item_body in items:
+        assert item_body is None or isinstance(item_body, bytes)
+        if isinstance(item, protocol.Refused):
+            assert isinstance(item.rid, int) and item.error.code == "INVALID_ARGUMENT" and item.error.message
+        else:
+            assert item.v == protocol.PROTOCOL_VERSION
+
+
 @settings(max_examples=400, deadline=None)
-@given(headers)
-def test_any_header_decodes_or_is_invalid_argument(header):
+@given(headers, st.one_of(st.none(), st.binary(max_size=4)))
+def test_any_header_decodes_or_is_invalid_argument(header, body):
     for decode in DECODERS:
         _decodes_or_refuses(decode, header)
+    for read in READERS:
+        _reads_or_refuses(read, header, body)
     rid = protocol.peek_rid(header)
     assert isinstance(rid, int)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.sampled_from(TAGS), st.sampled_from([1, 1, 1, 2, "1"]), st.lists(values, max_size=6),
+              st.one_of(st.none(), st.binary(max_size=8), st.text(max_size=3))),
+    values), max_size=8))
+def test_a_batch_is_read_item_by_item_and_each_refusal_keeps_its_rid(items):
+    """Whatever its items, a well-formed batch reads as one entry per item, in order: the item, or its refusal
+    under the rid its header shows (its third element, an integer, unless the tag is one without a rid)."""
+    rids = iter(range(1, 1000))
+    wire = []
+    expected_rids = []
+    for item in items:
+        if isinstance(item, tuple):
+            tag, version, fields, body = item
+            rid = next(rids)
+            wire.append([[tag, version, rid, *fields], body])
+            expected_rids.append(0 if tag in protocol.RIDLESS_TAGS else rid)
+        else:
+            wire.append(item)
+            expected_rids.append(None)  # anything goes, as long as it reads or is refused
+    header = msgspec.msgpack.encode(["batch", 1, wire])
+    for read in READERS:
+        got = read(header, None)
+        assert len(got) == len(wire)
+        for (message, _), rid in zip(got, expected_rids):
+            if isinstance(message, protocol.Refused) and rid is not None:
+                assert message.rid == rid
+            elif rid:
+                assert message.rid == rid
 
 
 def test_messages_round_trip_and_old_clients_may_leave_new_trailing_fields_out():

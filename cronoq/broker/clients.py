@@ -20,7 +20,7 @@ from cronoq.broker.auth import Principal
 from cronoq.broker.connections import Connection
 from cronoq.broker.messages import body_frame, check_frame_count, error_reply
 from cronoq.broker.outbox import Outbox
-from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
+from cronoq.errors import CronoqError, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 
 log = logging.getLogger("cronoq.broker")
 
@@ -52,12 +52,13 @@ class ClientRequests:
         put = self._outbox.put
         try:
             check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-            requests = protocol.unbatch(protocol.decode_client_request(frames[2]), body_frame(frames))
             principal = self._identify(frames[1])
+            requests = protocol.read_client_requests(frames[2], body_frame(frames))
             self._authenticate(conn, principal)
         except CronoqError as exc:
-            # One error for the whole message, however many requests it holds: under the first rid that can be
-            # read. An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request sent with that token.
+            # One error for the whole message, however many requests it holds: under its rid if it has one that
+            # can be read (never a batch's). An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request
+            # sent with that token, and a peer without a valid token earns few of them (refusal_allowed).
             if self._refusal_allowed(conn, now):
                 put(conn, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
             return 1
@@ -135,7 +136,9 @@ class ClientRequests:
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
             case protocol.Hello():
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid,
-                                            protocol.hello_value(self._book.max_payload_bytes)))
+                                        protocol.hello_value(self._book.max_payload_bytes)))
+            case protocol.Refused():  # an item of a batch that could not be read
+                raise request.error
 
     def _submit(self, conn: Connection, principal: Principal, request: protocol.Submit,
                 body: bytes | None, now: float) -> None:
@@ -148,7 +151,9 @@ class ClientRequests:
                     f"this token is pinned to tenant {principal.tenant!r} and may not submit for tenant {tenant!r}"
                 )
         if body is None:
-            raise InvalidArgument("a submit needs a body frame holding the msgpack payload")
+            body = protocol.NIL_BODY  # the body frame is optional: no payload is a nil one
+        elif len(body) <= self._book.max_payload_bytes:  # a larger one is refused for its size by the book
+            protocol.check_body(body, "the payload (the submit's body)")
         record, duplicate = self._book.submit(SubmitRequest(
             body, pool=request.pool, tenant=tenant, priority=request.priority, deadline=request.deadline,
             delay=request.delay, key=request.key, max_retries=request.max_retries, submission=request.submission,

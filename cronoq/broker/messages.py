@@ -1,4 +1,5 @@
-"""Reading a routed message on either socket: its frames and the error reply (`protocol.unbatch` opens batches)."""
+"""Reading a routed message on either socket: its frames and the error reply (the `protocol.read_*` functions
+open batches, item by item)."""
 
 from __future__ import annotations
 

@@ -507,11 +507,13 @@ class Broker:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
             principal = self._identify(frames[1])
             principal.require("serve")
-            messages = protocol.unbatch(protocol.decode_worker_message(frames[2]), body_frame(frames))
+            messages = protocol.read_worker_messages(frames[2], body_frame(frames))
             authenticate(conn, principal)
         except CronoqError as exc:
+            # One error for the whole message, under its rid where it has one (a refused `ready`'s), as on the
+            # client socket; a peer without a valid token earns few of them.
             if refusal_allowed(conn, now):
-                self._to_workers.put(conn, error_reply(0, exc))
+                self._to_workers.put(conn, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
             return 1
         for message, body in messages:
             try:
@@ -527,6 +529,8 @@ class Broker:
         if entry is not None:
             entry.last_seen = now
         match message:
+            case protocol.Refused():  # an item of a batch that could not be read
+                raise message.error
             case protocol.Ready():
                 self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
                 self._to_workers.put(conn, protocol.Welcome(
@@ -540,6 +544,13 @@ class Broker:
             case protocol.Heartbeat():
                 pass
             case protocol.Done():
+                if message.ok and body is not None and len(body) <= self.config.max_payload_bytes:
+                    try:  # a result the client could not read fails its task here, not in the client
+                        protocol.check_body(body, "the result (the done's body)")
+                    except InvalidArgument as exc:
+                        message = protocol.Done(protocol.PROTOCOL_VERSION, message.id, message.attempt, False,
+                                                "InvalidArgument", f"the worker sent a bad result: {exc.message}")
+                        body = None
                 self._workers.complete(conn, entry, message, body, now, self.config.max_payload_bytes)
             case protocol.Leave():
                 self._workers.leave(conn, entry)

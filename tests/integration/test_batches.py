@@ -25,7 +25,7 @@ def test_each_request_of_a_batch_is_answered_as_if_it_came_alone(tmp_path):
     batch = protocol.RequestBatch(V, [
         (protocol.Submit(V, 1, "default", "acme"), msgspec.msgpack.encode("first")),
         (protocol.Submit(V, 2, "no-such-pool"), msgspec.msgpack.encode("lost")),
-        (protocol.Submit(V, 3, "default"), None),
+        (protocol.Submit(V, 3, "default"), b"\xc1"),  # not msgpack
         (protocol.Ping(V, 4), None),
         (protocol.Submit(V, 5, "default", "acme", watch=True), msgspec.msgpack.encode("second")),
     ])

@@ -8,6 +8,8 @@ last test sends garbage over tcp to a real broker process and then uses it.
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -89,10 +91,17 @@ client_headers = st.one_of(
     st.builds(lambda tag, version, fields: msgspec.msgpack.encode([tag, version, *fields]),
               st.sampled_from(TAGS), st.sampled_from([V, V, V, 0, 2]), st.lists(values, max_size=10)),
 )
+# Bodies as a batch item carries them: nil, msgpack, garbage bytes, or not bin at all.
+item_bodies = st.one_of(st.none(), values.map(msgspec.msgpack.encode), st.binary(max_size=8), st.text(max_size=3))
+# A batch item with a rid where requests have one (unless the tag is one without): [[tag, version, rid, ...], body].
+rid_items = st.tuples(st.sampled_from(TAGS), st.sampled_from([V, V, V, 2, "1"]), st.lists(values, max_size=9), item_bodies)
+batches = st.builds(lambda items: msgspec.msgpack.encode(
+    ["batch", V, [[[tag, version, n, *fields], body] for n, (tag, version, fields, body) in enumerate(items, 1)]]),
+    st.lists(rid_items, max_size=6))
 frame_sequences = st.one_of(
     st.lists(st.binary(max_size=24), max_size=6),  # anything at all, any number of frames
     st.builds(lambda token, header, body: [token, header, *body],
-              tokens, client_headers, st.lists(st.binary(max_size=24), max_size=2)),
+              tokens, st.one_of(client_headers, batches), st.lists(st.binary(max_size=24), max_size=2)),
 )
 
 
@@ -110,6 +119,39 @@ def test_garbage_on_either_socket_touches_no_task_and_stops_nothing(scene_and_lo
                 protocol.decode_client_reply(reply[0])
             else:
                 protocol.decode_worker_command(reply[0])
+    assert scene.picture() == before
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a message made the broker fail"
+
+
+_batch_rids = itertools.count(1_000)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(rid_items, values), min_size=1, max_size=10))
+def test_every_item_of_a_clients_batch_is_answered_under_its_own_rid(scene_and_log, items):
+    """A batch with a good token: each item gets its reply, or its error, under its own rid where its header
+    shows one (items that cannot show one are refused under rid 0), however ill-typed the others are."""
+    scene, caplog = scene_and_log
+    before = scene.picture()
+    wire, owed, assigned = [], collections.Counter(), set()
+    for item in items:
+        if not isinstance(item, tuple):
+            wire.append(item)  # anything at all: read as an item, or refused under whatever rid it shows
+            continue
+        tag, version, fields, body = item
+        rid = next(_batch_rids)
+        assigned.add(rid)
+        wire.append([[tag, version, rid, *fields], body])
+        alone = protocol.read_client_requests(msgspec.msgpack.encode(["batch", V, [wire[-1]]]), None)[0][0]
+        if tag not in protocol.RIDLESS_TAGS and not isinstance(alone, protocol.Unwait):  # unwait has no reply
+            owed[rid] += 1
+    scene.broker._requests.on_message(peer(b"batcher"), [b"batcher", b"", msgspec.msgpack.encode(["batch", V, wire])], NOW)
+    answered = collections.Counter()
+    for frames in _replies(scene.broker):
+        for reply, _ in protocol.unbatch(protocol.decode_client_reply(frames[0]), None):
+            answered[reply.rid] += 1
+    assert {rid for rid in owed} <= set(answered), "an item went unanswered"
+    assert set(answered) & assigned == set(owed), "a reply under the rid of an item that has none"
     assert scene.picture() == before
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a message made the broker fail"
 
