@@ -44,7 +44,7 @@ from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
-from cronoq.broker.messages import body_frame, check_frame_count, error_reply
+from cronoq.broker.messages import body_frame, check_frame_count, error_reply, wrong_endpoint_hint
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_routed, tune
@@ -97,7 +97,7 @@ class Broker:
         self._to_workers = Outbox(protocol.CommandBatch)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
-                                        stats=self.stats, reload=self.reload)
+                                        stats=self.stats, reload=self.reload, worker_endpoint=config.workers)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
@@ -509,6 +509,7 @@ class Broker:
             authenticate(conn, principal)
         except CronoqError as exc:
             if refusal_allowed(conn, now):
+                exc = wrong_endpoint_hint(frames, "worker", self.config.clients) or exc
                 self._to_workers.put(conn, error_reply(0, exc))
             return 1
         for message, body in messages:

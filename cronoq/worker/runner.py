@@ -16,6 +16,11 @@ the broker is silent for `liveness` intervals the worker drops its socket,
 waits (doubling the wait, up to a cap) and registers again. Tasks that were
 running meanwhile still report their outcome; the broker ignores outcomes of
 leases it has given to someone else.
+
+The socket monitor says why the broker cannot be reached (`cronoq.link`),
+and the log says it once: a refused connection is waited out (workers often
+start before their broker), a CURVE mistake stops a worker that never got
+through, as a refused registration does.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
 from cronoq.curve import connect_encrypted, public_key
-from cronoq.errors import CronoqError, InvalidArgument, error_from_code
+from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
+from cronoq.link import EVENTS as LINK_EVENTS, Link
 from cronoq.pool import Pool
-from cronoq.transport import Channel, context, token_bytes, tune
+from cronoq.transport import Channel, Item, context, token_bytes, tune
 
 log = logging.getLogger("cronoq.worker")
 
@@ -77,6 +84,9 @@ class Worker:
         self._server_key = None if curve_public_key is None else public_key(curve_public_key)
         self._rids = itertools.count(1)
         self._channel: Channel | None = None
+        self._monitor: Channel | None = None
+        self._link = Link(broker, encrypted=self._server_key is not None)
+        self._told: tuple[str, bool] | None = None  # the link's trouble as last logged: each is said once
         self._running: set[asyncio.Task[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._registered = asyncio.Event()
@@ -119,7 +129,10 @@ class Worker:
             pass
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
-            log.warning("broker silent for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
+            if self._link.trouble is None:
+                log.warning("broker silent for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
+            else:  # why was logged when it began
+                log.debug("broker unreachable for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
             self._disconnect()
             try:
                 await asyncio.wait_for(self._stopped.wait(), self._reconnect_delay)
@@ -157,18 +170,54 @@ class Worker:
         tune(sock)
         if self._server_key is not None:
             connect_encrypted(sock, self._server_key)
+        monitor = sock.get_monitor_socket(LINK_EVENTS)
         sock.connect(self.broker)
         self._channel = Channel(sock, self._on_command, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
-                                prefix=[self._token])
+                                prefix=[self._token], on_unsent=self._on_unsent)
+        self._monitor = Channel(monitor, self._on_link_event)
         self._registered.clear()
         self._last_heard = asyncio.get_running_loop().time()
         self._send_ready()
 
     def _disconnect(self) -> None:
+        if self._monitor is not None:
+            if self._channel is not None:
+                self._channel.sock.disable_monitor()
+            self._monitor.close()
+            self._monitor = None
         if self._channel is not None:
             self._channel.close()
             self._channel = None
         self._registered.clear()
+
+    def _on_link_event(self, frames: list[bytes]) -> None:
+        """What the socket monitor saw: say why the broker cannot be reached, once; stop on a CURVE mistake
+        made from the start (the configuration is wrong: waiting cannot mend it)."""
+        event = parse_monitor_message(frames)
+        link = self._link
+        link.observe(event["event"], event["value"], asyncio.get_running_loop().time())
+        if link.trouble is None:
+            if self._told is not None:
+                log.info("reached the broker at %s again", self.broker)
+                self._told = None
+            return
+        if (link.trouble, link.final) == self._told:
+            return
+        self._told = (link.trouble, link.final)
+        if link.final and link.handshakes == 0:
+            self._fatal = Unavailable(link.trouble)
+            log.error("cannot serve: %s", link.trouble)
+            self._stopped.set()
+        elif link.final:
+            log.error("%s; trying again", link.trouble)
+        else:
+            log.warning("%s; trying again until one answers", link.trouble)
+
+    def _on_unsent(self, items: list[Item]) -> None:
+        """The send queue is full: libzmq has no connection to queue for. Heartbeats and `ready` go again on
+        their own; the broker runs again the tasks whose `done` is lost."""
+        level = logging.DEBUG if self._link.trouble is not None else logging.WARNING  # the cause is logged
+        log.log(level, "no connection to the broker at %s; dropped %d message(s)", self.broker, len(items))
 
     # ----------------------------------------------------------------- messages
 
