@@ -12,8 +12,11 @@ When waiting is pointless (`hopeless`):
 
 - a mechanism mismatch (one side encrypted, the other not) at once: libzmq
   does not even try again after it;
-- a CURVE handshake that fails twice in a row: a broker cannot read a
-  peer holding another broker's public key, and waiting changes nothing;
+- a CURVE handshake that fails `CURVE_FAILURES_FINAL` times in a row: a
+  broker cannot read a peer holding another broker's public key, and
+  waiting changes nothing. (One such failure is not enough to tell: a plain
+  broker often drops an encrypting peer before the peer reads why, and the
+  mismatch, which names the mistake better, shows on a later attempt.)
 - any other failure (a refused connection, above all) only while the link
   has never been up, once it has gone on for `REFUSED_GRACE` seconds: a
   broker started a moment after its client still gets the requests. A link
@@ -30,8 +33,8 @@ REFUSED_GRACE = 1.0
 
 KEY_OPTION = "curve_public_key, --curve-public-key"
 
-CURVE_FAILURES_FINAL = 2
-"""CURVE handshakes failing in a row that settle it: the keys do not match."""
+CURVE_FAILURES_FINAL = 4
+"""CURVE handshakes failing in a row that settle it: the keys do not match (about half a second of retries)."""
 
 EVENTS = int(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
              | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -134,4 +137,5 @@ class Link:
 
     def _wrong_key(self) -> str:
         return (f"CURVE handshake with {self.address} failed: the public key given ({KEY_OPTION}) is not this "
-                "broker's; give the NAME.key written with its curve_secret_key_file")
+                "broker's; give the NAME.key written with its curve_secret_key_file (or leave the key out, if "
+                "the broker is not encrypted)")

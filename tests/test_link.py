@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zmq
 
-from cronoq.link import REFUSED_GRACE, Link
+from cronoq.link import CURVE_FAILURES_FINAL, REFUSED_GRACE, Link
 
 ADDR = "tcp://127.0.0.1:5555"
 CONNECTED, RETRIED, DISCONNECTED = zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_DISCONNECTED
@@ -53,12 +53,20 @@ def test_a_mechanism_mismatch_is_final_at_once_and_says_which_side_lacks_encrypt
     assert f"the broker at {ADDR} is not encrypted" in (keyed.hopeless(0.0) or "")
 
 
-def test_a_curve_handshake_failing_twice_in_a_row_is_final():
-    link = feed(Link(ADDR, encrypted=True), (CONNECTED, 7, 0.0), (NO_DETAIL, 32, 0.0), (DISCONNECTED, 7, 0.0),
-                (RETRIED, 100, 0.0))
-    assert link.trouble.startswith(f"CURVE handshake with {ADDR} failed") and link.hopeless(0.1) is None
-    feed(link, (CONNECTED, 7, 0.1), (NO_DETAIL, 32, 0.1))
-    assert link.hopeless(0.1) == link.trouble
+def test_a_curve_handshake_failing_again_and_again_is_final():
+    link = Link(ADDR, encrypted=True)
+    for attempt in range(CURVE_FAILURES_FINAL):
+        assert link.hopeless(0.1 * attempt) is None
+        feed(link, (CONNECTED, 7, 0.1 * attempt), (NO_DETAIL, 32, 0.1 * attempt), (DISCONNECTED, 7, 0.1 * attempt),
+             (RETRIED, 100, 0.1 * attempt))
+        assert link.trouble.startswith(f"CURVE handshake with {ADDR} failed")
+    assert link.hopeless(1.0) == link.trouble
+
+
+def test_a_plain_broker_dropping_an_encrypting_peer_is_named_once_the_mismatch_shows():
+    link = feed(Link(ADDR, encrypted=True), (CONNECTED, 7, 0.0), (NO_DETAIL, 32, 0.0), (RETRIED, 100, 0.0),
+                (CONNECTED, 7, 0.1), (PROTOCOL, MISMATCH, 0.1))
+    assert link.hopeless(0.1) == link.trouble and f"the broker at {ADDR} is not encrypted" in link.trouble
 
 
 def test_silence_says_what_the_connection_was_doing():
