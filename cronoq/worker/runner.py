@@ -21,6 +21,10 @@ The socket monitor says why the broker cannot be reached (`cronoq.link`),
 and the log says it once: a refused connection is waited out (workers often
 start before their broker), a CURVE mistake stops a worker that never got
 through, as a refused registration does.
+
+Stopping is graceful (running tasks finish and report) or, with
+`stop(now=True)`, at once: the socket closes, and the broker, losing the
+connection, gives the running tasks to other workers.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from cronoq.transport import Channel, Item, context, token_bytes, tune
 log = logging.getLogger("cronoq.worker")
 
 RECONNECT_DELAY_MAX = 32.0
+# A failing handler's message in the worker's log is cut to this many bytes (the task's outcome keeps more).
+LOGGED_MESSAGE_BYTES = 1024
 
 
 class Worker:
@@ -98,11 +104,20 @@ class Worker:
         self._stopping = False
         # The broker's max_payload_bytes from the last Welcome; None until one says (older brokers never do).
         self._max_result_bytes: int | None = None
+        self.finished = 0
+        """Tasks this worker ran to an outcome it reported (succeeded or failed)."""
+        self.abandoned = 0
+        """Tasks left running when it stopped (at once, or on a fatal error): the broker runs them again."""
 
     @property
     def registered(self) -> bool:
         """Whether the broker has accepted this worker on the current connection."""
         return self._registered.is_set()
+
+    @property
+    def running(self) -> int:
+        """How many tasks run now."""
+        return len(self._running)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -117,8 +132,11 @@ class Worker:
             if self._fatal is not None:
                 raise self._fatal
         finally:
+            self._abandon_running()
             self._disconnect()
-            self._executor.shutdown(wait=False)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
+                     "" if self.finished == 1 else "s", self.abandoned)
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
@@ -146,24 +164,48 @@ class Worker:
         else:
             self._send_ready()  # the broker may have come up since; ask again
 
-    async def stop(self) -> None:
-        """Take no more tasks, let the running ones finish and report, then leave."""
+    async def stop(self, *, now: bool = False) -> None:
+        """Take no more tasks, let the running ones finish and report, then leave.
+
+        With `now` (also while a graceful stop waits): close the connection at once and abandon the running
+        tasks; the broker, losing the connection, runs them again on another worker. A plain `def` handler
+        cannot be interrupted: its thread runs on, and what it returns is dropped.
+        """
+        if now:
+            self._stopping = True
+            self._abandon_running()
+            self._disconnect()
+            self._stopped.set()
+            return
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
         if self._channel is not None and self._registered.is_set():
             self._send(protocol.Leave(protocol.PROTOCOL_VERSION))
-            try:
-                # Tasks sent before the broker saw Leave are still on their way.
-                await asyncio.wait_for(self._left.wait(), self.heartbeat_interval * self.liveness)
-            except asyncio.TimeoutError:
-                pass
-        while self._running:
+            # Tasks sent before the broker saw Leave are still on their way.
+            await self._until(self._left, self.heartbeat_interval * self.liveness)
+        while self._running and not self._stopped.is_set():
             await asyncio.gather(*list(self._running), return_exceptions=True)
         if self._channel is not None:
             self._send(protocol.Bye(protocol.PROTOCOL_VERSION))
         self._stopped.set()
+
+    async def _until(self, event: asyncio.Event, timeout: float) -> None:
+        """Wait until `event` is set, the worker has stopped, or `timeout` seconds have passed."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    def _abandon_running(self) -> None:
+        """Stop waiting for the running tasks: counted as abandoned, never reported."""
+        running, self._running = self._running, set()
+        self.abandoned += len(running)
+        for job in running:
+            job.cancel()
 
     def _connect(self) -> None:
         sock = context().socket(zmq.DEALER)
@@ -285,16 +327,26 @@ class Worker:
             value = await pool.call(protocol.decode_body(body), self._executor)
             result = protocol.encode_body(value)
         except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
-            self._send(_failure(assign, type(exc).__name__, _text(exc), traceback.format_exc()))
+            error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
+            # One line per failure; the traceback goes with the outcome (TaskFailed.traceback), and into this
+            # log at DEBUG only: a handler failing on every task must not bury the log in tracebacks.
+            log.warning("task %s (pool %s, attempt %d) failed: %s: %s", assign.id, assign.pool, assign.attempt,
+                        error_type, protocol.clip(message, LOGGED_MESSAGE_BYTES))
+            log.debug("traceback of task %s:\n%s", assign.id, trace)
+            self._report(_failure(assign, error_type, message, trace))
             return
         limit = self._max_result_bytes
         if limit is not None and len(result) > limit:
             # Sent, it would cost the connection and every task on it; this way only its own task fails.
             message = protocol.result_too_large(len(result), limit)
-            log.warning("task %s failed: %s", assign.id, message)
-            self._send(_failure(assign, InvalidArgument.__name__, message, ""))
+            log.warning("task %s (pool %s, attempt %d) failed: %s", assign.id, assign.pool, assign.attempt, message)
+            self._report(_failure(assign, InvalidArgument.__name__, message, ""))
             return
-        self._send(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+        self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+
+    def _report(self, done: protocol.Done, result: bytes | None = None) -> None:
+        self.finished += 1
+        self._send(done, result)
 
 
 def _failure(assign: protocol.Assign, error_type: str, message: str, trace: str) -> protocol.Done:
