@@ -591,7 +591,8 @@ def _weight_changes(old: tuple[PoolSettings, ...], new: tuple[PoolSettings, ...]
 
 def _reload_summary(changes: dict[str, Any]) -> str:
     """What a reload changed, as one line of text (for the broker's log and `cronoq reload`)."""
-    weights = ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}" for w in changes.get("weights_changed", ()))
+    weights = ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}"
+                        for w in changes.get("weights_changed", ()))
     return (f"pools added: {', '.join(changes['pools_added']) or 'none'}; "
             f"pools draining: {', '.join(changes['pools_draining']) or 'none'}; "
             f"weights changed: {weights or 'none'}; "

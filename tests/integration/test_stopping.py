@@ -28,7 +28,8 @@ async def test_a_first_ctrl_c_finishes_the_running_task_and_says_so(broker_facto
             task = await client.submit(1.5, pool="slow")
             await running(client, task.id)
             worker.send_signal(signal.SIGINT)
-            await asyncio.to_thread(wait_for_line, worker, log, "Ctrl-C: finishing 1 running task (Ctrl-C again to stop now)")
+            said = "Ctrl-C: finishing 1 running task (Ctrl-C again to stop now)"
+            await asyncio.to_thread(wait_for_line, worker, log, said)
             assert await task.result(timeout=WAIT) == worker.pid
             assert await asyncio.to_thread(worker.wait, WAIT) == 0
         text = log.read_text()
