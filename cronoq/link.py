@@ -12,16 +12,20 @@ When waiting is pointless (`hopeless`):
 
 - a mechanism mismatch (one side encrypted, the other not) at once: libzmq
   does not even try again after it;
-- a CURVE handshake that fails `CURVE_FAILURES_FINAL` times in a row: a
-  broker cannot read a peer holding another broker's public key, and
-  waiting changes nothing. (One such failure is not enough to tell: a plain
-  broker often drops an encrypting peer before the peer reads why, and the
-  mismatch, which names the mistake better, shows on a later attempt.)
-- any other failure (a refused connection, above all) only while the link
-  has never been up, once it has gone on for `REFUSED_GRACE` seconds: a
-  broker started a moment after its client still gets the requests. A link
-  that was up is taken to be restarting: its requests wait for the broker
-  to come back (the client's request_timeout).
+- a handshake that fails `HANDSHAKE_FAILURES_FINAL` times in a row without
+  saying why: with a CURVE key, the broker cannot read a peer holding
+  another broker's public key, and waiting changes nothing. (One such
+  failure is not enough to tell: a broker often drops a peer of the other
+  kind, encrypted or not, before the peer reads why, and the mismatch,
+  which names the mistake better, shows on a later attempt.)
+- refused connections only while the link has never been up, once they
+  have gone on for `REFUSED_GRACE` seconds: a broker started a moment after
+  its client still gets the requests. A link that was up is taken to be
+  restarting: its requests wait for the broker to come back (the client's
+  request_timeout).
+
+A settled trouble stays until a handshake succeeds: later attempts that
+fail less tellingly do not blur it.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ REFUSED_GRACE = 1.0
 
 KEY_OPTION = "curve_public_key, --curve-public-key"
 
-CURVE_FAILURES_FINAL = 4
-"""CURVE handshakes failing in a row that settle it: the keys do not match (about half a second of retries)."""
+HANDSHAKE_FAILURES_FINAL = 10
+"""Handshakes failing in a row, without a reason, that settle it (about 1.5 s of retries). Against a broker
+of the other kind, about one attempt in three fails that way before the mismatch shows; ten in a row is a
+chance in some ten thousand."""
 
 EVENTS = int(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
              | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -49,8 +55,6 @@ _NO_DETAIL = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-# Protocol errors of the CURVE exchange itself: what a peer holding the wrong key runs into.
-_CURVE_ERRORS = {int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC), int(zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE)}
 
 
 class Link:
@@ -70,7 +74,8 @@ class Link:
         self.final = False
         """The trouble is of the kind waiting cannot mend (a CURVE mistake)."""
         self._reached = False  # the current attempt's TCP connection was made
-        self._curve_failures = 0
+        self._refusing = False  # the trouble is refused connections, which a starting broker ends
+        self._handshake_failures = 0
 
     def observe(self, event: int, value: int, now: float) -> None:
         """Take one monitor event (its `event` and `value` fields) that happened at `now`."""
@@ -79,7 +84,8 @@ class Link:
             self.up = True
             self.trouble = None
             self.final = False
-            self._curve_failures = 0
+            self._refusing = False
+            self._handshake_failures = 0
         elif event == _CONNECTED:
             self._reached = True
         elif event == _DISCONNECTED:
@@ -88,24 +94,23 @@ class Link:
             # libzmq tries again after an attempt that failed or a connection that ended: only the first
             # means nobody took the connection.
             if not self._reached:
-                self._fail(f"connection refused at {self.address}: is a broker running there?", now)
+                self._fail(f"connection refused at {self.address}: is a broker running there?", now, refused=True)
             self._reached = False
         elif event == _PROTOCOL and value == _MECHANISM_MISMATCH:
             self._fail(self._mismatch(), now, final=True)
-        elif (event == _PROTOCOL and value in _CURVE_ERRORS) or (event == _NO_DETAIL and self.encrypted):
-            self._curve_failures += 1
-            self._fail(self._wrong_key(), now, final=self._curve_failures >= CURVE_FAILURES_FINAL)
         elif event == _AUTH:
             self._fail(f"the broker at {self.address} refused the handshake (authentication status {value})",
                        now, final=True)
         elif event in (_PROTOCOL, _NO_DETAIL):
-            self._fail(f"the ZeroMQ handshake with {self.address} failed: is it a cronoq broker's endpoint?", now)
+            self._handshake_failures += 1
+            self._fail(self._wrong_key() if self.encrypted else self._dropped(), now,
+                       final=self._handshake_failures >= HANDSHAKE_FAILURES_FINAL)
 
     def hopeless(self, now: float) -> str | None:
         """Why requests should fail now rather than wait (the rules at the top of this module), or None."""
         if self.trouble is None:
             return None
-        if self.final or (self.handshakes == 0 and now - self.trouble_since >= REFUSED_GRACE):
+        if self.final or (self._refusing and self.handshakes == 0 and now - self.trouble_since >= REFUSED_GRACE):
             return self.trouble
         return None
 
@@ -122,11 +127,14 @@ class Link:
             return f"{what}: no connection could be made; is the address right, and reachable from here?"
         return f"{what}; is it running?"
 
-    def _fail(self, trouble: str, now: float, *, final: bool = False) -> None:
+    def _fail(self, trouble: str, now: float, *, final: bool = False, refused: bool = False) -> None:
+        if self.final:
+            return  # settled: kept until a handshake succeeds
         if self.trouble is None:
             self.trouble_since = now
         self.trouble = trouble
         self.final = final
+        self._refusing = refused
 
     def _mismatch(self) -> str:
         if self.encrypted:
@@ -134,6 +142,11 @@ class Link:
                     "leave it out, or give the broker a curve_secret_key_file")
         return (f"the broker at {self.address} is encrypted (CURVE): give its public key ({KEY_OPTION}), the NAME.key "
                 "file `cronoq keygen` wrote with its secret key")
+
+    def _dropped(self) -> str:
+        return (f"the broker at {self.address} dropped the connection during the handshake: if it is encrypted "
+                f"(CURVE), give its public key ({KEY_OPTION}); if not, is this a cronoq broker's endpoint, with "
+                "room for another connection (max_connections)?")
 
     def _wrong_key(self) -> str:
         return (f"CURVE handshake with {self.address} failed: the public key given ({KEY_OPTION}) is not this "

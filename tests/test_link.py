@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zmq
 
-from cronoq.link import CURVE_FAILURES_FINAL, REFUSED_GRACE, Link
+from cronoq.link import HANDSHAKE_FAILURES_FINAL, REFUSED_GRACE, Link
 
 ADDR = "tcp://127.0.0.1:5555"
 CONNECTED, RETRIED, DISCONNECTED = zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_DISCONNECTED
@@ -55,7 +55,7 @@ def test_a_mechanism_mismatch_is_final_at_once_and_says_which_side_lacks_encrypt
 
 def test_a_curve_handshake_failing_again_and_again_is_final():
     link = Link(ADDR, encrypted=True)
-    for attempt in range(CURVE_FAILURES_FINAL):
+    for attempt in range(HANDSHAKE_FAILURES_FINAL):
         assert link.hopeless(0.1 * attempt) is None
         feed(link, (CONNECTED, 7, 0.1 * attempt), (NO_DETAIL, 32, 0.1 * attempt), (DISCONNECTED, 7, 0.1 * attempt),
              (RETRIED, 100, 0.1 * attempt))
@@ -75,3 +75,20 @@ def test_silence_says_what_the_connection_was_doing():
     assert "handshake never completed" in half.silence("no reply")
     up = feed(Link(ADDR, encrypted=False), (CONNECTED, 7, 0.0), (SUCCEEDED, 0, 0.0))
     assert "the connection is up" in up.silence("no reply")
+
+
+def test_a_plain_peer_dropped_by_an_encrypted_broker_waits_for_the_mismatch_however_slow_the_events():
+    link = feed(Link(ADDR, encrypted=False), (CONNECTED, 7, 0.0), (NO_DETAIL, 32, 0.0), (RETRIED, 100, 0.0))
+    assert "dropped the connection during the handshake" in link.trouble
+    assert link.hopeless(30.0) is None, "not a refusal: no grace runs out"
+    feed(link, (CONNECTED, 7, 30.0), (PROTOCOL, MISMATCH, 30.0))
+    assert f"the broker at {ADDR} is encrypted (CURVE)" in (link.hopeless(30.0) or "")
+
+
+def test_a_settled_trouble_is_kept_until_a_handshake_succeeds():
+    link = feed(Link(ADDR, encrypted=False), (CONNECTED, 7, 0.0), (PROTOCOL, MISMATCH, 0.0))
+    settled = link.trouble
+    feed(link, (RETRIED, 100, 0.1), (CONNECTED, 7, 0.2), (NO_DETAIL, 32, 0.2))
+    assert link.trouble == settled and link.final
+    feed(link, (CONNECTED, 7, 1.0), (SUCCEEDED, 0, 1.0))
+    assert link.trouble is None and not link.final

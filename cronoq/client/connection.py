@@ -261,17 +261,17 @@ class Client:
 
     def _give_up_if_hopeless(self) -> None:
         """Fail every request now, naming the cause, once the link says waiting cannot help; remake the socket
-        so that none of them reaches a broker that comes up later (the caller was told it failed)."""
+        so that nothing queued in it (these requests, or earlier ones that timed out) reaches a broker that
+        comes up later: their callers were told they failed."""
         if self._unreachable is not None or self._channel is None:
             return
         reason = self._link.hopeless(asyncio.get_running_loop().time())
         if reason is None:
             return
         self._unreachable = reason
-        if self._pending:
-            self._fail_all(Unavailable(reason))
-            self._disconnect()
-            self._connect()
+        self._fail_all(Unavailable(reason))
+        self._disconnect()
+        self._connect()
 
     def _ask_rules(self) -> None:
         """Send a `hello`, unless one is still waiting for its answer (a new connection re-sends that one)."""

@@ -121,18 +121,21 @@ def test_the_cli_names_each_curve_mistake(broker_factory, keys):
     encrypted = broker_factory(OPEN, broker_extra=f'curve_secret_key_file = "{secret}"', name="encrypted.toml")
     plain = broker_factory(OPEN, name="plain.toml")
 
+    # A broker of the other kind sometimes drops the connection before the peer reads why; the mismatch is
+    # named once it shows, and should it not show for long, the message still says what to do.
     without_key = cronoq_cli("status", "--broker", encrypted.clients)
-    assert one_line(without_key) == (
+    assert one_line(without_key) in (
         f"cronoq status: UNAVAILABLE: the broker at {encrypted.clients} is encrypted (CURVE): give its public key "
-        "(curve_public_key, --curve-public-key), the NAME.key file `cronoq keygen` wrote with its secret key")
+        "(curve_public_key, --curve-public-key), the NAME.key file `cronoq keygen` wrote with its secret key",
+        f"cronoq status: UNAVAILABLE: the broker at {encrypted.clients} dropped the connection during the "
+        "handshake: if it is encrypted (CURVE), give its public key (curve_public_key, --curve-public-key); if "
+        "not, is this a cronoq broker's endpoint, with room for another connection (max_connections)?")
     wrong_key = cronoq_cli("status", "--broker", encrypted.clients, "--curve-public-key", str(other))
     assert one_line(wrong_key) == (
         f"cronoq status: UNAVAILABLE: CURVE handshake with {encrypted.clients} failed: the public key given "
         "(curve_public_key, --curve-public-key) is not this broker's; give the NAME.key written with its "
         "curve_secret_key_file (or leave the key out, if the broker is not encrypted)")
     needless_key = cronoq_cli("status", "--broker", plain.clients, "--curve-public-key", str(public))
-    # Mostly named as it is; when the plain broker drops the connection too early four times in a row to
-    # tell, the CURVE failure's own message still says what to do.
     assert one_line(needless_key) in (
         f"cronoq status: UNAVAILABLE: the broker at {plain.clients} is not encrypted, but a CURVE public key was "
         "given (curve_public_key, --curve-public-key): leave it out, or give the broker a curve_secret_key_file",
@@ -146,7 +149,7 @@ def test_the_cli_names_each_curve_mistake(broker_factory, keys):
 async def test_a_client_without_the_right_key_fails_promptly_naming_it(broker_factory, keys):
     public, secret, other = keys
     broker = broker_factory(OPEN, broker_extra=f'curve_secret_key_file = "{secret}"')
-    for key, problem in ((None, "is encrypted"), (other, "CURVE handshake")):
+    for key, problem in ((None, "give its public key"), (other, "CURVE handshake")):
         async with cronoq.connect(broker.clients, request_timeout=float(LONG), curve_public_key=key) as client:
             with pytest.raises(cronoq.Unavailable, match=problem):
                 await asyncio.wait_for(client.ping(), WAIT)
@@ -157,8 +160,8 @@ def test_a_worker_without_the_right_key_stops_and_says_why(broker_factory, keys)
     broker = broker_factory(OPEN, broker_extra=f'curve_secret_key_file = "{secret}"')
     without_key = worker_cli(broker.workers)
     assert without_key.returncode == 2
-    assert one_line(without_key).startswith(
-        f"cronoq-worker: UNAVAILABLE: the broker at {broker.workers} is encrypted (CURVE)")
+    assert one_line(without_key).startswith(f"cronoq-worker: UNAVAILABLE: the broker at {broker.workers} ")
+    assert "give its public key (curve_public_key, --curve-public-key)" in one_line(without_key)
     wrong_key = worker_cli(broker.workers, "--curve-public-key", str(other))
     assert wrong_key.returncode == 2
     assert one_line(wrong_key).startswith(f"cronoq-worker: UNAVAILABLE: CURVE handshake with {broker.workers} failed")
