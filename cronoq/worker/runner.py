@@ -251,9 +251,9 @@ class Worker:
             log.error("cannot serve: %s", link.trouble)
             self._stopped.set()
         elif link.final:
-            log.error("%s; trying again", link.trouble)
+            log.error("%s (trying again)", link.trouble)
         else:
-            log.warning("%s; trying again until one answers", link.trouble)
+            log.warning("%s (trying again until one answers)", link.trouble)
 
     def _on_unsent(self, items: list[Item]) -> None:
         """The send queue is full: libzmq has no connection to queue for. Heartbeats and `ready` go again on
@@ -295,11 +295,12 @@ class Worker:
             case protocol.Heartbeat():
                 pass
             case protocol.Welcome():
+                if not self._registered.is_set():  # `ready`s queued while the broker was away are all welcomed
+                    log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
                 self._registered.set()
                 if command.max_payload_bytes is not None:
                     self._max_result_bytes = command.max_payload_bytes
                 self._reconnect_delay = self.heartbeat_interval
-                log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
             case protocol.Reregister():
                 self._registered.clear()
                 self._send_ready()
