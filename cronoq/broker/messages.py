@@ -39,7 +39,7 @@ class _TagPeek(msgspec.Struct, array_like=True):
 class _BatchPeek(msgspec.Struct, array_like=True):
     tag: str
     v: Any
-    items: list[tuple[msgspec.Raw, Any]]
+    items: list[tuple[msgspec.Raw, msgspec.Raw]]  # each header and body, left unread
 
 
 _tag_decoder = msgspec.msgpack.Decoder(_TagPeek)
