@@ -227,6 +227,10 @@ async def _reload(client: Client, args: argparse.Namespace) -> int:
     changes = await client.reload()
     print(f"reloaded; pools added: {', '.join(changes['pools_added']) or 'none'}; "
           f"draining: {', '.join(changes['pools_draining']) or 'none'}")
+    weights = changes.get("weights_changed") or []  # an older broker does not say
+    if weights:
+        print("weights changed: "
+              + ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}" for w in weights))
     if changes["needs_restart"]:
         print(f"kept until a restart: {', '.join(changes['needs_restart'])}")
     return 0

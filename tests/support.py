@@ -136,11 +136,12 @@ def run_command(args: list[str], *, env: dict[str, str] | None = None, timeout: 
 
 def start_worker_process(broker_workers: str, target: str, log: Path, *, concurrency: int = 1,
                          env: dict[str, str] | None = None, extra: list[str] | None = None,
-                         cwd: Path = ROOT) -> subprocess.Popen:
-    """Start `cronoq-worker` as a child process (output to `log`); returns once it has registered."""
+                         cwd: Path = ROOT, wait: bool = True) -> subprocess.Popen:
+    """Start `cronoq-worker` as a child process (output to `log`); returns once it has registered (`wait`)."""
     proc = _spawn(["-m", "cronoq.worker.cli", "--broker", broker_workers, "--concurrency", str(concurrency),
                    "--heartbeat-interval", "0.2", *(extra or []), target], log, env=env, cwd=cwd)
-    wait_for_line(proc, log, "registered with")
+    if wait:
+        wait_for_line(proc, log, "registered with")
     return proc
 
 

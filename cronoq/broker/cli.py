@@ -62,7 +62,7 @@ def _reload(broker: Broker) -> None:
 async def _serve(broker: Broker) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, broker.stop)
+        loop.add_signal_handler(sig, broker.stop, sig.name)
     loop.add_signal_handler(signal.SIGHUP, _reload, broker)
     try:
         await broker.start_metrics()
@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if broker.failure is not None:
         print(f"cronoq-broker: {broker.failure}", file=sys.stderr)
         return 1
+    log.info("stopped")
     return 0
 
 

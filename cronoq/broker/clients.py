@@ -18,7 +18,7 @@ from cronoq import protocol
 from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields, unknown_task
 from cronoq.broker.auth import Principal
 from cronoq.broker.connections import Connection
-from cronoq.broker.messages import body_frame, check_frame_count, error_reply
+from cronoq.broker.messages import body_frame, check_frame_count, error_reply, wrong_endpoint_hint
 from cronoq.broker.outbox import Outbox
 from cronoq.errors import CronoqError, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 
@@ -38,8 +38,10 @@ class ClientRequests:
     def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes], Principal],
                  authenticate: Callable[[Connection, Principal], None],
                  refusal_allowed: Callable[[Connection, float], bool],
-                 stats: Callable[[], dict[str, Any]], reload: Callable[[], dict[str, Any]]) -> None:
+                 stats: Callable[[], dict[str, Any]], reload: Callable[[], dict[str, Any]],
+                 worker_endpoint: str = "the one in its config") -> None:
         self._book = book
+        self._worker_endpoint = worker_endpoint
         self._outbox = outbox
         self._identify = identify
         self._authenticate = authenticate
@@ -60,6 +62,7 @@ class ClientRequests:
             # can be read (never a batch's). An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request
             # sent with that token, and a peer without a valid token earns few of them (refusal_allowed).
             if self._refusal_allowed(conn, now):
+                exc = wrong_endpoint_hint(frames, "client", self._worker_endpoint) or exc
                 put(conn, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
             return 1
         for request, body in requests:

@@ -3,6 +3,10 @@ open batches, item by item)."""
 
 from __future__ import annotations
 
+from typing import Any, get_args
+
+import msgspec
+
 from cronoq import protocol
 from cronoq.errors import CronoqError, InvalidArgument
 
@@ -22,3 +26,52 @@ def body_frame(frames: list[bytes]) -> bytes | None:
 
 def error_reply(rid: int, exc: CronoqError) -> protocol.Error:
     return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message)
+
+
+# The first tag of each socket's messages: enough to tell a peer that it came to the wrong endpoint.
+_CLIENT_TAGS = frozenset(kind.__struct_config__.tag for kind in get_args(protocol.ClientRequest))
+_WORKER_TAGS = frozenset(kind.__struct_config__.tag for kind in get_args(protocol.WorkerMessage))
+
+
+class _TagPeek(msgspec.Struct, array_like=True):
+    tag: str
+
+
+class _BatchPeek(msgspec.Struct, array_like=True):
+    tag: str
+    v: Any
+    items: list[tuple[msgspec.Raw, msgspec.Raw]]  # each header and body, left unread
+
+
+_tag_decoder = msgspec.msgpack.Decoder(_TagPeek)
+_batch_decoder = msgspec.msgpack.Decoder(_BatchPeek)
+
+
+def _first_tag(header: bytes) -> str | None:
+    """The tag of a header, or of the first message of a batch; None if it has none that can be read."""
+    try:
+        tag = _tag_decoder.decode(header).tag
+        if tag == "batch":
+            items = _batch_decoder.decode(header).items
+            tag = _tag_decoder.decode(items[0][0]).tag if items else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return tag
+
+
+def wrong_endpoint_hint(frames: list[bytes], this_socket: str, other_endpoint: str) -> InvalidArgument | None:
+    """The refusal for a message that belongs on the broker's other endpoint, naming it; None if the message
+    (frames as routed: identity, token, header, ...) is not the other endpoint's.
+
+    `this_socket` is "client" or "worker": which endpoint received it. Called only for a message that was
+    refused anyway, so a peer that came to the wrong place learns where to go rather than why its message
+    does not parse here.
+    """
+    tag = _first_tag(frames[2]) if len(frames) > 2 else None
+    if this_socket == "client" and tag in _WORKER_TAGS:
+        return InvalidArgument(f"this is the broker's client endpoint; workers connect to its worker endpoint "
+                               f"({other_endpoint})")
+    if this_socket == "worker" and tag in _CLIENT_TAGS:
+        return InvalidArgument(f"this is the broker's worker endpoint; clients (and the cronoq command) connect to "
+                               f"its client endpoint ({other_endpoint})")
+    return None

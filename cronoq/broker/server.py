@@ -37,14 +37,14 @@ from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.connections import Connection, Connections, peer_label
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
-from cronoq.core import PRIORITIES, SchedulerCore
+from cronoq.core import PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied
 from cronoq.broker.clients import ClientRequests
 from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
-from cronoq.broker.messages import body_frame, check_frame_count, error_reply
+from cronoq.broker.messages import body_frame, check_frame_count, error_reply, wrong_endpoint_hint
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_routed, tune
@@ -99,7 +99,7 @@ class Broker:
         self._to_workers = Outbox(protocol.CommandBatch)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
-                                        stats=self.stats, reload=self.reload)
+                                        stats=self.stats, reload=self.reload, worker_endpoint=config.workers)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
@@ -219,12 +219,29 @@ class Broker:
         return [self._clients, self._workers_sock, self._client_conns.monitor,  # type: ignore[list-item,union-attr]
                 self._worker_conns.monitor]  # type: ignore[union-attr]
 
-    def stop(self) -> None:
-        """Stop accepting and return from `serve()` (graceful: changes are committed, replies sent)."""
+    def stop(self, reason: str = "asked to stop") -> None:
+        """Stop accepting and return from `serve()` (graceful: changes are committed, replies sent).
+
+        `reason` (e.g. the signal's name) goes into the log line that says what is left at the stop.
+        """
         if self._stopped is not None and not self._stopped.is_set():
             if self._commit():
                 self._flush()
+                log.info("stopping: %s; %s", reason, self._left_at_stop())
             self._stopped.set()
+
+    def _left_at_stop(self) -> str:
+        """What the broker holds as it stops, and whether it is kept, for the log."""
+        counts = {"queued": 0, "delayed": 0, "running": 0}
+        for pool_stats in self._core.stats().values():
+            for what in counts:
+                counts[what] += pool_stats[what]
+        held = f"{_count(counts['queued'], 'task')} queued, {counts['running']} running"
+        if counts["delayed"]:
+            held += f", {counts['delayed']} delayed"
+        if self._data.journal is None:
+            return f"{held}; nothing is kept (no data_dir)"
+        return f"{held}; journal flushed to {self.config.data_dir}"
 
     def _fail(self, reason: str) -> None:
         """Stop at once without answering: what this pass did is not durable, so nothing of it is confirmed."""
@@ -471,6 +488,7 @@ class Broker:
             log.warning("reload: %s change only with a restart; keeping the running values", ", ".join(needs_restart))
             new = dataclasses.replace(new, **{key: getattr(self.config, key) for key in needs_restart})
         old_pools = {pool.name for pool in self.config.pools}
+        weights_changed = _weight_changes(self.config.pools, new.pools)
         self._book.configure(new.pools)
         self._book.max_deliveries = new.max_deliveries
         self._book.result_ttl = new.result_ttl
@@ -484,9 +502,9 @@ class Broker:
         new_pools = {pool.name for pool in new.pools}
         changes = {
             "pools_added": sorted(new_pools - old_pools), "pools_draining": sorted(old_pools - new_pools),
-            "needs_restart": needs_restart,
+            "weights_changed": weights_changed, "needs_restart": needs_restart,
         }
-        log.info("reloaded %s: %s", new.source, changes)
+        log.info("reloaded %s: %s", new.source, _reload_summary(changes))
         return changes
 
     def stats(self) -> dict[str, Any]:
@@ -513,7 +531,11 @@ class Broker:
             # One error for the whole message, under its rid where it has one (a refused `ready`'s), as on the
             # client socket; a peer without a valid token earns few of them.
             if refusal_allowed(conn, now):
-                self._to_workers.put(conn, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
+                # A message meant for the client endpoint is answered under rid 0, which makes a client fail
+                # every request it sent here (see wrong_endpoint_hint).
+                hint = wrong_endpoint_hint(frames, "worker", self.config.clients)
+                rid = 0 if hint is not None else protocol.peek_rid(frames[2]) if len(frames) > 2 else 0
+                self._to_workers.put(conn, error_reply(rid, hint or exc))
             return 1
         for message, body in messages:
             try:
@@ -555,8 +577,42 @@ class Broker:
             case protocol.Leave():
                 self._workers.leave(conn, entry)
                 self._to_workers.put(conn, protocol.Left(protocol.PROTOCOL_VERSION))
+                log.info("worker %s leaving: it takes no more tasks and finishes its %s", conn.label,
+                         _count(len(self._core.worker_tasks(conn)), "running task"))
             case protocol.Bye():
+                unfinished = len(self._core.worker_tasks(conn))
                 self._workers.lose(conn, now)
+                log.info("worker %s left%s", conn.label,
+                         f" with {_count(unfinished, 'unfinished task')}" if unfinished else "")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _weight_changes(old: tuple[PoolSettings, ...], new: tuple[PoolSettings, ...]) -> list[dict[str, Any]]:
+    """Tenant weights that differ between two configs, in the pools both declare (unlisted tenants weigh 1)."""
+    before = {pool.name: pool for pool in old}
+    changes = []
+    for pool in new:
+        was = before.get(pool.name)
+        if was is None:
+            continue
+        for tenant in sorted(set(was.tenant_weights) | set(pool.tenant_weights)):
+            if was.weight(tenant) != pool.weight(tenant):
+                changes.append({"pool": pool.name, "tenant": tenant, "old": was.weight(tenant),
+                                "new": pool.weight(tenant)})
+    return changes
+
+
+def _reload_summary(changes: dict[str, Any]) -> str:
+    """What a reload changed, as one line of text (for the broker's log and `cronoq reload`)."""
+    weights = ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}"
+                        for w in changes.get("weights_changed", ()))
+    return (f"pools added: {', '.join(changes['pools_added']) or 'none'}; "
+            f"pools draining: {', '.join(changes['pools_draining']) or 'none'}; "
+            f"weights changed: {weights or 'none'}; "
+            f"kept until a restart: {', '.join(changes['needs_restart']) or 'none'}")
 
 
 def authenticate(conn: Connection, principal: Principal) -> None:

@@ -13,6 +13,15 @@ On each connection the client also asks the broker for its rules (`hello`):
 `submit` refuses a payload over the broker's max_payload_bytes itself,
 before anything is sent. Sent, libzmq would drop the connection for it, and
 the re-sent submit would drop the next one too.
+
+Waiting is only for a broker that may yet answer. The socket monitor tells
+why a connection fails (`cronoq.link`): when waiting cannot help — nothing
+ever took the connection, or the CURVE handshake cannot succeed — the
+requests fail at once with `Unavailable` naming the cause, and the socket is
+made anew so that none of them leaves later. An error the broker sends
+under request id 0 answers a whole message it could not read (this is its
+worker endpoint, or it speaks another protocol version): every request of
+the connection fails with it until the connection is made again.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from cronoq.book import MAX_NAME_LENGTH, TaskInfo, seconds_from_now
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.handles import TaskHandle, outcome_value
+from cronoq.link import EVENTS as LINK_EVENTS, Link
 from cronoq.transport import Channel, context, token_bytes, tune
 
 DEFAULT_CLIENT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -140,6 +150,11 @@ class Client:
         self._watched: dict[str, _Watch] = {}  # the same, by task id once accepted
         self._channel: Channel | None = None
         self._monitor: Channel | None = None
+        self._link = Link(address, encrypted=self._server_key is not None)
+        # Why requests fail at once instead of waiting: the broker cannot be reached (a sentence), or it
+        # refused everything this connection sent (the error's code and message).
+        self._unreachable: str | None = None
+        self._refusal: tuple[str, str] | None = None
         self._connections = 0
         self.reconnects = 0
         """How many times the connection to the broker was made again (and outstanding requests re-sent)."""
@@ -167,28 +182,32 @@ class Client:
 
     async def _open(self) -> "Client":
         if self._channel is None:
-            sock = context().socket(zmq.DEALER)
-            tune(sock)
-            if self._server_key is not None:
-                connect_encrypted(sock, self._server_key)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
-            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            try:
-                sock.connect(self.address)
-            except zmq.ZMQError as exc:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-                sock.close(linger=0)
-                raise InvalidArgument(f"cannot connect to broker address {self.address!r}: {exc}") from None
-            self._channel = Channel(sock, self._on_reply, pack=functools.partial(protocol.pack, protocol.RequestBatch),
-                                    prefix=[self._token], on_unsent=self._on_unsent)
-            self._monitor = Channel(monitor, self._on_connection_event)
+            self._connect()
             self._ask_rules()  # goes out with the first connection
         return self
 
-    async def close(self) -> None:
-        """Close the connection; requests still waiting fail with Unavailable."""
+    def _connect(self) -> None:
+        """Make the socket (and its monitor) and start connecting; InvalidArgument for an address libzmq refuses."""
+        sock = context().socket(zmq.DEALER)
+        tune(sock)
+        if self._server_key is not None:
+            connect_encrypted(sock, self._server_key)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
+        monitor = sock.get_monitor_socket(LINK_EVENTS)
+        try:
+            sock.connect(self.address)
+        except zmq.ZMQError as exc:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+            raise InvalidArgument(f"cannot connect to broker address {self.address!r}: {exc}") from None
+        self._channel = Channel(sock, self._on_reply, pack=functools.partial(protocol.pack, protocol.RequestBatch),
+                                prefix=[self._token], on_unsent=self._on_unsent)
+        self._monitor = Channel(monitor, self._on_connection_event)
+
+    def _disconnect(self) -> None:
+        """Close the socket and its monitor; what is queued in it is dropped, never sent."""
         if self._monitor is not None:
             if self._channel is not None:
                 self._channel.sock.disable_monitor()
@@ -197,6 +216,10 @@ class Client:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+
+    async def close(self) -> None:
+        """Close the connection; requests still waiting fail with Unavailable."""
+        self._disconnect()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -211,10 +234,17 @@ class Client:
         self._watched.clear()
 
     def _on_connection_event(self, frames: list[bytes]) -> None:
-        """A handshake with the broker completed. After the first, re-send what is outstanding."""
-        if parse_monitor_message(frames)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        """What the socket monitor saw. A completed handshake after the first re-sends what is outstanding;
+        a failure that waiting cannot mend fails the requests now."""
+        event = parse_monitor_message(frames)
+        self._link.observe(event["event"], event["value"], asyncio.get_running_loop().time())
+        if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._give_up_if_hopeless()
             return
         self._connections += 1
+        self._unreachable = None
+        if self._connections > 1:
+            self._refusal = None  # perhaps another broker (or endpoint) now: ask it afresh
         if self._channel is None:
             return
         if self._connections > 1:  # requests sent before the first connection were queued and went out with it
@@ -229,8 +259,24 @@ class Client:
         # The broker on the other end may have restarted with another config.
         self._ask_rules()
 
+    def _give_up_if_hopeless(self) -> None:
+        """Fail every request now, naming the cause, once the link says waiting cannot help; remake the socket
+        so that nothing queued in it (these requests, or earlier ones that timed out) reaches a broker that
+        comes up later: their callers were told they failed."""
+        if self._unreachable is not None or self._channel is None:
+            return
+        reason = self._link.hopeless(asyncio.get_running_loop().time())
+        if reason is None:
+            return
+        self._unreachable = reason
+        self._fail_all(Unavailable(reason))
+        self._disconnect()
+        self._connect()
+
     def _ask_rules(self) -> None:
         """Send a `hello`, unless one is still waiting for its answer (a new connection re-sends that one)."""
+        if self._unreachable is not None or self._refusal is not None:
+            return  # no request leaves now; the next connection asks
         if self._hello is None or self._hello.done():
             self._hello = self._send(protocol.Hello(protocol.PROTOCOL_VERSION, next(self._rids)))
             self._hello.add_done_callback(self._take_rules)
@@ -253,6 +299,7 @@ class Client:
         """The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
         request_timeout: Unavailable then, as a submit would get). None: the broker does not say."""
         if not self._heard_hello:
+            self._check_sendable()  # not the stale failure of an earlier `hello`
             self._ask_rules()  # none waiting means the last went unanswered: ask again
             hello = self._hello
             assert hello is not None
@@ -271,8 +318,7 @@ class Client:
               ) -> asyncio.Future[tuple[Any, bytes | None]]:
         """Send a request and return the future of its reply; `resend`: safe to send again on a new connection;
         `expires`: fail with Unavailable when no reply comes within request_timeout."""
-        if self._channel is None:
-            raise Unavailable("this client is not connected: use `await cronoq.connect(...)` or `async with`")
+        self._check_sendable()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending[message.rid] = _Outstanding(future, message, body, resend)
@@ -282,6 +328,16 @@ class Client:
             if self._sweeper is None:
                 self._sweeper = loop.call_later(self._sweep_interval(), self._sweep)
         return future
+
+    def _check_sendable(self) -> None:
+        """Raise what a request would meet now, if it cannot be sent: no connection, an unreachable broker, a
+        broker that refuses everything this connection sends."""
+        if self._channel is None:
+            raise Unavailable("this client is not connected: use `await cronoq.connect(...)` or `async with`")
+        if self._unreachable is not None:
+            raise Unavailable(self._unreachable)
+        if self._refusal is not None:
+            raise error_from_code(*self._refusal)
 
     def _sweep_interval(self) -> float:
         """How often expired requests are looked for: a timeout fires up to this much late."""
@@ -301,8 +357,8 @@ class Client:
                     break
                 else:
                     del pending[rid]
-                    outstanding.future.set_exception(Unavailable(
-                        f"no reply from the broker at {self.address} within {self.request_timeout:g} s; is it running?"))
+                    outstanding.future.set_exception(Unavailable(self._link.silence(
+                        f"no reply from the broker at {self.address} within {self.request_timeout:g} s")))
             expiries.popleft()
         self._sweeper = loop.call_later(self._sweep_interval(), self._sweep) if expiries else None
 
@@ -311,8 +367,8 @@ class Client:
         for message, _ in items:
             outstanding = self._pending.pop(message.rid, None)
             if outstanding is not None and not outstanding.future.done():
-                outstanding.future.set_exception(
-                    Unavailable(f"the send queue to {self.address} is full; is the broker running?"))
+                outstanding.future.set_exception(Unavailable(self._link.silence(
+                    f"the send queue to the broker at {self.address} is full")))
 
     async def _request(self, message: Any, body: bytes | None = None, *, resend: bool = True
                        ) -> tuple[Any, bytes | None]:
@@ -334,6 +390,13 @@ class Client:
         if isinstance(reply, protocol.Error) and reply.code == "UNAUTHENTICATED":
             # The broker answers a message with a bad token once, whatever it held, and then stays quiet for a
             # while: every request sent with this token shares the fate.
+            self._fail_all(error_from_code(reply.code, reply.message))
+            return
+        if isinstance(reply, protocol.Error) and reply.rid == 0:
+            # No request has id 0: the broker could not read the message at all. Refused as it is, so would
+            # every later one be (INVALID_ARGUMENT: the wrong endpoint, another protocol version).
+            if reply.code == "INVALID_ARGUMENT":
+                self._refusal = (reply.code, reply.message)
             self._fail_all(error_from_code(reply.code, reply.message))
             return
         outstanding = self._pending.pop(reply.rid, None)

@@ -1,14 +1,20 @@
-"""`cronoq-worker --broker ADDR [--token-env VAR] [--concurrency N] MODULE:ATTR`."""
+"""`cronoq-worker --broker ADDR [--token-env VAR] [--concurrency N] MODULE:ATTR`.
+
+The first SIGINT (Ctrl-C) or SIGTERM stops the worker gracefully: it takes
+no new task and finishes the running ones. A second stops it at once: the
+running tasks are abandoned to the broker, which runs them again elsewhere.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib
+import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from cronoq import logs
 from cronoq.cli import unset_token_hint
@@ -17,6 +23,8 @@ from cronoq.pool import Pool
 from cronoq.worker.runner import Worker
 
 DEFAULT_WORKER_ADDRESS = "tcp://127.0.0.1:5556"
+
+log = logging.getLogger("cronoq.worker")
 
 
 class UsageError(Exception):
@@ -62,11 +70,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(worker: Worker) -> None:
+def _tasks(count: int) -> str:
+    return f"{count} running task{'' if count == 1 else 's'}"
+
+
+async def _serve(worker: Worker) -> signal.Signals | None:
+    """Run the worker until it stops; returns the signal that stopped it at once, if one did."""
     loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        name = "Ctrl-C" if sig == signal.SIGINT else sig.name
+        received.append(sig)
+        if len(received) == 1:
+            if worker.running:
+                log.info("%s: finishing %s (%s again to stop now)", name, _tasks(worker.running), name)
+            else:
+                log.info("%s: stopping (no task is running)", name)
+            loop.create_task(worker.stop())
+        else:
+            log.warning("%s again: stopping now; the broker runs the %s again elsewhere", name, _tasks(worker.running))
+            loop.create_task(worker.stop(now=True))
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: loop.create_task(worker.stop()))
+        loop.add_signal_handler(sig, on_signal, sig)
     await worker.run()
+    return received[-1] if len(received) > 1 else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             curve_public_key=args.curve_public_key,
         )
         try:
-            _run_loop(_serve(worker))
+            stopped_by = _run_loop(_serve(worker))
         except Unauthenticated:
             if token is None:
                 raise Unauthenticated(unset_token_hint(args.token_env)) from None
@@ -92,16 +121,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = getattr(exc, "code", "usage")
         print(f"cronoq-worker: {code}: {exc}", file=sys.stderr)
         return 2
+    if stopped_by is not None:
+        # Stopped at once: a plain `def` handler may still be running in its thread, and the interpreter would
+        # wait for it on the way out. Its task is the broker's again; leave without it, as the shell's
+        # convention for a process ended by a signal says (128 + its number).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + stopped_by)
     return 0
 
 
-def _run_loop(coro: object) -> None:
+def _run_loop(coro: Any) -> Any:
     try:
         import uvloop
     except ImportError:  # uvloop is a dependency, but a worker can run without it
-        asyncio.run(coro)  # type: ignore[arg-type]
-    else:
-        uvloop.run(coro)  # type: ignore[arg-type]
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,15 @@ the broker is silent for `liveness` intervals the worker drops its socket,
 waits (doubling the wait, up to a cap) and registers again. Tasks that were
 running meanwhile still report their outcome; the broker ignores outcomes of
 leases it has given to someone else.
+
+The socket monitor says why the broker cannot be reached (`cronoq.link`),
+and the log says it once: a refused connection is waited out (workers often
+start before their broker), a CURVE mistake stops a worker that never got
+through, as a refused registration does.
+
+Stopping is graceful (running tasks finish and report) or, with
+`stop(now=True)`, at once: the socket closes, and the broker, losing the
+connection, gives the running tasks to other workers.
 """
 
 from __future__ import annotations
@@ -30,16 +39,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
 from cronoq.curve import connect_encrypted, public_key
-from cronoq.errors import CronoqError, InvalidArgument, error_from_code
+from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
+from cronoq.link import EVENTS as LINK_EVENTS, Link
 from cronoq.pool import Pool
-from cronoq.transport import Channel, context, token_bytes, tune
+from cronoq.transport import Channel, Item, context, token_bytes, tune
 
 log = logging.getLogger("cronoq.worker")
 
 RECONNECT_DELAY_MAX = 32.0
+# A failing handler's message in the worker's log is cut to this many bytes (the task's outcome keeps more).
+LOGGED_MESSAGE_BYTES = 1024
 
 
 class Worker:
@@ -77,6 +90,9 @@ class Worker:
         self._server_key = None if curve_public_key is None else public_key(curve_public_key)
         self._rids = itertools.count(1)
         self._channel: Channel | None = None
+        self._monitor: Channel | None = None
+        self._link = Link(broker, encrypted=self._server_key is not None)
+        self._told: tuple[str, bool] | None = None  # the link's trouble as last logged: each is said once
         self._running: set[asyncio.Task[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._registered = asyncio.Event()
@@ -88,11 +104,20 @@ class Worker:
         self._stopping = False
         # The broker's max_payload_bytes from the last Welcome; None until one says (older brokers never do).
         self._max_result_bytes: int | None = None
+        self.finished = 0
+        """Tasks this worker ran to an outcome it reported (succeeded or failed)."""
+        self.abandoned = 0
+        """Tasks left running when it stopped (at once, or on a fatal error): the broker runs them again."""
 
     @property
     def registered(self) -> bool:
         """Whether the broker has accepted this worker on the current connection."""
         return self._registered.is_set()
+
+    @property
+    def running(self) -> int:
+        """How many tasks run now."""
+        return len(self._running)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -107,8 +132,11 @@ class Worker:
             if self._fatal is not None:
                 raise self._fatal
         finally:
+            self._abandon_running()
             self._disconnect()
-            self._executor.shutdown(wait=False)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
+                     "" if self.finished == 1 else "s", self.abandoned)
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
@@ -119,7 +147,10 @@ class Worker:
             pass
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
-            log.warning("broker silent for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
+            if self._link.trouble is None:
+                log.warning("broker silent for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
+            else:  # why was logged when it began
+                log.debug("broker unreachable for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
             self._disconnect()
             try:
                 await asyncio.wait_for(self._stopped.wait(), self._reconnect_delay)
@@ -133,42 +164,102 @@ class Worker:
         else:
             self._send_ready()  # the broker may have come up since; ask again
 
-    async def stop(self) -> None:
-        """Take no more tasks, let the running ones finish and report, then leave."""
+    async def stop(self, *, now: bool = False) -> None:
+        """Take no more tasks, let the running ones finish and report, then leave.
+
+        With `now` (also while a graceful stop waits): close the connection at once and abandon the running
+        tasks; the broker, losing the connection, runs them again on another worker. A plain `def` handler
+        cannot be interrupted: its thread runs on, and what it returns is dropped.
+        """
+        if now:
+            self._stopping = True
+            self._abandon_running()
+            self._disconnect()
+            self._stopped.set()
+            return
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
         if self._channel is not None and self._registered.is_set():
             self._send(protocol.Leave(protocol.PROTOCOL_VERSION))
-            try:
-                # Tasks sent before the broker saw Leave are still on their way.
-                await asyncio.wait_for(self._left.wait(), self.heartbeat_interval * self.liveness)
-            except asyncio.TimeoutError:
-                pass
-        while self._running:
+            # Tasks sent before the broker saw Leave are still on their way.
+            await self._until(self._left, self.heartbeat_interval * self.liveness)
+        while self._running and not self._stopped.is_set():
             await asyncio.gather(*list(self._running), return_exceptions=True)
         if self._channel is not None:
             self._send(protocol.Bye(protocol.PROTOCOL_VERSION))
         self._stopped.set()
+
+    async def _until(self, event: asyncio.Event, timeout: float) -> None:
+        """Wait until `event` is set, the worker has stopped, or `timeout` seconds have passed."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    def _abandon_running(self) -> None:
+        """Stop waiting for the running tasks: counted as abandoned, never reported."""
+        running, self._running = self._running, set()
+        self.abandoned += len(running)
+        for job in running:
+            job.cancel()
 
     def _connect(self) -> None:
         sock = context().socket(zmq.DEALER)
         tune(sock)
         if self._server_key is not None:
             connect_encrypted(sock, self._server_key)
+        monitor = sock.get_monitor_socket(LINK_EVENTS)
         sock.connect(self.broker)
         self._channel = Channel(sock, self._on_command, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
-                                prefix=[self._token])
+                                prefix=[self._token], on_unsent=self._on_unsent)
+        self._monitor = Channel(monitor, self._on_link_event)
         self._registered.clear()
         self._last_heard = asyncio.get_running_loop().time()
         self._send_ready()
 
     def _disconnect(self) -> None:
+        if self._monitor is not None:
+            if self._channel is not None:
+                self._channel.sock.disable_monitor()
+            self._monitor.close()
+            self._monitor = None
         if self._channel is not None:
             self._channel.close()
             self._channel = None
         self._registered.clear()
+
+    def _on_link_event(self, frames: list[bytes]) -> None:
+        """What the socket monitor saw: say why the broker cannot be reached, once; stop on a CURVE mistake
+        made from the start (the configuration is wrong: waiting cannot mend it)."""
+        event = parse_monitor_message(frames)
+        link = self._link
+        link.observe(event["event"], event["value"], asyncio.get_running_loop().time())
+        if link.trouble is None:
+            if self._told is not None:
+                log.info("reached the broker at %s again", self.broker)
+                self._told = None
+            return
+        if (link.trouble, link.final) == self._told:
+            return
+        self._told = (link.trouble, link.final)
+        if link.final and link.handshakes == 0:
+            self._fatal = Unavailable(link.trouble)
+            log.error("cannot serve: %s", link.trouble)
+            self._stopped.set()
+        elif link.final:
+            log.error("%s (trying again)", link.trouble)
+        else:
+            log.warning("%s (trying again until one answers)", link.trouble)
+
+    def _on_unsent(self, items: list[Item]) -> None:
+        """The send queue is full: libzmq has no connection to queue for. Heartbeats and `ready` go again on
+        their own; the broker runs again the tasks whose `done` is lost."""
+        level = logging.DEBUG if self._link.trouble is not None else logging.WARNING  # the cause is logged
+        log.log(level, "no connection to the broker at %s; dropped %d message(s)", self.broker, len(items))
 
     # ----------------------------------------------------------------- messages
 
@@ -204,11 +295,12 @@ class Worker:
             case protocol.Heartbeat():
                 pass
             case protocol.Welcome():
+                if not self._registered.is_set():  # `ready`s queued while the broker was away are all welcomed
+                    log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
                 self._registered.set()
                 if command.max_payload_bytes is not None:
                     self._max_result_bytes = command.max_payload_bytes
                 self._reconnect_delay = self.heartbeat_interval
-                log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
             case protocol.Reregister():
                 self._registered.clear()
                 self._send_ready()
@@ -236,16 +328,26 @@ class Worker:
             value = await pool.call(protocol.decode_body(body), self._executor)
             result = protocol.encode_body(value)
         except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
-            self._send(_failure(assign, type(exc).__name__, _text(exc), traceback.format_exc()))
+            error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
+            # One line per failure; the traceback goes with the outcome (TaskFailed.traceback), and into this
+            # log at DEBUG only: a handler failing on every task must not bury the log in tracebacks.
+            log.warning("task %s (pool %s, attempt %d) failed: %s: %s", assign.id, assign.pool, assign.attempt,
+                        error_type, protocol.clip(message, LOGGED_MESSAGE_BYTES))
+            log.debug("traceback of task %s:\n%s", assign.id, trace)
+            self._report(_failure(assign, error_type, message, trace))
             return
         limit = self._max_result_bytes
         if limit is not None and len(result) > limit:
             # Sent, it would cost the connection and every task on it; this way only its own task fails.
             message = protocol.result_too_large(len(result), limit)
-            log.warning("task %s failed: %s", assign.id, message)
-            self._send(_failure(assign, InvalidArgument.__name__, message, ""))
+            log.warning("task %s (pool %s, attempt %d) failed: %s", assign.id, assign.pool, assign.attempt, message)
+            self._report(_failure(assign, InvalidArgument.__name__, message, ""))
             return
-        self._send(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+        self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+
+    def _report(self, done: protocol.Done, result: bytes | None = None) -> None:
+        self.finished += 1
+        self._send(done, result)
 
 
 def _failure(assign: protocol.Assign, error_type: str, message: str, trace: str) -> protocol.Done:

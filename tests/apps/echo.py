@@ -16,7 +16,12 @@ def sleepy(payload):
     return os.getpid()
 
 
+async def refuse(payload):
+    raise ValueError(f"cannot take {payload!r}")
+
+
 pools = [cronoq.Pool("default", echo), cronoq.Pool("slow", sleepy)]
+failing = cronoq.Pool("failing", refuse)
 default = pools[0]
 llm_conflicting = cronoq.Pool("default", echo, max_in_flight=99)
 not_a_pool = 42

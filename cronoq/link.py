@@ -1,0 +1,154 @@
+"""What a socket monitor says about a client's or worker's link to the broker, in words a user can act on.
+
+libzmq connects, reconnects and handshakes on its own, and tells the sender
+nothing: a request to a broker that is down, or that speaks CURVE with
+another key, simply waits. The socket's monitor does report each step, one
+event at a time. `Link` turns those events into the state of the link and,
+while it fails, a sentence that names why. It does no I/O and reads no
+clock: the client and the worker feed it their monitor's events with the
+loop's time.
+
+When waiting is pointless (`hopeless`):
+
+- a mechanism mismatch (one side encrypted, the other not) at once: libzmq
+  does not even try again after it;
+- a handshake that fails `HANDSHAKE_FAILURES_FINAL` times in a row without
+  saying why: with a CURVE key, the broker cannot read a peer holding
+  another broker's public key, and waiting changes nothing. (One such
+  failure is not enough to tell: a broker often drops a peer of the other
+  kind, encrypted or not, before the peer reads why, and the mismatch,
+  which names the mistake better, shows on a later attempt.)
+- refused connections only while the link has never been up, once they
+  have gone on for `REFUSED_GRACE` seconds: a broker started a moment after
+  its client still gets the requests. A link that was up is taken to be
+  restarting: its requests wait for the broker to come back (the client's
+  request_timeout).
+
+A settled trouble stays until a handshake succeeds: later attempts that
+fail less tellingly do not blur it.
+"""
+
+from __future__ import annotations
+
+import zmq
+
+REFUSED_GRACE = 1.0
+"""Seconds of refused connections, on a link never up, before its requests fail instead of waiting."""
+
+KEY_OPTION = "curve_public_key, --curve-public-key"
+
+HANDSHAKE_FAILURES_FINAL = 10
+"""Handshakes failing in a row, without a reason, that settle it (about 1.5 s of retries). Against a broker
+of the other kind, about one attempt in three fails that way before the mismatch shows; ten in a row is a
+chance in some ten thousand."""
+
+EVENTS = int(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+             | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+"""The monitor events a Link reads."""
+
+_CONNECTED = int(zmq.EVENT_CONNECTED)
+_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_NO_DETAIL = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+
+
+class Link:
+    """The link of one DEALER (the client's, or a worker's) to the broker at `address`; `encrypted`: it was
+    given the broker's CURVE public key."""
+
+    def __init__(self, address: str, *, encrypted: bool) -> None:
+        self.address = address
+        self.encrypted = encrypted
+        self.handshakes = 0
+        """Handshakes that succeeded, over the link's life."""
+        self.up = False
+        """A handshake succeeded and the connection has not ended since."""
+        self.trouble: str | None = None
+        """Why the link is failing right now, as a sentence; None while it is up or has not failed."""
+        self.trouble_since = 0.0
+        self.final = False
+        """The trouble is of the kind waiting cannot mend (a CURVE mistake)."""
+        self._reached = False  # the current attempt's TCP connection was made
+        self._refusing = False  # the trouble is refused connections, which a starting broker ends
+        self._handshake_failures = 0
+
+    def observe(self, event: int, value: int, now: float) -> None:
+        """Take one monitor event (its `event` and `value` fields) that happened at `now`."""
+        if event == _SUCCEEDED:
+            self.handshakes += 1
+            self.up = True
+            self.trouble = None
+            self.final = False
+            self._refusing = False
+            self._handshake_failures = 0
+        elif event == _CONNECTED:
+            self._reached = True
+        elif event == _DISCONNECTED:
+            self.up = False
+        elif event == _RETRIED:
+            # libzmq tries again after an attempt that failed or a connection that ended: only the first
+            # means nobody took the connection.
+            if not self._reached:
+                self._fail(f"connection refused at {self.address}: is a broker running there?", now, refused=True)
+            self._reached = False
+        elif event == _PROTOCOL and value == _MECHANISM_MISMATCH:
+            self._fail(self._mismatch(), now, final=True)
+        elif event == _AUTH:
+            self._fail(f"the broker at {self.address} refused the handshake (authentication status {value})",
+                       now, final=True)
+        elif event in (_PROTOCOL, _NO_DETAIL):
+            self._handshake_failures += 1
+            self._fail(self._wrong_key() if self.encrypted else self._dropped(), now,
+                       final=self._handshake_failures >= HANDSHAKE_FAILURES_FINAL)
+
+    def hopeless(self, now: float) -> str | None:
+        """Why requests should fail now rather than wait (the rules at the top of this module), or None."""
+        if self.trouble is None:
+            return None
+        if self.final or (self._refusing and self.handshakes == 0 and now - self.trouble_since >= REFUSED_GRACE):
+            return self.trouble
+        return None
+
+    def silence(self, what: str) -> str:
+        """Why `what` (e.g. "no reply from the broker at ADDR within 30 s") came to nothing, by the link's state."""
+        if self.trouble is not None:
+            return f"{what}: {self.trouble}"
+        if self.up:
+            return f"{what}; the connection is up: is the broker stalled or overloaded?"
+        if self._reached:
+            return (f"{what}: the connection was made but its ZeroMQ handshake never completed; "
+                    "is a cronoq broker listening there?")
+        if self.handshakes == 0:
+            return f"{what}: no connection could be made; is the address right, and reachable from here?"
+        return f"{what}; is it running?"
+
+    def _fail(self, trouble: str, now: float, *, final: bool = False, refused: bool = False) -> None:
+        if self.final:
+            return  # settled: kept until a handshake succeeds
+        if self.trouble is None:
+            self.trouble_since = now
+        self.trouble = trouble
+        self.final = final
+        self._refusing = refused
+
+    def _mismatch(self) -> str:
+        if self.encrypted:
+            return (f"the broker at {self.address} is not encrypted, but a CURVE public key was given ({KEY_OPTION}): "
+                    "leave it out, or give the broker a curve_secret_key_file")
+        return (f"the broker at {self.address} is encrypted (CURVE): give its public key ({KEY_OPTION}), the NAME.key "
+                "file `cronoq keygen` wrote with its secret key")
+
+    def _dropped(self) -> str:
+        return (f"the broker at {self.address} dropped the connection during the handshake: if it is encrypted "
+                f"(CURVE), give its public key ({KEY_OPTION}); if not, is this a cronoq broker's endpoint, with "
+                "room for another connection (max_connections)?")
+
+    def _wrong_key(self) -> str:
+        return (f"CURVE handshake with {self.address} failed: the public key given ({KEY_OPTION}) is not this "
+                "broker's; give the NAME.key written with its curve_secret_key_file (or leave the key out, if "
+                "the broker is not encrypted)")
