@@ -531,11 +531,14 @@ case("worker-ready-refused",
     .send("worker", msg("bye"))
 
 case("worker-endpoint-rid-echo",
-     "On the worker endpoint too the rid is echoed when it can be read: a client's tag sent there, a ready whose "
-     "version is a string. Messages without a rid (done) never lend their third field as one.",
+     "On the worker endpoint too the rid is echoed when it can be read: an unknown tag, a ready whose "
+     "version is a string. Messages without a rid (done) never lend their third field as one. A client's "
+     "request sent there is refused under rid 0, naming the client endpoint: the client fails every request "
+     "it sent to the wrong place.",
      peers={"worker": "workers"}) \
     .send("worker", msg("heartbeat"), expect={"worker": [reply("reregister", 1)]}) \
-    .refused("worker", raw("submit", 1, 113), rid=113, text="unknown tag 'submit'") \
+    .refused("worker", raw("frobnicate", 1, 113), rid=113, text="unknown tag 'frobnicate'") \
+    .refused("worker", raw("submit", 1, 116), rid=0, text="this is the broker's worker endpoint") \
     .refused("worker", raw("ready", "1", 114, ["work"], 1), rid=114) \
     .send("worker", raw("done", 1, 115), expect={"worker": [error(0, "INVALID_ARGUMENT")]}) \
     .send("worker", msg("bye"))

@@ -18,7 +18,9 @@ from cronoq import protocol
 from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields, unknown_task
 from cronoq.broker.auth import Principal
 from cronoq.broker.connections import Connection
-from cronoq.broker.messages import body_frame, check_frame_count, error_reply, wrong_endpoint_hint
+from cronoq.broker.messages import (
+    body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
+)
 from cronoq.broker.outbox import Outbox
 from cronoq.errors import CronoqError, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 
@@ -56,14 +58,16 @@ class ClientRequests:
             check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
             principal = self._identify(frames[1])
             requests = protocol.read_client_requests(frames[2], body_frame(frames))
+            refuse_if_misdirected(frames, requests, "client", self._worker_endpoint)
             self._authenticate(conn, principal)
         except CronoqError as exc:
             # One error for the whole message, however many requests it holds: under its rid if it has one that
             # can be read (never a batch's). An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request
             # sent with that token, and a peer without a valid token earns few of them (refusal_allowed).
             if self._refusal_allowed(conn, now):
-                exc = wrong_endpoint_hint(frames, "client", self._worker_endpoint) or exc
-                put(conn, error_reply(protocol.peek_rid(frames[2]) if len(frames) > 2 else 0, exc))
+                hint = wrong_endpoint_hint(frames, "client", self._worker_endpoint)
+                rid = 0 if hint is not None else protocol.peek_rid(frames[2]) if len(frames) > 2 else 0
+                put(conn, error_reply(rid, hint or exc))
             return 1
         for request, body in requests:
             try:

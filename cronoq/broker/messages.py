@@ -40,11 +40,12 @@ class _TagPeek(msgspec.Struct, array_like=True):
 class _BatchPeek(msgspec.Struct, array_like=True):
     tag: str
     v: Any
-    items: list[tuple[msgspec.Raw, msgspec.Raw]]  # each header and body, left unread
+    items: list[msgspec.Raw]  # left unread: only the first one's tag is looked at
 
 
 _tag_decoder = msgspec.msgpack.Decoder(_TagPeek)
 _batch_decoder = msgspec.msgpack.Decoder(_BatchPeek)
+_item_decoder = msgspec.msgpack.Decoder(tuple[msgspec.Raw, msgspec.Raw])
 
 
 def _first_tag(header: bytes) -> str | None:
@@ -53,7 +54,7 @@ def _first_tag(header: bytes) -> str | None:
         tag = _tag_decoder.decode(header).tag
         if tag == "batch":
             items = _batch_decoder.decode(header).items
-            tag = _tag_decoder.decode(items[0][0]).tag if items else None
+            tag = _tag_decoder.decode(_item_decoder.decode(items[0])[0]).tag if items else None
     except (msgspec.DecodeError, RecursionError):
         return None
     return tag
@@ -75,3 +76,17 @@ def wrong_endpoint_hint(frames: list[bytes], this_socket: str, other_endpoint: s
         return InvalidArgument(f"this is the broker's worker endpoint; clients (and the cronoq command) connect to "
                                f"its client endpoint ({other_endpoint})")
     return None
+
+
+def refuse_if_misdirected(frames: list[bytes], messages: list[tuple[Any, bytes | None]], this_socket: str,
+                          other_endpoint: str) -> None:
+    """Raise the wrong-endpoint refusal for a batch that belongs on the other endpoint: none of its items
+    could be read here, and the first is the other endpoint's (a client's `hello` and `stats` sent to the worker
+    endpoint, say). One refusal naming the right endpoint, under rid 0, says more than an error per item;
+    a batch with anything this endpoint can read is answered item by item. Looked at only when every item was
+    refused, so a good batch costs nothing more.
+    """
+    if all(type(message) is protocol.Refused for message, _ in messages):
+        hint = wrong_endpoint_hint(frames, this_socket, other_endpoint)
+        if hint is not None:
+            raise hint

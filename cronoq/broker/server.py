@@ -44,7 +44,9 @@ from cronoq.broker.cron import CronRunner
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
-from cronoq.broker.messages import body_frame, check_frame_count, error_reply, wrong_endpoint_hint
+from cronoq.broker.messages import (
+    body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
+)
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_routed, tune
@@ -526,6 +528,7 @@ class Broker:
             principal = self._identify(frames[1])
             principal.require("serve")
             messages = protocol.read_worker_messages(frames[2], body_frame(frames))
+            refuse_if_misdirected(frames, messages, "worker", self.config.clients)
             authenticate(conn, principal)
         except CronoqError as exc:
             # One error for the whole message, under its rid where it has one (a refused `ready`'s), as on the

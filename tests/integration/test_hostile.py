@@ -11,6 +11,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,7 @@ def test_every_item_of_a_clients_batch_is_answered_under_its_own_rid(scene_and_l
     """A batch with a good token: each item gets its reply, or its error, under its own rid where its header
     shows one (items that cannot show one are refused under rid 0), however ill-typed the others are."""
     scene, caplog = scene_and_log
+    client_says(scene.broker, b"batcher", protocol.Ping(V, 1))  # a peer that showed a good token: never rationed
     before = scene.picture()
     wire, owed, assigned = [], collections.Counter(), set()
     for item in items:
@@ -147,13 +149,28 @@ def test_every_item_of_a_clients_batch_is_answered_under_its_own_rid(scene_and_l
             owed[rid] += 1
     scene.broker._requests.on_message(peer(b"batcher"), [b"batcher", b"", msgspec.msgpack.encode(["batch", V, wire])], NOW)
     answered = collections.Counter()
-    for frames in _replies(scene.broker):
-        for reply, _ in protocol.unbatch(protocol.decode_client_reply(frames[0]), None):
-            answered[reply.rid] += 1
+    replies = [reply for frames in _replies(scene.broker)
+               for reply, _ in protocol.unbatch(protocol.decode_client_reply(frames[0]), None)]
+    if misdirected(wire):  # a worker's batch sent here: one refusal naming the worker endpoint, under rid 0
+        assert [(r.rid, r.code) for r in replies] == [(0, "INVALID_ARGUMENT")]
+        assert "worker endpoint" in replies[0].message
+        return
+    for reply in replies:
+        answered[reply.rid] += 1
     assert {rid for rid in owed} <= set(answered), "an item went unanswered"
     assert set(answered) & assigned == set(owed), "a reply under the rid of an item that has none"
     assert scene.picture() == before
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a message made the broker fail"
+
+
+def misdirected(wire: list) -> bool:
+    """Whether a client batch is a worker's: its first item has a worker's tag, and none reads as a request."""
+    worker_tags = {kind.__struct_config__.tag for kind in typing.get_args(protocol.WorkerMessage)}
+    first = wire[0][0] if wire and isinstance(wire[0], list) and wire[0] and isinstance(wire[0][0], list) else None
+    if not first or first[0] not in worker_tags:
+        return False
+    refused = protocol.read_client_requests(msgspec.msgpack.encode(["batch", V, wire]), None)
+    return all(isinstance(request, protocol.Refused) for request, _ in refused)
 
 
 @pytest.fixture

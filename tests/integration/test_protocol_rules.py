@@ -166,9 +166,12 @@ def test_errors_carry_the_rid_whenever_it_can_be_read(tmp_path):
     assert _summary(_said(broker, b"client", encode(["ping", "1", 41]))) == [("Error", 41, "INVALID_ARGUMENT")]
     assert _summary(_worker_said(broker, b"w1", encode(["ready", "1", 42, ["default"], 1]))) == [
         ("Error", 42, "INVALID_ARGUMENT")]
-    # A tag the worker endpoint does not know (a client's request sent to the wrong endpoint).
-    [(error, _)] = _worker_said(broker, b"w1", encode(["submit", 1, 43]))
-    assert (error.rid, error.code) == (43, "INVALID_ARGUMENT") and "unknown tag 'submit'" in error.message
+    # A tag the worker endpoint does not know.
+    [(error, _)] = _worker_said(broker, b"w1", encode(["frobnicate", 1, 43]))
+    assert (error.rid, error.code) == (43, "INVALID_ARGUMENT") and "unknown tag 'frobnicate'" in error.message
+    # A client's request sent to the wrong endpoint: rid 0, so the client fails all it sent there.
+    [(error, _)] = _worker_said(broker, b"w1", encode(["submit", 1, 46]))
+    assert (error.rid, error.code) == (0, "INVALID_ARGUMENT") and "worker endpoint" in error.message
     # Messages without a rid never lend their third field as one.
     assert _summary(_worker_said(broker, b"w1", encode(["done", 1, 44]))) == [("Error", 0, "INVALID_ARGUMENT")]
     # Too many frames: the header is still read for its rid.
