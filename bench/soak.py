@@ -36,7 +36,8 @@ from typing import Any, Iterator
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Children, child_env, cpu_seconds, log_dir, percentile, python, rss_bytes  # noqa: E402
+from bench.common import (ROOT, Children, child_env, cpu_seconds, free_port, log_dir, percentile, python,  # noqa: E402
+                          rss_bytes)
 from bench.stacks import TOKENS, CronoqBroker, broker_config, start_cronoq_worker  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -76,6 +77,7 @@ class Recording:
     probes: list[tuple[float, float]] = field(default_factory=list)      # (time, round trip s)
     progress: list[tuple[float, float]] = field(default_factory=list)    # (time, tasks done so far)
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (start, end)
+    loop: dict[str, Any] = field(default_factory=dict)  # the broker's own histograms of its loop, from /metrics
 
 
 def data_dir_bytes(path: Path) -> int:
@@ -88,6 +90,45 @@ def data_dir_bytes(path: Path) -> int:
             except OSError:
                 pass  # replaced by a compaction meanwhile
     return total
+
+
+def scrape(address: str) -> str:
+    """The broker's /metrics text ("" if it cannot be had: an older broker without the endpoint, say)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+            return reply.read().decode()
+    except OSError:
+        return ""
+
+
+HISTOGRAMS = {"pass": "cronoq_loop_pass_seconds", "pass cpu": "cronoq_loop_pass_cpu_seconds",
+              "gc": "cronoq_gc_pause_seconds",
+              "commit": "cronoq_journal_commit_seconds"}
+
+
+def loop_histograms(text: str) -> dict[str, Any]:
+    """From the broker's own histograms: how many loop passes, collections and commits, and how many of each
+    took longer than 2, 4, 8, 16, 32 ms ("over_ms"), plus the longest bucket reached ("max_le_ms")."""
+    out: dict[str, Any] = {}
+    for key, name in HISTOGRAMS.items():
+        buckets: dict[float, float] = {}
+        for line in text.splitlines():
+            if line.startswith(name + "_bucket{"):
+                labels, value = line[len(name) + 8:].rsplit("} ", 1)
+                bound = [part.split("=")[1].strip('"') for part in labels.split(",") if part.startswith("le=")][0]
+                le = float("inf") if bound == "+Inf" else float(bound)
+                buckets[le] = buckets.get(le, 0.0) + float(value)  # summed over labels (gc generations)
+        if not buckets:
+            continue
+        total = buckets[float("inf")]
+        over = {ms: total - next((v for le, v in sorted(buckets.items()) if le >= ms / 1e3), total)
+                for ms in (2, 4, 8, 16, 32)}
+        reached = [le for le, v in sorted(buckets.items()) if v < total]
+        top = sorted(buckets)[len(reached)] if len(reached) < len(buckets) else float("inf")
+        out[key] = {"count": total, "over_ms": over, "max_le_ms": top * 1e3}
+    return out
 
 
 def _role(role: str, address: str, out: Path, *args: str, tokens: bool) -> subprocess.Popen:
@@ -205,14 +246,18 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
     """Run one soak (or fill-and-drain) and return its summary; writes the JSON and PNG unless `s.out` is None."""
     import uvloop
 
+    from bench.run import _busy_seconds, _our_seconds
+
+    busy0, ours0, wall0 = _busy_seconds(), _our_seconds(), time.monotonic()
     durable_text = True
     with tempfile.TemporaryDirectory(prefix="cronoq-soak-") as tmp:
         folder = Path(tmp)
         data = folder / "data"
         text, address, workers_address = broker_config(durable=durable_text, tokens=s.tokens, data_dir=data,
                                                        pools=POOLS)
-        if s.result_ttl is not None:
-            text = text.replace("[broker]\n", f"[broker]\nresult_ttl = {s.result_ttl}\n", 1)
+        metrics = f"127.0.0.1:{free_port()}"
+        extra = f'metrics = "{metrics}"\n' + ("" if s.result_ttl is None else f"result_ttl = {s.result_ttl}\n")
+        text = text.replace("[broker]\n", "[broker]\n" + extra, 1)
         broker = CronoqBroker(text, folder)
         workers: list[subprocess.Popen] = []
         try:
@@ -226,11 +271,15 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
             log(f"{what}: broker pid {proc.pid}, {s.workers} workers x {s.concurrency}, window {s.window}")
             runner = _fill_drain if s.fill_drain else _soak
             rec = uvloop.run(runner(s, address, proc, workers, data, folder))
+            rec.loop = loop_histograms(scrape(metrics))
         finally:
             for worker in workers:
                 Children.stop(worker)
             broker.stop()
     summary = summarize(s, rec)
+    # The machine is shared: what other processes used meanwhile tells how far to trust the latencies.
+    summary["foreign_load_cores"] = max(0.0, (_busy_seconds() - busy0) - (_our_seconds() - ours0)) / (
+        time.monotonic() - wall0)
     log(summary_text(summary))
     if s.out is not None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.started))
@@ -336,6 +385,7 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
         growth = phases["slow reader"].get("rss_growth_mib", float("nan"))
         out["targets"][f"slow reader: RSS growth < {TARGET_SLOW_READER_MIB:g} MiB"] = growth < TARGET_SLOW_READER_MIB
     out["phases"] = phases
+    out["loop"] = rec.loop
     return out
 
 
@@ -344,6 +394,8 @@ def summary_text(summary: dict[str, Any]) -> str:
         return f"probe p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, worst {p['max_ms']:.1f} ms ({p['count']:,} probes)"
 
     lines = [f"{summary['kind']} over {summary['seconds']:.0f} s: {lat(summary['probe'])}"]
+    if "foreign_load_cores" in summary:
+        lines.append(f"  other processes on the machine used {summary['foreign_load_cores']:.2f} cores meanwhile")
     if "tasks_per_s" in summary:
         cpu = summary.get("cpu_us_per_task", {})
         lines.append(f"  {summary['tasks_per_s']:,.0f} tasks/s; CPU µs/task broker {cpu.get('broker', float('nan')):.1f}, "
@@ -356,6 +408,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         extra = f", {phase['tasks_per_s']:,.0f} tasks/s" if "tasks_per_s" in phase else ""
         growth = f", RSS +{phase['rss_growth_mib']:.1f} MiB" if "rss_growth_mib" in phase else ""
         lines.append(f"  {name} ({phase['seconds']:.0f} s): {lat(phase['probe'])}{extra}{growth}")
+    for key, h in summary.get("loop", {}).items():
+        over = ", ".join(f">{ms} ms {n:,.0f}" for ms, n in h["over_ms"].items() if n)
+        lines.append(f"  broker {key}: {h['count']:,.0f}, longest <= {h['max_le_ms']:g} ms" + (f"; {over}" if over else ""))
     for target, met in summary.get("targets", {}).items():
         lines.append(f"  {'met' if met else 'NOT met':>7}  {target}")
     return "\n".join(lines)

@@ -258,16 +258,15 @@ class Connections:
         conn.parked_bytes += size
         self.backlogged.add(conn)  # kept in view until its parked messages are handled
 
-    def unpark(self, conn: Connection) -> list[list[bytes]]:
-        """The messages set aside, once the backlog is back under budget (in the order they came)."""
+    def unpark(self, conn: Connection) -> list[bytes] | None:
+        """The oldest message set aside, once the backlog is back under budget; None: nothing to handle now."""
         if not conn.parked or self.over_budget(conn):
-            return []
-        parked = list(conn.parked)
-        conn.parked.clear()
-        conn.parked_bytes = 0
-        if not conn.backlog:
+            return None
+        frames = conn.parked.popleft()
+        conn.parked_bytes -= sum(len(frame) for frame in frames)
+        if not conn.parked and not conn.backlog:
             self.backlogged.discard(conn)
-        return parked
+        return frames
 
 
 def _shut_down(fd: int) -> None:
