@@ -42,6 +42,7 @@ from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, Perm
 from cronoq.broker.clients import ClientRequests
 from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.cron import CronRunner
+from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
@@ -101,9 +102,10 @@ class Broker:
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
+        self._stats_replies = StatsReplies(self._core, self._stats_of)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
-                                        stats=self.stats, reload=self.reload)
+                                        stats=self._stats_replies.request, reload=self.reload)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
@@ -273,6 +275,7 @@ class Broker:
         # Every pass forgets what expired since the last: a few records each time, never a day's worth at once.
         self._book.forget_expired_records(now)
         dispatched = self._dispatch(now)
+        self._stats_replies.step()  # a step of the search for the busiest tenants, when a `stats` waits for one
         if asked or dispatched:
             self._busy = True
         if not self._commit():
@@ -287,7 +290,8 @@ class Broker:
         self.metrics.pass_took(time.perf_counter() - started, time.thread_time() - cpu_started)
         # A send can consume the FD's edge for a message that arrived meanwhile: after sending, one more
         # pass must find both sockets empty before the loop may sleep.
-        if handled or sent or worker_conns.ending or client_conns.ending:  # type: ignore[union-attr]
+        if (handled or sent or worker_conns.ending or client_conns.ending  # type: ignore[union-attr]
+                or self._stats_replies.searching):
             self._next_pass = asyncio.get_running_loop().call_soon(self._pump)
         self._arm_timer()
         self._arm_retry()
@@ -530,8 +534,13 @@ class Broker:
         return changes
 
     def stats(self) -> dict[str, Any]:
-        """Per-pool statistics from the core, plus the workers serving each pool."""
-        pools = self._core.stats()
+        """Per-pool statistics from the core, plus the workers serving each pool, at once (the metrics endpoint
+        asks this way); a pool with more than STATS_TENANTS tenants lists those the last search found busiest."""
+        return self._stats_replies.now()
+
+    def _stats_of(self, chosen: dict[str, list[str | None]]) -> dict[str, Any]:
+        """The stats, listing for each pool in `chosen` those tenants, and for any other at most STATS_TENANTS."""
+        pools = self._core.stats(chosen, limit=STATS_TENANTS)
         rates = self._dispatch_rates(self._clock())
         for name, pool_stats in pools.items():
             pool_stats["workers"] = self._workers.serving(name)
