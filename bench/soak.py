@@ -113,21 +113,22 @@ def loop_histograms(text: str) -> dict[str, Any]:
     took longer than 2, 4, 8, 16, 32 ms ("over_ms"), plus the longest bucket reached ("max_le_ms")."""
     out: dict[str, Any] = {}
     for key, name in HISTOGRAMS.items():
-        buckets: dict[float, float] = {}
+        series: dict[str, dict[float, float]] = {}
         for line in text.splitlines():
             if line.startswith(name + "_bucket{"):
                 labels, value = line[len(name) + 8:].rsplit("} ", 1)
-                bound = [part.split("=")[1].strip('"') for part in labels.split(",") if part.startswith("le=")][0]
-                le = float("inf") if bound == "+Inf" else float(bound)
-                buckets[le] = buckets.get(le, 0.0) + float(value)  # summed over labels (gc generations)
-        if not buckets:
-            continue
-        total = buckets[float("inf")]
-        over = {ms: total - next((v for le, v in sorted(buckets.items()) if le >= ms / 1e3), total)
-                for ms in (2, 4, 8, 16, 32)}
-        reached = [le for le, v in sorted(buckets.items()) if v < total]
-        top = sorted(buckets)[len(reached)] if len(reached) < len(buckets) else float("inf")
-        out[key] = {"count": total, "over_ms": over, "max_le_ms": top * 1e3}
+                parts = dict(part.split("=", 1) for part in labels.split(","))
+                bound = parts.pop("le").strip('"')
+                label = " ".join(f"{k} {v.strip(chr(34))}" for k, v in parts.items())  # e.g. "generation 2"
+                series.setdefault(label, {})[float("inf") if bound == "+Inf" else float(bound)] = float(value)
+        for label, buckets in series.items():
+            total = buckets[float("inf")]
+            if not total:
+                continue
+            over = {ms: total - next((v for le, v in sorted(buckets.items()) if le >= ms / 1e3), total)
+                    for ms in (2, 4, 8, 16, 32)}
+            top = next(le for le, v in sorted(buckets.items()) if v >= total)
+            out[f"{key} ({label})" if label else key] = {"count": total, "over_ms": over, "max_le_ms": top * 1e3}
     return out
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from cronoq.broker.collector import NEVER, QUIET_COLLECTION_INTERVAL, QUIET_COLLECTION_RECORDS, CollectorPolicy
+from cronoq.broker.collector import (NEVER, QUIET_COLLECTION_INTERVAL, QUIET_COLLECTION_RECORDS,
+                                     YOUNG_COLLECTION_WORK, CollectorPolicy)
 
 
 class Cycle:
@@ -22,6 +23,13 @@ def test_full_collections_wait_for_quiet_points_and_every_pause_is_timed():
         assert gc.get_freeze_count() > 0, "what start-up made is out of every collection's way"
         gc.collect(0)
         assert pauses and pauses[-1][0] == 0 and pauses[-1][1] >= 0
+        kept = [[n] for n in range(1000)]  # new objects that stay, as a drain's records do
+        frozen, count = gc.get_freeze_count(), len(pauses)
+        policy.worked(YOUNG_COLLECTION_WORK - 1)
+        assert len(pauses) == count, "not yet due"
+        policy.worked(1)
+        assert pauses[-1][0] == 1, "the young generations, collected"
+        assert gc.get_freeze_count() >= frozen + len(kept), "and what survived them is out of every later walk"
         Cycle()  # garbage only a collection can reclaim
         assert not policy.quiet(now=1000.0, records=QUIET_COLLECTION_RECORDS + 1), "too large to walk now"
         assert policy.quiet(now=1000.0, records=10)

@@ -284,6 +284,7 @@ class Broker:
             self._cron.save()  # type: ignore[union-attr]
         sent = bool(self._to_clients) or bool(self._to_workers)
         self._flush()
+        self._collector.worked(handled + dispatched)  # after the flush: nobody's reply waits for it
         until = started + PASS_BUDGET
         handled += self._unpark(worker_conns, self._on_worker_message, now, until)
         handled += self._unpark(client_conns, self._requests.on_message, now, until)
