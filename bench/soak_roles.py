@@ -1,6 +1,6 @@
 """The processes of a soak run (`bench/soak.py`) other than the broker and its workers.
 
-    python -m bench.soak_roles load ADDRESS OUT --seconds S --window W
+    python -m bench.soak_roles load ADDRESS OUT --seconds S --window W [--connections C]
     python -m bench.soak_roles probe ADDRESS OUT --seconds S --gap G
     python -m bench.soak_roles fill ADDRESS OUT --tasks N --window W
     python -m bench.soak_roles slow-reader ADDRESS OUT --seconds S
@@ -11,7 +11,8 @@ per half second to OUT, `<unix time> <numbers...>`, flushed as it goes, and
 stops by itself after --seconds (0: when sent SIGTERM).
 
 - load: `window` coroutines, each submitting a task to pool `default` and
-  awaiting its result, again and again. Lines: time, tasks done, errors.
+  awaiting its result, again and again, spread over `connections` client
+  connections. Lines: time, tasks done, errors.
 - probe: one task at a time to pool `probe` (its own worker), `gap` seconds
   apart. Lines: time, round trip in seconds (submit to result).
 - fill: submits `tasks` tasks to pool `default` without awaiting results.
@@ -61,7 +62,8 @@ async def _report(out: TextIO, stop: asyncio.Event, line: Callable[[], str]) -> 
     out.flush()
 
 
-async def load(address: str, out: TextIO, seconds: float, window: int, token: str | None) -> None:
+async def load(address: str, out: TextIO, seconds: float, window: int, token: str | None,
+               connections: int = 1) -> None:
     stop = _stopper(seconds)
     done = errors = 0
 
@@ -81,11 +83,16 @@ async def load(address: str, out: TextIO, seconds: float, window: int, token: st
             done += 1
             n += window
 
-    async with cronoq.connect(address, token=token) as sched:
-        await sched.ping()
-        lanes = [asyncio.ensure_future(lane(sched, k)) for k in range(window)]
+    scheds = [await cronoq.connect(address, token=token) for _ in range(connections)]
+    try:
+        for sched in scheds:
+            await sched.ping()
+        lanes = [asyncio.ensure_future(lane(scheds[k % connections], k)) for k in range(window)]
         await _report(out, stop, lambda: f"{done} {errors}")
         await asyncio.wait_for(asyncio.gather(*lanes), 120)
+    finally:
+        for sched in scheds:
+            await sched.close()
 
 
 async def probe(address: str, out: TextIO, seconds: float, gap: float, token: str | None) -> None:
@@ -181,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--gap", type=float, default=0.01)
     parser.add_argument("--tasks", type=int, default=0)
+    parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--token-env", help="the environment variable that holds the client token")
     args = parser.parse_args(argv)
     token = os.environ[args.token_env] if args.token_env else None
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         if args.role == "load":
-            uvloop.run(load(args.address, out, args.seconds, args.window, token))
+            uvloop.run(load(args.address, out, args.seconds, args.window, token, args.connections))
         elif args.role == "probe":
             uvloop.run(probe(args.address, out, args.seconds, args.gap, token))
         else:
