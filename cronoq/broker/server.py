@@ -578,7 +578,11 @@ class Broker:
             entry.last_seen = now
         match message:
             case protocol.Ready():
-                self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
+                if entry is None or entry.leaving or entry.pools != list(message.pools):
+                    self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
+                # else the same Ready again on a registered connection: a worker asks again when its Welcome is
+                # slow to come (a busy machine), and by then it may hold tasks it has not seen yet. Its slots are
+                # the broker's count, not the stale one it sent: it only gets its Welcome again.
                 self._to_workers.put(conn, protocol.Welcome(
                     protocol.PROTOCOL_VERSION, message.rid, self.config.heartbeat_interval, self.config.liveness,
                     self.config.max_payload_bytes,
