@@ -57,7 +57,7 @@ def _start_workers(address: str, case: Case) -> list[subprocess.Popen]:
         log = log_dir() / f"peers-worker-{i}.log"
         procs.append(Children.spawn([python(), "-m", "cronoq.worker.cli", "--broker", address, "--concurrency",
                                      str(case.concurrency), "--log-level", "INFO", "bench.apps:noop"], log,
-                                    env=child_env(TOKENS)))
+                                    env=child_env(TOKENS), cwd=log_dir()))
         logs.append(log)
     for proc, log in zip(procs, logs):
         wait_for_line(proc, log, "registered with", timeout=120)
@@ -81,7 +81,7 @@ def run_case(case: Case, seconds: float) -> dict[str, Any]:
                 clients.append(Children.spawn(
                     [python(), "-m", "bench.soak_roles", "load", address, str(folder / f"load-{i}.txt"),
                      "--seconds", str(WARMUP + seconds + 2), "--window", str(case.window),
-                     "--connections", str(case.connections)], log_dir() / f"peers-load-{i}.log"))
+                     "--connections", str(case.connections)], log_dir() / f"peers-load-{i}.log", cwd=log_dir()))
             time.sleep(WARMUP)
             groups = {"broker": [proc.pid], "workers": [w.pid for w in workers], "clients": [c.pid for c in clients]}
             t0, cpu0, passes0 = time.time(), {k: cpu_seconds(v) for k, v in groups.items()}, _passes(metrics)

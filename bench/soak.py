@@ -136,7 +136,7 @@ def _role(role: str, address: str, out: Path, *args: str, tokens: bool) -> subpr
     command = [python(), "-m", "bench.soak_roles", role, address, str(out), *args]
     if tokens:
         command += ["--token-env", "BENCH_CLIENT_TOKEN"]
-    return Children.spawn(command, log_dir() / f"soak-{role}.log", env=child_env(TOKENS))
+    return Children.spawn(command, log_dir() / f"soak-{role}.log", env=child_env(TOKENS), cwd=log_dir())
 
 
 def _lines(path: Path) -> Iterator[list[float]]:
