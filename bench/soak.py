@@ -104,6 +104,7 @@ def scrape(address: str) -> str:
 
 
 HISTOGRAMS = {"pass": "cronoq_loop_pass_seconds", "pass cpu": "cronoq_loop_pass_cpu_seconds",
+              "heartbeat work": "cronoq_loop_heartbeat_seconds",
               "gc": "cronoq_gc_pause_seconds",
               "commit": "cronoq_journal_commit_seconds"}
 

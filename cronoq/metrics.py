@@ -59,6 +59,7 @@ class BrokerMetrics:
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
         self.pass_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.pass_cpu_seconds = Histogram(PASS_SECONDS_BUCKETS)
+        self.heartbeat_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.gc_seconds = [Histogram(GC_SECONDS_BUCKETS) for _ in range(3)]
 
     def task_finished(self, pool: str, outcome: str, submitted_at: float, started_at: float | None,
@@ -78,6 +79,10 @@ class BrokerMetrics:
         the loop's thread used in it (less, when the machine gave the CPU to other processes meanwhile)."""
         self.pass_seconds.observe(seconds)
         self.pass_cpu_seconds.observe(cpu_seconds)
+
+    def heartbeat_took(self, seconds: float) -> None:
+        """The broker's once-a-heartbeat work: beats, liveness, sweeps, a journal compaction when one is due."""
+        self.heartbeat_seconds.observe(seconds)
 
     def gc_paused(self, generation: int, seconds: float) -> None:
         """One collection of Python's cyclic garbage collector (generation 0, 1 or 2) held the loop this long."""
@@ -146,6 +151,11 @@ class BrokerCollector:
                                     "machine ran other processes meanwhile).")
         cpu.add_metric([], self._metrics.pass_cpu_seconds.buckets(), self._metrics.pass_cpu_seconds.sum)
         yield cpu
+        beat = HistogramMetricFamily("cronoq_loop_heartbeat_seconds",
+                                     "Time the broker's loop spent on its once-a-heartbeat work (beats, liveness, "
+                                     "sweeps, a journal compaction when one is due).")
+        beat.add_metric([], self._metrics.heartbeat_seconds.buckets(), self._metrics.heartbeat_seconds.sum)
+        yield beat
         yield _histogram_family("cronoq_gc_pause_seconds", "Time one collection of Python's garbage collector took.",
                                 {str(g): h for g, h in enumerate(self._metrics.gc_seconds)}, label="generation")
 

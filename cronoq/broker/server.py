@@ -417,6 +417,7 @@ class Broker:
         # Read what is waiting first: a worker's heartbeats and `done`s that queued up while this loop was
         # busy are signs of life, and must be counted before anyone is judged silent.
         self._pump()
+        started = time.perf_counter()
         now = self._clock()
         if late > interval:
             # The broker itself stalled (a long pause, SIGSTOP, a swapped-out page): the workers' silence is
@@ -439,6 +440,7 @@ class Broker:
         if not self._busy:
             self._collector.quiet(loop.time(), len(self._book.records))
         self._busy = False
+        self.metrics.heartbeat_took(time.perf_counter() - started)
         self._beat_due = loop.time() + interval
         self._heartbeat = loop.call_later(interval, self._on_heartbeat_tick)
         self._pump()
