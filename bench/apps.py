@@ -28,3 +28,5 @@ async def _arrival(payload: dict[str, Any]) -> list[Any]:
 
 noop = cronoq.Pool("default", _noop)
 fair = cronoq.Pool("fair", _arrival)
+probe = cronoq.Pool("probe", _noop)
+"""The soak's probe pool (`bench/soak.py`): one task at a time, on a worker of its own."""

@@ -110,7 +110,9 @@ def start_cronoq_worker(workers_address: str, target: str, concurrency: int, log
             "--log-level", "INFO"]
     if tokens:
         args += ["--token-env", "BENCH_WORKER_TOKEN"]
-    proc = Children.spawn([*args, target], log, env=child_env(TOKENS))
+    # Not from the repository: `python -m` puts its working directory first on sys.path, ahead of a copy of
+    # cronoq named in PYTHONPATH (bench/README.md, "Benchmarking a modified copy").
+    proc = Children.spawn([*args, target], log, env=child_env(TOKENS), cwd=log_dir())
     wait_for_line(proc, log, "registered with")
     return proc
 

@@ -23,6 +23,8 @@ log = logging.getLogger("cronoq.metrics")
 
 TASK_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 COMMIT_SECONDS_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+GC_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+PASS_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 1, 5)
 
 
 class Histogram:
@@ -55,6 +57,10 @@ class BrokerMetrics:
         self.queue_wait: dict[str, Histogram] = {}
         self.run_time: dict[str, Histogram] = {}
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.pass_seconds = Histogram(PASS_SECONDS_BUCKETS)
+        self.pass_cpu_seconds = Histogram(PASS_SECONDS_BUCKETS)
+        self.heartbeat_seconds = Histogram(PASS_SECONDS_BUCKETS)
+        self.gc_seconds = [Histogram(GC_SECONDS_BUCKETS) for _ in range(3)]
 
     def task_finished(self, pool: str, outcome: str, submitted_at: float, started_at: float | None,
                       finished_at: float | None) -> None:
@@ -67,6 +73,20 @@ class BrokerMetrics:
 
     def commit_took(self, seconds: float) -> None:
         self.commit_seconds.observe(seconds)
+
+    def pass_took(self, seconds: float, cpu_seconds: float) -> None:
+        """One pass of the broker's loop (handle, dispatch, commit, send): its wall-clock time, and the CPU time
+        the loop's thread used in it (less, when the machine gave the CPU to other processes meanwhile)."""
+        self.pass_seconds.observe(seconds)
+        self.pass_cpu_seconds.observe(cpu_seconds)
+
+    def heartbeat_took(self, seconds: float) -> None:
+        """The broker's once-a-heartbeat work: beats, liveness, sweeps, a journal compaction when one is due."""
+        self.heartbeat_seconds.observe(seconds)
+
+    def gc_paused(self, generation: int, seconds: float) -> None:
+        """One collection of Python's cyclic garbage collector (generation 0, 1 or 2) held the loop this long."""
+        self.gc_seconds[generation].observe(seconds)
 
     @staticmethod
     def _histogram(by_pool: dict[str, Histogram], pool: str) -> Histogram:
@@ -122,6 +142,22 @@ class BrokerCollector:
         commit = HistogramMetricFamily("cronoq_journal_commit_seconds", "Time to write one group commit to disk.")
         commit.add_metric([], self._metrics.commit_seconds.buckets(), self._metrics.commit_seconds.sum)
         yield commit
+        passes = HistogramMetricFamily("cronoq_loop_pass_seconds",
+                                       "Time the broker's loop spent in one pass (handle, dispatch, commit, send).")
+        passes.add_metric([], self._metrics.pass_seconds.buckets(), self._metrics.pass_seconds.sum)
+        yield passes
+        cpu = HistogramMetricFamily("cronoq_loop_pass_cpu_seconds",
+                                    "CPU time the broker's loop used in one pass (below the pass's time when the "
+                                    "machine ran other processes meanwhile).")
+        cpu.add_metric([], self._metrics.pass_cpu_seconds.buckets(), self._metrics.pass_cpu_seconds.sum)
+        yield cpu
+        beat = HistogramMetricFamily("cronoq_loop_heartbeat_seconds",
+                                     "Time the broker's loop spent on its once-a-heartbeat work (beats, liveness, "
+                                     "sweeps, a journal compaction when one is due).")
+        beat.add_metric([], self._metrics.heartbeat_seconds.buckets(), self._metrics.heartbeat_seconds.sum)
+        yield beat
+        yield _histogram_family("cronoq_gc_pause_seconds", "Time one collection of Python's garbage collector took.",
+                                {str(g): h for g, h in enumerate(self._metrics.gc_seconds)}, label="generation")
 
 
 def _gauge(name: str, documentation: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
@@ -131,8 +167,9 @@ def _gauge(name: str, documentation: str, labels: list[str], samples: list[tuple
     return family
 
 
-def _histogram_family(name: str, documentation: str, by_pool: dict[str, Histogram]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, documentation, labels=["pool"])
+def _histogram_family(name: str, documentation: str, by_pool: dict[str, Histogram],
+                      label: str = "pool") -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=[label])
     for pool, histogram in sorted(by_pool.items()):
         family.add_metric([pool], histogram.buckets(), histogram.sum)
     return family

@@ -68,6 +68,7 @@ def status_text(stats: dict[str, Any]) -> str:
                 f"  {_tenant_name(tenant):<16} {t['weight']:>6g} {t['queued']:>7} {t['running']:>7} "
                 f"{t['dispatched']:>10} {actual:>6.0%} {fair_text} {t.get('lag', 0.0):>6.1f}"
             )
+        lines += _more_tenants(pool, "  ")
     schedules = stats.get("schedules", {})
     if schedules:
         lines += ["", "schedules:"]
@@ -76,6 +77,14 @@ def status_text(stats: dict[str, Any]) -> str:
         lines.append(f"  {name:<16} {schedule['cron']!r} ({schedule['timezone']}) -> pool {schedule['pool']}, "
                      f"last fired {last}, next {_clock_time(schedule['next_tick'])}")
     return "\n".join(lines)
+
+
+def _more_tenants(pool: dict[str, Any], indent: str) -> list[str]:
+    """A line saying how many tenants a large pool's stats left out (they list the busiest only)."""
+    shown, count = len(pool.get("tenants", {})), pool.get("tenant_count", 0)
+    if count <= shown:
+        return []
+    return [f"{indent}... and {count - shown:,} more tenants (the {shown:,} busiest are shown)"]
 
 
 def _clock_time(stamp: float) -> str:
@@ -110,4 +119,5 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
                 f"  {_tenant_name(tenant):<14} {_bar(actual)} {actual:>5.0%} of dispatches, "
                 f"{target}, queued {t['queued']}, lag {t.get('lag', 0.0):+.1f}"
             )
+        lines += _more_tenants(pool, "  ")
     return "\n".join(lines)

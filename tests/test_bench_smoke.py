@@ -5,6 +5,8 @@ Speed is never asserted here; only that the runs finish and count right.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench import report
 from bench.fairness import deviations, sfq_bound
 from bench.settings import BenchSettings
@@ -54,3 +56,30 @@ def test_the_per_thread_cpu_report_names_every_process(capsys) -> None:
     assert "over 300 tasks" in out
     assert {line.split()[0] for line in out.splitlines()[1:]} == {"broker", "client", "worker"}
     assert "python" in out and "ZMQbg" in out, "the main thread and libzmq's I/O thread, apart"
+
+
+def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
+    import importlib.util
+
+    from bench.soak import SoakSettings, run
+
+    summary = run(SoakSettings(seconds=6, window=50, workers=1, concurrency=8, sample=0.5, warmup=0,
+                               slow_reader=True, out=tmp_path), log=lambda line: None)
+    assert Path(summary["json"]).exists()
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG too
+        assert Path(summary["png"]).stat().st_size > 0
+    assert summary["samples"] >= 4
+    assert summary["probe"]["count"] > 0 and summary["probe"]["max_ms"] > 0
+    assert summary["tasks_per_s"] > 0
+    assert summary["rss_mib"]["max"] > 0 and summary["data_dir_mib"]["last"] > 0
+    assert "slow reader" in summary["phases"]
+
+
+def test_a_small_fill_and_drain_reports_the_probe_over_each_phase() -> None:
+    from bench.soak import SoakSettings, run
+
+    summary = run(SoakSettings(fill_drain=300, window=50, workers=1, concurrency=8, sample=0.5, warmup=0.5,
+                               settle=0.5, out=None), log=lambda line: None)
+    assert set(summary["phases"]) == {"fill", "drain", "after"}
+    assert summary["phases"]["drain"]["tasks_per_s"] > 0
+    assert summary["probe"]["count"] > 0

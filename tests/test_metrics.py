@@ -27,6 +27,10 @@ def test_backlog_dispatches_completions_and_histograms_are_exposed():
     metrics.task_finished("llm", "succeeded", submitted_at=0.0, started_at=0.02, finished_at=0.5)
     metrics.task_finished("llm", "expired", submitted_at=0.0, started_at=None, finished_at=None)
     metrics.commit_took(0.0003)
+    metrics.pass_took(0.003, 0.0015)
+    metrics.gc_paused(0, 0.0002)
+    metrics.heartbeat_took(0.0003)
+    metrics.gc_paused(2, 0.3)
     text = generate_latest(registry_for(lambda: {"pools": core.stats(), "workers": 1}, metrics)).decode()
     got = samples(text)
     assert got[("cronoq_workers_connected", ())] == 1
@@ -42,6 +46,13 @@ def test_backlog_dispatches_completions_and_histograms_are_exposed():
     assert got[("cronoq_queue_wait_seconds_bucket", (("le", "0.01"), ("pool", "llm")))] == 0
     assert got[("cronoq_run_time_seconds_sum", (("pool", "llm"),))] == 0.48
     assert got[("cronoq_journal_commit_seconds_count", ())] == 1
+    assert got[("cronoq_loop_pass_seconds_bucket", (("le", "0.002"),))] == 0
+    assert got[("cronoq_loop_pass_seconds_bucket", (("le", "0.004"),))] == 1
+    assert got[("cronoq_loop_pass_cpu_seconds_bucket", (("le", "0.002"),))] == 1
+    assert got[("cronoq_gc_pause_seconds_count", (("generation", "0"),))] == 1
+    assert got[("cronoq_loop_heartbeat_seconds_count", ())] == 1
+    assert got[("cronoq_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.25")))] == 0
+    assert got[("cronoq_gc_pause_seconds_sum", (("generation", "2"),))] == 0.3
 
 
 def test_histogram_buckets_are_cumulative_and_bounds_inclusive():

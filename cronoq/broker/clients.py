@@ -34,14 +34,15 @@ class ClientRequests:
     """Serves client requests against `book`, replying into `outbox`.
 
     `identify` maps a token frame to its principal (the broker's current tokens, which a reload
-    swaps); `stats` and `reload` are the broker's admin operations.
+    swaps); `stats` and `reload` are the broker's admin operations (`stats` calls back with its answer,
+    perhaps a few passes of the loop later).
     """
 
     def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes], Principal],
                  authenticate: Callable[[Connection, Principal], None],
                  refusal_allowed: Callable[[Connection, float], bool],
-                 stats: Callable[[], dict[str, Any]], reload: Callable[[], dict[str, Any]],
-                 worker_endpoint: str = "the one in its config") -> None:
+                 stats: Callable[[Callable[[dict[str, Any]], None]], None],
+                 reload: Callable[[], dict[str, Any]], worker_endpoint: str = "the one in its config") -> None:
         self._book = book
         self._worker_endpoint = worker_endpoint
         self._outbox = outbox
@@ -135,7 +136,8 @@ class ClientRequests:
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Stats():
                 principal.require("stats")
-                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._stats()))
+                rid = request.rid
+                self._stats(lambda value: reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, rid, value)))
             case protocol.Reload():
                 principal.require("reload")
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._reload()))

@@ -57,7 +57,7 @@ class Connection:
     """One live (or just ended) connection of a ROUTER socket."""
 
     __slots__ = ("fd", "identity", "opened_at", "principal", "alive", "said_all", "backlog", "backlog_bytes",
-                 "parked", "parked_bytes", "last_refusal")
+                 "parked", "parked_bytes", "last_refusal", "cut")
 
     def __init__(self, fd: int, opened_at: float) -> None:
         self.fd = fd
@@ -76,6 +76,8 @@ class Connection:
         self.parked_bytes = 0
         self.last_refusal = float("-inf")
         """When this unauthenticated connection was last sent an error (they are rationed)."""
+        self.cut = False
+        """The broker shut this connection down; its disconnect is on its way."""
 
     @property
     def label(self) -> str:
@@ -200,7 +202,8 @@ class Connections:
 
     def cut(self, conn: Connection, why: str) -> None:
         """Close a peer's connection from our side; its disconnect arrives through the monitor like any other."""
-        if conn.alive:
+        if conn.alive and not conn.cut:  # once: its messages may go on arriving until the disconnect is seen
+            conn.cut = True
             log.warning("%s endpoint: cutting %s: %s", self.name, conn.label, why)
             _shut_down(conn.fd)
 
@@ -261,16 +264,15 @@ class Connections:
         conn.parked_bytes += size
         self.backlogged.add(conn)  # kept in view until its parked messages are handled
 
-    def unpark(self, conn: Connection) -> list[list[bytes]]:
-        """The messages set aside, once the backlog is back under budget (in the order they came)."""
+    def unpark(self, conn: Connection) -> list[bytes] | None:
+        """The oldest message set aside, once the backlog is back under budget; None: nothing to handle now."""
         if not conn.parked or self.over_budget(conn):
-            return []
-        parked = list(conn.parked)
-        conn.parked.clear()
-        conn.parked_bytes = 0
-        if not conn.backlog:
+            return None
+        frames = conn.parked.popleft()
+        conn.parked_bytes -= sum(len(frame) for frame in frames)
+        if not conn.parked and not conn.backlog:
             self.backlogged.discard(conn)
-        return parked
+        return frames
 
 
 def _shut_down(fd: int) -> None:

@@ -40,7 +40,9 @@ from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_confi
 from cronoq.core import PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied
 from cronoq.broker.clients import ClientRequests
+from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.cron import CronRunner
+from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
@@ -56,6 +58,11 @@ log = logging.getLogger("cronoq.broker")
 # Requests (a batch counts each of its own) taken from one socket before the other gets a turn and the
 # core dispatches.
 DRAIN_BATCH = 512
+# Seconds of handling one pass of the loop may take before it commits, sends and lets other callbacks run.
+# A request from an idle pool waits for the pass under way and is answered by the next (and a task's
+# outcome one pass after its worker's `done`), so this bounds what a saturated pool adds to its round trip;
+# shorter passes spread the per-pass costs (commit, one message per peer) over fewer tasks.
+PASS_BUDGET = 0.002
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
@@ -99,14 +106,17 @@ class Broker:
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
+        self._stats_replies = StatsReplies(self._core, self._stats_of)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
-                                        stats=self.stats, reload=self.reload, worker_endpoint=config.workers)
+                                        stats=self._stats_replies.request, reload=self.reload,
+                                        worker_endpoint=config.workers)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
         self._worker_conns: Connections | None = None
         self._retry: asyncio.TimerHandle | None = None
+        self._next_pass: asyncio.Handle | None = None
         self._beat_due = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -117,6 +127,9 @@ class Broker:
         # (time, dispatches per pool) at each heartbeat over the last RATE_WINDOW seconds, for stats' rates.
         self._dispatch_samples: deque[tuple[float, dict[str, int]]] = deque()
         self.metrics = BrokerMetrics()
+        self._collector = CollectorPolicy(self.metrics.gc_paused)
+        self._busy = False
+        """Whether clients asked anything or tasks were dispatched since the last heartbeat."""
         self._data = DataDir(config, self._book, self.metrics)
         self._metrics_server: asyncio.base_events.Server | None = None
         self.failure: str | None = None
@@ -195,6 +208,7 @@ class Broker:
         if self.config.schedules:
             self._cron = CronRunner(self.config.schedules, self.config.data_dir, self._clock())
         self._sample_dispatches(self._clock())  # rates count from the start, not from the first heartbeat
+        self._collector.start()
         for sock in self._watched_sockets():
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._beat_due = loop.time() + self.config.heartbeat_interval
@@ -205,7 +219,7 @@ class Broker:
         await self._stopped.wait()
         for sock in self._watched_sockets():
             loop.remove_reader(sock.getsockopt(zmq.FD))
-        for handle in (self._timer, self._heartbeat, self._syncer, self._retry):
+        for handle in (self._timer, self._heartbeat, self._syncer, self._retry, self._next_pass):
             if handle is not None:
                 handle.cancel()
         self._client_conns.close()  # type: ignore[union-attr]
@@ -214,6 +228,7 @@ class Broker:
         self._workers_sock.close(linger=0)
         if self._metrics_server is not None:
             self._metrics_server.close()
+        self._collector.stop()
         self.close()
 
     def _watched_sockets(self) -> list[zmq.Socket]:
@@ -257,40 +272,61 @@ class Broker:
     # ----------------------------------------------------------------- the loop
 
     def _pump(self) -> None:
+        """One pass of the loop; while it finds work, the next pass is queued behind the loop's other callbacks.
+
+        A pass handles at most PASS_BUDGET seconds of messages, so one saturated pool delays another pool's
+        request by a pass or two, and timers, heartbeats and the metrics server get their turn in between.
+        """
+        if self._next_pass is not None:
+            self._next_pass.cancel()
+            self._next_pass = None
         if self._stopped is None or self._stopped.is_set():
             return
         clients, workers = self._clients, self._workers_sock
         client_conns, worker_conns = self._client_conns, self._worker_conns
-        while True:
-            now = self._clock()
-            # Connects and disconnects first: a worker that left is lost before anything more is sent to it.
-            worker_conns.poll_events(now)  # type: ignore[union-attr]
-            client_conns.poll_events(now)  # type: ignore[union-attr]
-            handled = self._drain(workers, worker_conns, self._on_worker_message, now)
-            handled += self._drain(clients, client_conns, self._requests.on_message, now)
-            fired = self._fire_schedules(now) if self._cron is not None else False
-            self._dispatch(now)
-            if not self._commit():
-                return
-            if fired:
-                self._cron.save()  # type: ignore[union-attr]
-            sent = bool(self._to_clients) or bool(self._to_workers)
-            self._flush()
-            handled += self._unpark(worker_conns, self._on_worker_message, now)
-            handled += self._unpark(client_conns, self._requests.on_message, now)
-            # A send can consume the FD's edge for a message that arrived meanwhile: after sending,
-            # one more pass must find both sockets empty before the loop may sleep.
-            if not handled and not sent and not (worker_conns.ending or client_conns.ending):
-                break
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        now = self._clock()
+        # Connects and disconnects first: a worker that left is lost before anything more is sent to it.
+        worker_conns.poll_events(now)  # type: ignore[union-attr]
+        client_conns.poll_events(now)  # type: ignore[union-attr]
+        # Workers first, with half the pass at most: their `done`s free the slots this pass fills again.
+        handled = self._drain(workers, worker_conns, self._on_worker_message, now, started + PASS_BUDGET / 2)
+        asked = self._drain(clients, client_conns, self._requests.on_message, now, started + PASS_BUDGET)
+        handled += asked
+        fired = self._fire_schedules(now) if self._cron is not None else False
+        # Every pass forgets what expired since the last: a few records each time, never a day's worth at once.
+        self._book.forget_expired_records(now)
+        dispatched = self._dispatch(now)
+        self._stats_replies.step()  # a step of the search for the busiest tenants, when a `stats` waits for one
+        if asked or dispatched:
+            self._busy = True
+        if not self._commit():
+            return
+        if fired:
+            self._cron.save()  # type: ignore[union-attr]
+        sent = bool(self._to_clients) or bool(self._to_workers)
+        self._flush()
+        self._collector.worked(handled + dispatched)  # after the flush: nobody's reply waits for it
+        until = started + PASS_BUDGET
+        handled += self._unpark(worker_conns, self._on_worker_message, now, until)
+        handled += self._unpark(client_conns, self._requests.on_message, now, until)
+        self.metrics.pass_took(time.perf_counter() - started, time.thread_time() - cpu_started)
+        # A send can consume the FD's edge for a message that arrived meanwhile: after sending, one more
+        # pass must find both sockets empty before the loop may sleep.
+        if (handled or sent or worker_conns.ending or client_conns.ending  # type: ignore[union-attr]
+                or self._stats_replies.searching):
+            self._next_pass = asyncio.get_running_loop().call_soon(self._pump)
         self._arm_timer()
         self._arm_retry()
 
     def _drain(self, sock: zmq.Socket, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
-               now: float) -> int:
-        """Handle messages until about DRAIN_BATCH requests; returns how many. Receiving until EAGAIN (one
-        exception per pass) is cheaper than asking ZMQ_EVENTS before every message, and just as sure that
-        libzmq's queue is empty. A message from a peer over its budget is set aside, unhandled."""
+               now: float, until: float) -> int:
+        """Handle messages until the socket is empty, DRAIN_BATCH requests, or `until` (perf_counter); returns
+        how many. Receiving until EAGAIN (one exception per pass) is cheaper than asking ZMQ_EVENTS before every
+        message, and just as sure that libzmq's queue is empty. A message from a peer over its budget is set
+        aside, unhandled."""
         count = 0
+        clock = time.perf_counter
         while count < DRAIN_BATCH:
             try:
                 frames, fd = recv_routed(sock, KEPT_FRAMES)
@@ -305,14 +341,20 @@ class Broker:
                 count += 1
             else:
                 count += handle(conn, frames, now)
+            if clock() >= until:
+                break
         return count
 
     def _unpark(self, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
-                now: float) -> int:
-        """Handle the messages set aside for peers whose backlog has drained back under budget."""
+                now: float, until: float) -> int:
+        """Handle the messages set aside for peers whose backlog has drained back under budget, until `until`."""
         count = 0
+        clock = time.perf_counter
         for conn in conns.parking():
-            for frames in conns.unpark(conn):
+            while clock() < until:
+                frames = conns.unpark(conn)
+                if frames is None:
+                    break
                 count += handle(conn, frames, now)
         return count
 
@@ -336,12 +378,15 @@ class Broker:
             return False
         return True
 
-    def _dispatch(self, now: float) -> None:
+    def _dispatch(self, now: float) -> int:
+        """Hand out what the core says is due; returns how many tasks."""
         put = self._to_workers.put
-        for worker, record, attempt in self._book.dispatch(now):
+        assignments = self._book.dispatch(now)
+        for worker, record, attempt in assignments:
             put(worker, protocol.Assign(
                 protocol.PROTOCOL_VERSION, record.id, attempt, record.pool, record.tenant, PRIORITIES[record.priority],
             ), record.payload)
+        return len(assignments)
 
     def _flush(self) -> None:
         # A disconnect reported meanwhile must stop what was meant for that peer (its identity may be reused).
@@ -394,6 +439,7 @@ class Broker:
         # Read what is waiting first: a worker's heartbeats and `done`s that queued up while this loop was
         # busy are signs of life, and must be counted before anyone is judged silent.
         self._pump()
+        started = time.perf_counter()
         now = self._clock()
         if late > interval:
             # The broker itself stalled (a long pause, SIGSTOP, a swapped-out page): the workers' silence is
@@ -413,6 +459,10 @@ class Broker:
         self._book.forget_expired_records(now)
         self._sample_dispatches(now)
         self._compact_if_worthwhile()
+        if not self._busy:
+            self._collector.quiet(loop.time(), len(self._book.records))
+        self._busy = False
+        self.metrics.heartbeat_took(time.perf_counter() - started)
         self._beat_due = loop.time() + interval
         self._heartbeat = loop.call_later(interval, self._on_heartbeat_tick)
         self._pump()
@@ -510,8 +560,13 @@ class Broker:
         return changes
 
     def stats(self) -> dict[str, Any]:
-        """Per-pool statistics from the core, plus the workers serving each pool."""
-        pools = self._core.stats()
+        """Per-pool statistics from the core, plus the workers serving each pool, at once (the metrics endpoint
+        asks this way); a pool with more than STATS_TENANTS tenants lists those the last search found busiest."""
+        return self._stats_replies.now()
+
+    def _stats_of(self, chosen: dict[str, list[str | None]]) -> dict[str, Any]:
+        """The stats, listing for each pool in `chosen` those tenants, and for any other at most STATS_TENANTS."""
+        pools = self._core.stats(chosen, limit=STATS_TENANTS)
         rates = self._dispatch_rates(self._clock())
         for name, pool_stats in pools.items():
             pool_stats["workers"] = self._workers.serving(name)
@@ -557,7 +612,11 @@ class Broker:
             case protocol.Refused():  # an item of a batch that could not be read
                 raise message.error
             case protocol.Ready():
-                self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
+                if entry is None or entry.leaving or entry.pools != list(message.pools):
+                    self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
+                # else the same Ready again on a registered connection: a worker asks again when its Welcome is
+                # slow to come (a busy machine), and by then it may hold tasks it has not seen yet. Its slots are
+                # the broker's count, not the stale one it sent: it only gets its Welcome again.
                 self._to_workers.put(conn, protocol.Welcome(
                     protocol.PROTOCOL_VERSION, message.rid, self.config.heartbeat_interval, self.config.liveness,
                     self.config.max_payload_bytes,

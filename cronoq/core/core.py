@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from heapq import heappush
-from typing import Hashable, Iterable, Iterator
+from typing import Collection, Hashable, Iterable, Iterator, Mapping
 
 from cronoq.core.pool import Pool
 from cronoq.core.settings import PoolSettings
@@ -501,16 +501,34 @@ class SchedulerCore:
         """Dispatches `tenant` trails (+) or leads (-) its weighted share in `pool` (docs/scheduling.md)."""
         return self._pool(pool).lag(tenant)
 
-    def stats(self) -> dict[str, dict]:
+    def stats(self, tenants: Mapping[str, Collection[str | None]] | None = None,
+              limit: int | None = None) -> dict[str, dict]:
         """A JSON-friendly picture of every pool: flags, counts per class and per tenant, lag.
 
         {pool: {"paused", "draining", "fair", "max_in_flight", "running",
         "queued", "delayed", "dispatched", "workers", "ready_workers",
         "classes": {"critical": {"queued", "delayed", "running", "dispatched"
         [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
-        "queued", "delayed", "running", "dispatched", "lag"}}}}
+        "queued", "delayed", "running", "dispatched", "lag"}},
+        "tenant_count"}}
+
+        `tenants` names, for some pools, the only tenants to list (None in
+        it stands for the untenanted); the other pools list all of theirs,
+        or their first `limit` when given ("tenant_count" tells how many
+        there are in all).
         """
-        return {name: pool.stats() for name, pool in self._pools.items()}
+        chosen = tenants or {}
+        return {name: pool.stats(chosen.get(name), limit) for name, pool in self._pools.items()}
+
+    def tenant_count(self, pool: str) -> int:
+        """Tenants of `pool` that have counts: those with tasks, and recently idle ones."""
+        return len(self._pool(pool).tenants)
+
+    def busiest_tenants(self, pool: str, limit: int, step: int) -> Iterator[list[str | None] | None]:
+        """The `limit` tenants of `pool` with the most tasks queued, delayed and running, busiest first, found
+        `step` tenants at a time: the iterator yields None after each step but the last, then the names.
+        A caller that must not hold its thread for long takes one step at a time."""
+        return self._pool(pool).busiest_tenants(limit, step)
 
     # -- internals ---------------------------------------------------------
 

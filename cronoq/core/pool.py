@@ -9,8 +9,9 @@ move so that stats and the broker's backlog limits cost O(1).
 
 from __future__ import annotations
 
-from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
+from heapq import heapify, heappop, heappush, heapreplace
+from itertools import islice
+from typing import TYPE_CHECKING, Collection, Iterator
 
 from cronoq.core.fairqueue import FairQueue, FifoQueue
 from cronoq.core.settings import PRIORITIES, PoolSettings
@@ -124,6 +125,7 @@ class Pool:
         "delayed",
         "running",
         "tenants",
+        "tenant_order",
         "tenants_sweep_at",
         "dispatchable",
         "ready_workers",
@@ -143,6 +145,8 @@ class Pool:
         self.delayed = 0
         self.running = 0
         self.tenants: dict[str | None, TenantStats] = {}
+        # The same records in the order they came: walked by index, a step at a time, without a copy.
+        self.tenant_order: list[TenantStats] = []
         self.tenants_sweep_at = _KEEP_IDLE_TENANTS
         # Maintained by SchedulerCore: a queued task, not paused, under max_in_flight.
         self.dispatchable = False
@@ -162,7 +166,9 @@ class Pool:
                     t: rec for t, rec in self.tenants.items() if rec.queued or rec.delayed or rec.running
                 }
                 self.tenants_sweep_at = max(_KEEP_IDLE_TENANTS, 2 * len(self.tenants))
+                self.tenant_order = list(self.tenants.values())
             ts = self.tenants[tenant] = TenantStats(tenant)
+            self.tenant_order.append(ts)
         return ts
 
     def dispatched(self) -> int:
@@ -228,8 +234,34 @@ class Pool:
         """The tenant's lag summed over the classes (see docs/scheduling.md)."""
         return sum(cls.rest.lag(tenant) for cls in self.classes)
 
-    def stats(self) -> dict[str, object]:
-        """This pool's part of SchedulerCore.stats(): plain dicts, ints, floats and bools."""
+    def busiest_tenants(self, limit: int, step: int) -> Iterator[list[str | None] | None]:
+        """The `limit` tenants with the most tasks queued, delayed and running (ties: the most dispatched,
+        then the first seen), busiest first, found `step` tenants at a time: yields None after each step
+        but the last, then the list. Counts are read as the walk reaches them."""
+        # Tenants that come after the first step are left out; a sweep between steps replaces the list, and
+        # this walk finishes the one it started with.
+        tenants = self.tenant_order
+        count = len(tenants)
+        heap: list[tuple[int, int, int, TenantStats]] = []
+        for start in range(0, count, step):
+            for index in range(start, min(start + step, count)):
+                ts = tenants[index]
+                entry = (ts.queued + ts.delayed + ts.running, ts.dispatched, -index, ts)
+                if len(heap) < limit:
+                    heappush(heap, entry)
+                elif entry[:3] > heap[0][:3]:
+                    heapreplace(heap, entry)
+            if start + step < count:
+                yield None
+        heap.sort(key=lambda entry: entry[:3], reverse=True)
+        yield [entry[3].tenant for entry in heap]
+
+    def stats(self, tenants: Collection[str | None] | None = None, limit: int | None = None) -> dict[str, object]:
+        """This pool's part of SchedulerCore.stats(): plain dicts, ints, floats and bools. With `tenants`,
+        only those tenants (the ones that still have counts) are listed, else the first `limit` (None: all);
+        "tenant_count" counts them all."""
+        if tenants is None and limit is not None and len(self.tenants) > limit:
+            tenants = list(islice(self.tenants, limit))
         classes: dict[str, dict[str, object]] = {}
         for name, cls in zip(PRIORITIES, self.classes):
             entry: dict[str, object] = {
@@ -241,7 +273,7 @@ class Pool:
             if isinstance(cls.rest, FairQueue):
                 entry["virtual_time"] = cls.rest.virtual_time()
             classes[name] = entry
-        tenants = {
+        tenant_entries = {
             "" if tenant is None else tenant: {
                 "weight": self.weight(tenant),
                 "queued": ts.queued,
@@ -250,7 +282,8 @@ class Pool:
                 "dispatched": ts.dispatched,
                 "lag": self.lag(tenant),
             }
-            for tenant, ts in self.tenants.items()
+            for tenant, ts in (self.tenants.items() if tenants is None else
+                               ((t, self.tenants[t]) for t in tenants if t in self.tenants))
         }
         return {
             "paused": self.paused,
@@ -264,7 +297,8 @@ class Pool:
             "workers": len(self.workers),
             "ready_workers": self.ready_workers,
             "classes": classes,
-            "tenants": tenants,
+            "tenants": tenant_entries,
+            "tenant_count": len(self.tenants),
         }
 
     def _new_rest(self) -> FairQueue | FifoQueue:

@@ -30,6 +30,7 @@ connection, gives the running tasks to other workers.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -89,6 +90,8 @@ class Worker:
         # The broker's CURVE public key (40 Z85 characters or a NAME.key file): encrypt everything.
         self._server_key = None if curve_public_key is None else public_key(curve_public_key)
         self._rids = itertools.count(1)
+        self._ready_rids: collections.deque[int] = collections.deque(maxlen=16)
+        """The rids of the latest `ready`s: an error under one of them is a refused registration."""
         self._channel: Channel | None = None
         self._monitor: Channel | None = None
         self._link = Link(broker, encrypted=self._server_key is not None)
@@ -271,8 +274,10 @@ class Worker:
     def _send_ready(self) -> None:
         if self._stopping:
             return
+        rid = next(self._rids)
+        self._ready_rids.append(rid)
         self._send(protocol.Ready(
-            protocol.PROTOCOL_VERSION, next(self._rids), pools=list(self.pools),
+            protocol.PROTOCOL_VERSION, rid, pools=list(self.pools),
             slots=self.concurrency - len(self._running),
             settings={name: pool.explicit_settings() for name, pool in self.pools.items() if pool.explicit_settings()},
             concurrency=self.concurrency,
@@ -306,8 +311,11 @@ class Worker:
                 self._send_ready()
             case protocol.Left():
                 self._left.set()
+            case protocol.Error() if command.rid and command.rid not in self._ready_rids:
+                log.warning("the broker refused a message of this worker: %s %s", command.code, command.message)
             case protocol.Error():
-                # A refused registration is a mistake of configuration: stop and report it.
+                # A refused registration (or a message the broker could not take at all: the wrong endpoint, a
+                # bad token) is a mistake of configuration: stop and report it.
                 self._fatal = error_from_code(command.code, command.message)
                 log.error("the broker refused this worker: %s %s", command.code, command.message)
                 self._stopped.set()

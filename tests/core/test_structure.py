@@ -151,3 +151,19 @@ def test_ended_tasks_do_not_keep_queued_ones_alive():
         core.add_worker("w", ["p"], 10)
         assert [t.id for _, t in core.dispatch(0.0)] == ["t1", "t3", "t4", "t5"]
         assert all(t._next is None for t in tasks)
+
+
+def test_the_busiest_tenants_are_found_a_step_at_a_time():
+    core = SchedulerCore([PoolSettings("p", fair_share=True)])
+    for tenant in range(40):
+        for n in range(tenant % 9):
+            core.submit(Task(f"{tenant}-{n}", "p", tenant=f"t{tenant}"), 0.0)
+    core.submit(Task("untenanted", "p"), 0.0)
+    steps = list(core.busiest_tenants("p", 5, 7))
+    assert steps[:-1] == [None] * (len(steps) - 1) and len(steps) == 6  # 36 tenants with tasks, 7 at a time
+    # The most tasks first; among equals (t8, t17, t26, t35 have 8 each), the first seen.
+    assert steps[-1] == ["t8", "t17", "t26", "t35", "t7"]
+    listed = core.stats({"p": steps[-1]})["p"]
+    assert list(listed["tenants"]) == steps[-1] and listed["tenant_count"] == 36
+    assert len(core.stats(limit=10)["p"]["tenants"]) == 10
+    assert len(core.stats()["p"]["tenants"]) == 36

@@ -262,3 +262,48 @@ def test_a_broker_that_cannot_bind_leaves_data_dir_alone(broker_factory, tmp_pat
     assert result.returncode == 1 and taken[busy] in result.stderr and "Traceback" not in result.stderr
     assert "carrying on" not in result.stderr
     assert not (tmp_path / "second-data").exists()
+
+
+async def test_a_worker_that_asks_twice_to_register_keeps_its_tasks(broker_factory):
+    """A worker re-sends its `ready` when the `welcome` is slow to come; by the second one the broker may
+    have handed it tasks it has not seen. The repeat only gets the welcome again (it once got
+    INVALID_ARGUMENT, and the worker stopped)."""
+    import zmq
+
+    from cronoq import protocol
+
+    broker = broker_factory("")
+    V = protocol.PROTOCOL_VERSION
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(broker.workers)
+
+    async def commands() -> list:
+        assert await asyncio.to_thread(sock.poll, 10_000), "the broker stopped answering"
+        frames = sock.recv_multipart()
+        return [m for m, _ in protocol.unbatch(protocol.decode_worker_command(frames[0]),
+                                               frames[1] if len(frames) > 1 else None)]
+
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handles = [await client.submit(n) for n in range(3)]
+            ready = protocol.encode(protocol.Ready(V, 1, ["default"], 2, concurrency=2))
+            sock.send_multipart([b"", ready])
+            got: list = []
+            while not any(isinstance(m, protocol.Assign) for m in got):
+                got += await commands()
+            sock.send_multipart([b"", ready])  # the same again, as if sent before those tasks came
+            while sum(isinstance(m, protocol.Welcome) for m in got) < 2 and \
+                    not any(isinstance(m, protocol.Error) for m in got):
+                got += await commands()
+            assert not [m for m in got if isinstance(m, protocol.Error)], got
+            assigned = [m for m in got if isinstance(m, protocol.Assign)]
+            for _ in range(3):
+                while not assigned:
+                    assigned += [m for m in await commands() if isinstance(m, protocol.Assign)]
+                task = assigned.pop(0)
+                sock.send_multipart([b"", protocol.encode(protocol.Done(V, task.id, task.attempt, True)),
+                                     protocol.encode_body("done")])
+            assert [await h.result(timeout=10) for h in handles] == ["done"] * 3
+    finally:
+        sock.close(linger=0)

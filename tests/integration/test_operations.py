@@ -224,3 +224,22 @@ async def test_json_logs_are_one_object_per_line_and_never_show_a_token(broker_f
         fields = json.loads(line)
         assert {"ts", "level", "logger", "msg"} <= set(fields)
     assert secret not in text and "payload-marker" not in text
+
+
+async def test_stats_of_a_pool_with_thousands_of_tenants_lists_the_busiest(broker_factory):
+    from cronoq.broker.statistics import STATS_TENANTS
+
+    broker = broker_factory('[[pools]]\nname = "wide"\nfair_share = true\n')
+    tenants = STATS_TENANTS + 200
+    async with cronoq.connect(broker.clients) as client:
+        await client.pause("wide")
+        await asyncio.gather(*(client.submit(i, pool="wide", tenant=f"t{i}") for i in range(tenants)))
+        await asyncio.gather(*(client.submit(i, pool="wide", tenant="busiest") for i in range(3)))
+        pool = (await client.stats())["pools"]["wide"]
+    assert pool["queued"] == tenants + 3, "the pool's own counts cover every tenant"
+    assert pool["tenant_count"] == tenants + 1
+    assert len(pool["tenants"]) == STATS_TENANTS
+    assert next(iter(pool["tenants"])) == "busiest" and pool["tenants"]["busiest"]["queued"] == 3
+    status = run_command(["-m", "cronoq.cli", "status", "--broker", broker.clients])
+    assert status.returncode == 0, status.stderr
+    assert f"... and 201 more tenants (the {STATS_TENANTS:,} busiest are shown)" in status.stdout

@@ -1,0 +1,211 @@
+"""The processes of a soak run (`bench/soak.py`) other than the broker and its workers.
+
+    python -m bench.soak_roles load ADDRESS OUT --seconds S --window W [--connections C]
+    python -m bench.soak_roles probe ADDRESS OUT --seconds S --gap G
+    python -m bench.soak_roles fill ADDRESS OUT --tasks N --window W
+    python -m bench.soak_roles slow-reader ADDRESS OUT --seconds S
+
+Each runs in a process of its own, so that the probe's round trip is the
+broker's and never the load client's loop. Each writes one line per event or
+per half second to OUT, `<unix time> <numbers...>`, flushed as it goes, and
+stops by itself after --seconds (0: when sent SIGTERM).
+
+- load: `window` coroutines, each submitting a task to pool `default` and
+  awaiting its result, again and again, spread over `connections` client
+  connections. Lines: time, tasks done, errors.
+- probe: one task at a time to pool `probe` (its own worker), `gap` seconds
+  apart. Lines: time, round trip in seconds (submit to result).
+- fill: submits `tasks` tasks to pool `default` without awaiting results.
+  Lines: time, tasks accepted.
+- slow-reader: a raw DEALER that submits with `watch` as fast as the socket
+  takes them and never reads a reply. Lines: time, submits sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TextIO
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+import cronoq  # noqa: E402
+from bench.common import payload  # noqa: E402
+
+REPORT_EVERY = 0.5
+
+
+def _stopper(seconds: float) -> asyncio.Event:
+    """An event set after `seconds` (never, for 0) or on SIGTERM/SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if seconds > 0:
+        loop.call_later(seconds, stop.set)
+    return stop
+
+
+async def _report(out: TextIO, stop: asyncio.Event, line: Callable[[], str]) -> None:
+    while not stop.is_set():
+        out.write(f"{time.time():.4f} {line()}\n")
+        out.flush()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), REPORT_EVERY)
+    out.write(f"{time.time():.4f} {line()}\n")
+    out.flush()
+
+
+async def load(address: str, out: TextIO, seconds: float, window: int, token: str | None,
+               connections: int = 1) -> None:
+    stop = _stopper(seconds)
+    done = errors = 0
+
+    async def lane(sched: cronoq.Client, first: int) -> None:
+        nonlocal done, errors
+        n = first
+        while not stop.is_set():
+            try:
+                handle = await sched.submit(payload(n))
+                value = await handle.result(timeout=600)
+            except cronoq.CronoqError:
+                errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            if value != n:
+                raise SystemExit(f"task {n} came back as {value!r}")
+            done += 1
+            n += window
+
+    scheds = [await cronoq.connect(address, token=token) for _ in range(connections)]
+    try:
+        for sched in scheds:
+            await sched.ping()
+        lanes = [asyncio.ensure_future(lane(scheds[k % connections], k)) for k in range(window)]
+        await _report(out, stop, lambda: f"{done} {errors}")
+        await asyncio.wait_for(asyncio.gather(*lanes), 120)
+    finally:
+        for sched in scheds:
+            await sched.close()
+
+
+async def probe(address: str, out: TextIO, seconds: float, gap: float, token: str | None) -> None:
+    stop = _stopper(seconds)
+    n = 0
+    async with cronoq.connect(address, token=token) as sched:
+        await sched.ping()
+        while not stop.is_set():
+            started = time.perf_counter()
+            handle = await sched.submit(payload(n), pool="probe")
+            value = await handle.result(timeout=600)
+            took = time.perf_counter() - started
+            if value != n:
+                raise SystemExit(f"probe {n} came back as {value!r}")
+            out.write(f"{time.time():.4f} {took:.6f}\n")
+            n += 1
+            if n % 50 == 0:
+                out.flush()
+            if gap > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), gap)
+    out.flush()
+
+
+async def fill(address: str, out: TextIO, tasks: int, window: int, token: str | None) -> None:
+    stop = _stopper(0)
+    accepted = 0
+    next_task = 0
+
+    async def lane(sched: cronoq.Client) -> None:
+        nonlocal accepted, next_task
+        while next_task < tasks and not stop.is_set():
+            n = next_task
+            next_task += 1
+            await sched.submit(payload(n))
+            accepted += 1
+
+    async with cronoq.connect(address, token=token) as sched:
+        lanes = asyncio.ensure_future(asyncio.gather(*(lane(sched) for _ in range(min(window, tasks)))))
+        lanes.add_done_callback(lambda _: stop.set())
+        await _report(out, stop, lambda: str(accepted))
+        await lanes
+
+
+def slow_reader(address: str, out: TextIO, seconds: float, token: str | None) -> None:
+    """Submit with watch, never read: what the broker keeps for this peer must stay within its budget."""
+    import zmq
+
+    from cronoq import protocol
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 1)       # libzmq stops reading the TCP socket almost at once
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(address)
+    token_frame = (token or "").encode()
+    body = protocol.encode(payload(0))
+    end = time.monotonic() + (seconds if seconds > 0 else float("inf"))
+    stopped = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    sent, rid, reported = 0, 0, 0.0
+    while not stopped and time.monotonic() < end:
+        rid += 1
+        header = protocol.encode(protocol.Submit(protocol.PROTOCOL_VERSION, rid, watch=True))
+        try:
+            sock.send_multipart([token_frame, header, body], zmq.NOBLOCK)
+            sent += 1
+        except zmq.Again:  # libzmq's queue to the broker is full: the broker stopped reading us
+            time.sleep(0.001)
+        now = time.monotonic()
+        if now - reported >= REPORT_EVERY:
+            out.write(f"{time.time():.4f} {sent}\n")
+            out.flush()
+            reported = now
+    out.write(f"{time.time():.4f} {sent}\n")
+    out.flush()
+    sock.close(linger=0)
+    ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak_roles", description=__doc__.split("\n")[0])
+    parser.add_argument("role", choices=("load", "probe", "fill", "slow-reader"))
+    parser.add_argument("address")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seconds", type=float, default=0.0)
+    parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--gap", type=float, default=0.01)
+    parser.add_argument("--tasks", type=int, default=0)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--token-env", help="the environment variable that holds the client token")
+    args = parser.parse_args(argv)
+    token = os.environ[args.token_env] if args.token_env else None
+    with open(args.out, "w") as out:
+        if args.role == "slow-reader":
+            slow_reader(args.address, out, args.seconds, token)
+            return 0
+        import uvloop
+
+        if args.role == "load":
+            uvloop.run(load(args.address, out, args.seconds, args.window, token, args.connections))
+        elif args.role == "probe":
+            uvloop.run(probe(args.address, out, args.seconds, args.gap, token))
+        else:
+            uvloop.run(fill(args.address, out, args.tasks, args.window, token))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
