@@ -83,6 +83,7 @@ class SchedulerCore:
         self._timers = TimerHeap(DELAYED)
         self._expiry = TimerHeap(QUEUED)
         self._seq = 0
+        self._now: float | None = None  # the last `now` given to expire(), for configure()
         # Pools that are dispatchable and have a ready worker: 0 means dispatch()
         # can return [] at once, which is the common case for an idle broker.
         self._matchable = 0
@@ -90,11 +91,13 @@ class SchedulerCore:
 
     # -- pools -------------------------------------------------------------
 
-    def configure(self, pools: Iterable[PoolSettings]) -> None:
+    def configure(self, pools: Iterable[PoolSettings], now: float | None = None) -> None:
         """Apply a (re)loaded list of pools.
 
         New pools appear; existing pools take their new settings, and new
-        weights re-order the queued backlog at once. Pools not listed stop
+        weights re-order the queued backlog at once, new ceilings cap and
+        uncap at once (a node capped by the change counts as capped since
+        `now`; None: the last `now` given to `expire`). Pools not listed stop
         accepting tasks (draining) and disappear once they hold no task.
         Raises InvalidArgument (changing nothing) on a duplicate name or an
         invalid setting.
@@ -112,7 +115,7 @@ class SchedulerCore:
                 self._pools[s.name] = Pool(s)
             else:
                 pool.draining = False
-                pool.apply(s)
+                pool.apply(s, self._now if now is None else now)
                 self._refresh(pool)
         for pool in list(self._pools.values()):
             if pool.name not in names:
@@ -173,11 +176,11 @@ class SchedulerCore:
             check_task(task)
         if task._seq:
             raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
-        if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
-            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
         ts = pool.tenants.get(tenant)
         if ts is None:
-            ts = pool.tenant_stats(tenant)
+            ts = pool.tenant_stats(tenant)  # checks the tenant's name
+        if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
+            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
         task._ts = ts
         if not_before is not None and not_before > now:
             self._delay(pool, task)
@@ -191,12 +194,16 @@ class SchedulerCore:
             cls.rest.push(task)
         else:
             entry = (deadline, seq, task)
-            heappush(cls.edf, entry)
+            if cls.tree is None:
+                heappush(cls.edf, entry)
+            else:
+                cls.tree.push(entry, ts.ceilings)
             self._expiry.push(entry)
         cls.queued += 1
         pool.queued += 1
         ts.queued += 1
         if not pool.dispatchable:
+            pool.stuck = False
             self._refresh(pool)
 
     def cancel(self, task_id: str, now: float) -> Task | None:
@@ -215,6 +222,7 @@ class SchedulerCore:
 
         Returns the expired tasks (state EXPIRED, no longer held).
         """
+        self._now = now
         expired: list[Task] = []
         touched: set[Pool] = set()
         for task in self._timers.pop_due(now):
@@ -380,7 +388,11 @@ class SchedulerCore:
                         continue
                 task = pool.take(now)
                 if task is None:
-                    continue  # only overdue tasks were left; expire() will report them
+                    # Only overdue tasks (expire() will report them) or capped
+                    # tenants' tasks are left: skip the pool until that changes.
+                    pool.stuck = True
+                    self._refresh(pool)
+                    continue
                 task.state = RUNNING
                 task.worker = worker_id = worker.id
                 task.attempts += 1
@@ -508,7 +520,13 @@ class SchedulerCore:
         "queued", "delayed", "dispatched", "workers", "ready_workers",
         "classes": {"critical": {"queued", "delayed", "running", "dispatched"
         [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
-        "queued", "delayed", "running", "dispatched", "lag"}}}}
+        "queued", "delayed", "running", "dispatched", "lag"}}, "ceilings":
+        {node or "": {"limit", "running", "capped", "capped_since"}}}}
+
+        A tenant's weight and lag are its node's (the lag among its siblings);
+        "ceilings" lists every node with a ceiling the pool has met, with the
+        running tasks of its subtree and, while it is capped, since when (on
+        the caller's clock).
         """
         return {name: pool.stats() for name, pool in self._pools.items()}
 
@@ -533,6 +551,7 @@ class SchedulerCore:
         pool.queued += 1
         task._ts.queued += 1  # type: ignore[union-attr]
         if not pool.dispatchable:
+            pool.stuck = False
             self._refresh(pool)
 
     def _delay(self, pool: Pool, task: Task) -> None:
@@ -588,7 +607,10 @@ class SchedulerCore:
         task.worker = None
         pool.classes[task.priority].running -= 1
         pool.running -= 1
-        task._ts.running -= 1  # type: ignore[union-attr]
+        ts = task._ts
+        ts.running -= 1  # type: ignore[union-attr]
+        if ts.ceilings:  # type: ignore[union-attr]
+            pool.uncharge(ts.ceilings)  # type: ignore[union-attr]
 
     def _choose_pool(self, worker: Worker, now: float) -> Pool | None:
         """Of the worker's pools, the one whose next task has the best class, then the
