@@ -435,20 +435,23 @@ class FairQueue:
         """Queue a task of a sub-tenant, or of a tenant that has sub-tenants: route it down the tree."""
         path = task._ts.path  # type: ignore[union-attr]
         group = self
-        last = len(path) - 1
-        for depth, name in enumerate(path):
+        leaf = path[-1]
+        for name in path:
             flow = group.flows.get(name)
             if flow is None:
                 flow = group._new_flow(name)
+            sub = flow.sub
             if not (flow.live or flow.nq):
                 group._wake(flow)
-            if depth == last and flow.sub is None:
-                break  # a leaf: the task joins its chain
-            if flow.sub is None:
+                sub = flow.sub
+            if sub is None:
+                if name == leaf:
+                    break  # a leaf: the task joins its chain
                 group._split(flow)
+                sub = flow.sub
             flow.nq += 1
-            group = flow.sub  # type: ignore[assignment]
-            if depth == last:
+            group = sub  # type: ignore[assignment]
+            if name == leaf:
                 # A tenant with sub-tenants: its own tasks are the child named after it.
                 flow = group.flows.get(name)
                 if flow is None:
@@ -500,7 +503,10 @@ class FairQueue:
         path: list[Flow] = []
         group = self
         while True:
-            flow = group._top()[3]
+            entry = group.heap[0]
+            if entry[2] != entry[3].gen:
+                entry = group._top()
+            flow = entry[3]
             path.append(flow)
             if flow.sub is None:
                 break
@@ -523,21 +529,21 @@ class FairQueue:
             flow.finish = tag = tag + flow.step
             sub = flow.sub
             if sub is None:
-                more = flow.live > 0
-                if more:
-                    seq = flow.head._seq  # type: ignore[union-attr]
-            else:
-                flow.nq -= 1
-                more = sub.nback > 0
-                if more:
-                    seq = sub._top()[1]
-            if more:
+                if flow.live:
+                    flow.tag = tag
+                    heapreplace(group.heap, (tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
+                else:
+                    heappop(group.heap)
+                    group._deactivate(flow)
+                continue
+            flow.nq -= 1
+            if sub.nback:
+                entry = sub.heap[0]
+                if entry[2] != entry[3].gen:
+                    entry = sub._top()
                 flow.tag = tag
-                flow.hseq = seq
+                flow.hseq = seq = entry[1]
                 heapreplace(group.heap, (tag, seq, flow.gen, flow))
-            elif sub is None:
-                heappop(group.heap)
-                group._deactivate(flow)
             else:
                 # Out of work, or what is left is capped: out of the heap either way.
                 heappop(group.heap)
