@@ -11,18 +11,26 @@ docs/scheduling.md explains them at length):
       _pools    name -> Pool
                   classes[0..3]  critical, high, normal, low: strict order
                     edf   heap (deadline, arrival) of queued deadline tasks
-                    rest  FairQueue: tenant flows, head tags in a heap by (S, arrival)
+                          (with ceilings: an EdfTree, one heap per capped-able node)
+                    rest  FairQueue: the tenant tree; per group of siblings, a heap
+                          of their tags (S, arrival); a leaf is a flow of tasks
                           or FifoQueue: one chain in arrival order
+                  ceilings   node -> running count of its subtree, capped or not
       (a flow or FifoQueue is a Chain: a FIFO linked through Task._next)
 
 A dispatch walks a pool's classes from critical to low and takes the first
 task it finds: in a class, the EDF heap goes first (a task with a deadline
 is not part of the fair share), then the fair queue. The fair queue is
-start-time fair queuing with the tags given late: only the head task of each
-backlogged tenant holds a start tag `S = max(V, F[t])`, assigned when it
-becomes the head; `V` per class is the tag of the last task dispatched and
-`F[t] = S + 1/w`. Because only heads are tagged, new weights reach the whole
-backlog by re-tagging the heads (O(tenants)) on a reload.
+hierarchical start-time fair queuing with the tags given late: in each
+group of siblings (the top-level tenants; the children of a tenant, its
+own tasks being one more child of weight 1) only the children that can be
+dispatched from hold a start tag `S = max(V, F[c])`, assigned when they
+join; `V` per group is the tag of its last dispatch and `F[c] = S + 1/w`.
+A dispatch goes down by the smallest tag at each level and back up
+re-tagging: O(depth * log siblings). Because only joined children are
+tagged, new weights reach the whole backlog by re-tagging (O(nodes)) on a
+reload. A tenant at its ceiling leaves every heap it is in (it keeps its
+tasks and tags) and rejoins at max(V, F) when one of its tasks ends.
 
 Deadlines live in two heaps that share each entry tuple: the class's EDF heap
 orders dispatch, the core's expiry heap finds what `expire(now)` must remove
