@@ -111,10 +111,6 @@ class Flow(Chain):
         self.capped = False
         self.served = False
 
-    def backlogged(self) -> bool:
-        """Whether the node has queued tasks (without deadline) in this class, capped or not."""
-        return bool(self.live or self.nq)
-
 
 HeapEntry = tuple[Tag, int, int, Flow]  # (start tag, arrival seq of the task it would hand out, flow gen, flow)
 
