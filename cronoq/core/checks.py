@@ -36,8 +36,9 @@ def check_task(task: Task) -> None:
     priority = task.priority
     if type(priority) is not int or not 0 <= priority < len(PRIORITIES):
         raise InvalidArgument(f"priority must be a class number 0..{len(PRIORITIES) - 1}, got {priority!r}")
-    if task.tenant is not None:
-        check_tenant(task.tenant)
+    tenant = task.tenant
+    if tenant is not None and (type(tenant) is not str or not tenant):
+        raise InvalidArgument(f"tenant must be a non-empty string or None, got {tenant!r}")
     if task.deadline is not None and not is_time(task.deadline):
         raise InvalidArgument(f"deadline must be a number or None, got {task.deadline!r}")
     if task.not_before is not None and not is_time(task.not_before):
@@ -60,13 +61,6 @@ def tenant_problem(tenant: object) -> str | None:
         if len(segments) > MAX_TENANT_DEPTH:
             return f"tenant {tenant!r} has {len(segments)} levels; at most {MAX_TENANT_DEPTH} are allowed"
     return None
-
-
-def check_tenant(tenant: object) -> None:
-    """Refuse a tenant name that is not a valid path (InvalidArgument)."""
-    problem = tenant_problem(tenant)
-    if problem is not None:
-        raise InvalidArgument(problem)
 
 
 def check_settings(s: PoolSettings) -> None:

@@ -184,11 +184,11 @@ class SchedulerCore:
             check_task(task)
         if task._seq:
             raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
-        ts = pool.tenants.get(tenant)
-        if ts is None:
-            ts = pool.tenant_stats(tenant)  # checks the tenant's name
         if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
             raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+        ts = pool.tenants.get(tenant)
+        if ts is None:
+            ts = pool.tenant_stats(tenant)
         task._ts = ts
         if not_before is not None and not_before > now:
             self._delay(pool, task)

@@ -131,6 +131,8 @@ class FairQueue:
         "sweep_at",
         "owner",
         "capped",
+        "leaves",
+        "leaves_sweep_at",
     )
 
     def __init__(
@@ -150,6 +152,11 @@ class FairQueue:
         self.owner = owner
         # Names of the capped nodes of the pool (shared, kept up to date by the pool).
         self.capped = capped
+        # Root group only: tenant -> the leaf flow its tasks last went to, valid while that flow
+        # has tasks (a backlogged leaf is never swept, reset or split), so that queueing behind a
+        # sub-tenant's waiting tasks skips the walk down the tree.
+        self.leaves: dict[str | None, Flow] = {}
+        self.leaves_sweep_at = _MIN_SWEEP
 
     def __len__(self) -> int:
         """Queued tasks (O(nodes): for inspection, not for the dispatch path)."""
@@ -170,14 +177,22 @@ class FairQueue:
             flow.tail = task
             flow.live += 1
             return
-        if flow is None:
-            if len(task._ts.path) > 1:  # type: ignore[union-attr]
+        if flow is None or flow.sub is not None:
+            leaf = self.leaves.get(task.tenant)
+            if leaf is not None and leaf.live:
+                # Behind the sub-tenant's waiting tasks: no tag changes, one more task in every node above.
+                leaf.tail._next = task  # type: ignore[union-attr]
+                leaf.tail = task
+                leaf.live += 1
+                above = leaf.parent.owner
+                while above is not None:
+                    above.nq += 1
+                    above = above.parent.owner
+                return
+            if flow is not None or len(task._ts.path) > 1:  # type: ignore[union-attr]
                 self._push_deep(task)
                 return
             flow = self._new_flow(task.tenant)
-        elif flow.sub is not None:
-            self._push_deep(task)
-            return
         flow.head = flow.tail = task
         flow.live = 1
         self._activate(flow)
@@ -455,6 +470,11 @@ class FairQueue:
                 if not flow.live:
                     group._wake(flow)
         flow.append(task)
+        leaves = self.leaves
+        if len(leaves) >= self.leaves_sweep_at:
+            self.leaves = leaves = {tenant: leaf for tenant, leaf in leaves.items() if leaf.live}
+            self.leaves_sweep_at = max(_MIN_SWEEP, 2 * len(leaves))
+        leaves[task.tenant] = flow
         if flow.live == 1 and not flow.capped:
             group._on(flow)
             group._settle()
@@ -496,26 +516,41 @@ class FairQueue:
 
     def _pop_deep(self) -> Task:
         """Pop through the tree: down by the smallest (S, arrival) at each level, then back up."""
-        path: list[Flow] = []
         group = self
         while True:
             entry = group.heap[0]
             if entry[2] != entry[3].gen:
                 entry = group._top()
             flow = entry[3]
-            path.append(flow)
-            if flow.sub is None:
+            sub = flow.sub
+            if sub is None:
                 break
-            group = flow.sub
+            group = sub
+        # The leaf: hand out its head, re-tag it in its group.
         task: Task = flow.head  # type: ignore[assignment]
         flow.head = task._next
         task._next = None
         flow.live -= 1
-        if flow.live and flow.stale:
-            flow.skip_stale()
-            if flow.stale > flow.live:
-                flow.compact()
-        for flow in reversed(path):
+        tag = flow.tag
+        group.vtime = tag
+        flow.last = tag
+        group.rsum += 1.0 / group.wsum
+        flow.got += 1
+        flow.finish = tag = tag + flow.step
+        if flow.live:
+            if flow.stale:
+                flow.skip_stale()
+                if flow.stale > flow.live:
+                    flow.compact()
+            flow.tag = tag
+            heapreplace(group.heap, (tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
+        else:
+            heappop(group.heap)
+            group._deactivate(flow)
+        # Then every node above it, up to the root: each was at the top of its group's heap.
+        flow = group.owner  # type: ignore[assignment]
+        while flow is not None:
+            sub = group
             group = flow.parent
             tag = flow.tag
             group.vtime = tag
@@ -523,15 +558,6 @@ class FairQueue:
             group.rsum += 1.0 / group.wsum
             flow.got += 1
             flow.finish = tag = tag + flow.step
-            sub = flow.sub
-            if sub is None:
-                if flow.live:
-                    flow.tag = tag
-                    heapreplace(group.heap, (tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
-                else:
-                    heappop(group.heap)
-                    group._deactivate(flow)
-                continue
             flow.nq -= 1
             if sub.nback:
                 entry = sub.heap[0]
@@ -547,6 +573,7 @@ class FairQueue:
                 flow.on = False
                 group.nback -= 1
                 group.wsum = group.wsum - flow.weight if group.nback else 0.0
+            flow = group.owner  # type: ignore[assignment]
         return task
 
     def _discard_deep(self, task: Task) -> None:

@@ -18,7 +18,6 @@ from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from cronoq.core.ceilings import Ceiling, EdfTree
-from cronoq.core.checks import check_tenant
 from cronoq.core.fairqueue import FairQueue, FifoQueue
 from cronoq.core.settings import PRIORITIES, PoolSettings, tenant_path
 from cronoq.core.task import QUEUED, Task
@@ -192,11 +191,9 @@ class Pool:
         return self.weights.weight(tenant)
 
     def tenant_stats(self, tenant: str | None) -> TenantStats:
-        """The counts record of `tenant`, created on first use; InvalidArgument for a malformed name."""
+        """The counts record of `tenant`, created on first use."""
         ts = self.tenants.get(tenant)
         if ts is None:
-            if tenant is not None:
-                check_tenant(tenant)
             if len(self.tenants) >= self.tenants_sweep_at:
                 self.tenants = {
                     t: rec for t, rec in self.tenants.items() if rec.queued or rec.delayed or rec.running

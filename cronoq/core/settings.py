@@ -84,7 +84,7 @@ class PoolSettings:
             listed = self.tenant_limits.get(tenant)
             if listed is not None:
                 return listed
-            if "/" in tenant:
+            if len(tenant_path(tenant)) > 1:
                 return None
         return self.default_tenant_limit
 
@@ -92,9 +92,14 @@ class PoolSettings:
 def tenant_path(tenant: str | None) -> tuple[str | None, ...]:
     """The nodes from the top down to `tenant`: ("acme", "acme/search") for "acme/search"; (None,) untenanted.
 
-    Assumes a valid name (see checks.check_tenant).
+    A name that is not a valid path (an empty segment, more than
+    MAX_TENANT_DEPTH levels) is one opaque top-level name: submit refuses
+    such names, but tasks recovered from a version that took any name keep
+    their place.
     """
     if tenant is None or "/" not in tenant:
         return (tenant,)
     parts = tenant.split("/")
+    if "" in parts or len(parts) > MAX_TENANT_DEPTH:
+        return (tenant,)
     return tuple("/".join(parts[: i + 1]) for i in range(len(parts)))

@@ -127,6 +127,9 @@ async def test_a_token_pinned_to_acme_submits_for_acme_search_and_sees_its_subtr
             mine = await search.submit("m")
             assert (await search.status(mine.id)).tenant == "acme/search"
             assert (await acme.status(mine.id)).tenant == "acme/search"  # ...and acme sees all of it
+            later = await search.submit("later", delay=600)
+            assert await acme.cancel(later.id)  # acme may cancel its sub-tenants' tasks
+            assert (await search.status(later.id)).state == "cancelled"
             # ...but nothing above or beside it: acme's own task does not exist for it.
             with pytest.raises(cronoq.NotFound):
                 await search.status(own.id)
@@ -171,3 +174,13 @@ async def test_a_worker_whose_ceilings_disagree_with_the_broker_s_is_refused(bro
     finally:
         await agreeing.stop()
         await runner
+
+
+async def test_tenant_paths_of_more_than_8_levels_or_with_an_empty_level_are_refused(backend):
+    async with backend.open([recording_pool("llm", fair_share=True)]) as sched:
+        eight = "/".join("abcdefgh")
+        assert (await (await sched.submit("deep", pool="llm", tenant=eight)).result(timeout=30))[1] == "deep"
+        for bad, words in (("/".join("abcdefghi"), "9 levels"), ("acme//x", "empty segment"),
+                           ("acme/", "empty segment"), ("/acme", "empty segment")):
+            with pytest.raises(cronoq.InvalidArgument, match=words):
+                await sched.submit("x", pool="llm", tenant=bad)
