@@ -31,6 +31,7 @@ from cronoq.core import (
     SchedulerCore,
     Task,
 )
+from cronoq.core.checks import tenant_problem
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
 
 RETRY_BACKOFF_BASE = 0.5
@@ -156,6 +157,14 @@ def _check_name(what: str, value: str | None, *, optional: bool) -> None:
         raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got {value!r}")
 
 
+def _check_tenant_path(tenant: str | None) -> None:
+    """A tenant may be a path (acme/search/alice): at most 8 non-empty segments, no '/' at either end."""
+    if tenant is not None and "/" in tenant:
+        problem = tenant_problem(tenant)
+        if problem is not None:
+            raise InvalidArgument(problem)
+
+
 def _check_seconds(what: str, value: float | None) -> None:
     if value is None:
         return
@@ -167,6 +176,7 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
     """Check a submission's fields; return its priority class. Raises InvalidArgument or NotFound."""
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
+    _check_tenant_path(request.tenant)
     _check_name("key", request.key, optional=True)
     if request.key is not None and request.key.startswith(RESERVED_KEY_PREFIX) and not request.internal:
         raise InvalidArgument(

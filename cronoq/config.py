@@ -27,6 +27,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
+from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
 from cronoq.schedules import Schedule, ScheduleError
 
@@ -175,7 +176,10 @@ _BROKER_KEYS = (
     "max_payload_bytes", "max_deliveries", "result_ttl", "curve_secret_key_file", "auth_timeout",
     "max_connections", "connection_buffer_bytes",
 )  # fmt: skip
-_POOL_KEYS = ("name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog")
+_POOL_KEYS = (
+    "name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog",
+    "tenant_limits", "default_weight", "default_tenant_limit",
+)  # fmt: skip
 _TOKEN_KEYS = ("token_env", "role", "tenant")
 _SCHEDULE_KEYS = (
     "name", "cron", "timezone", "pool", "tenant", "priority", "payload", "catch_up", "deadline", "max_retries",
@@ -224,6 +228,9 @@ def _pools(top: _Section) -> tuple[tuple[PoolSettings, ...], Mapping[str, PoolLi
                 tenant_weights=s.get("tenant_weights", _weights, {}),
                 fair_share=s.get("fair_share", _bool, False),
                 max_in_flight=s.get("max_in_flight", _positive_int, None),
+                tenant_limits=s.get("tenant_limits", _tenant_limits, {}),
+                default_weight=s.get("default_weight", _positive_number, None),
+                default_tenant_limit=s.get("default_tenant_limit", _positive_int, None),
             )
         )
         limits[name] = PoolLimits(
@@ -452,17 +459,34 @@ def _env_name(value: Any) -> str:
 
 
 def _weights(value: Any) -> dict[str, float]:
+    return _per_tenant(value, "positive number", _positive_number)
+
+
+def _tenant_limits(value: Any) -> dict[str, int]:
+    return _per_tenant(value, "positive integer", _positive_int)
+
+
+def _per_tenant(value: Any, expected: str, check: Callable[[Any], T]) -> dict[str, T]:
+    """A table of tenant node (a name or a path such as "acme/search") = value."""
     if not isinstance(value, Mapping):
-        raise _Invalid(f"expected a table of tenant = positive number, got {_show(value)}")
-    weights = {}
-    for tenant, weight in value.items():
+        raise _Invalid(f'expected a table of tenant = {expected} (quote paths: "acme/search" = ...), got {_show(value)}')
+    out = {}
+    for tenant, item in value.items():
         if not tenant:
             raise _Invalid("tenant names must be non-empty")
+        problem = tenant_problem(tenant)
+        if problem is not None:
+            raise _Invalid(problem)
+        if isinstance(item, Mapping):
+            raise _Invalid(
+                f"tenant {tenant!r}: expected a {expected}, got a table; "
+                f'a sub-tenant is a quoted path: "{tenant}/search" = ..., not {tenant}.search'
+            )
         try:
-            weights[tenant] = _positive_number(weight)
+            out[tenant] = check(item)
         except _Invalid as e:
             raise _Invalid(f"tenant {tenant!r}: {e}") from None
-    return weights
+    return out
 
 
 def _endpoint(value: Any) -> str:

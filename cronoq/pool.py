@@ -9,6 +9,7 @@ from concurrent.futures import Executor
 from typing import Any, Callable, Mapping
 
 from cronoq.core import PoolSettings
+from cronoq.core.checks import tenant_problem
 from cronoq.errors import FailedPrecondition, InvalidArgument
 
 Handler = Callable[[Any], Any]
@@ -17,11 +18,15 @@ Handler = Callable[[Any], Any]
 class Pool:
     """A pool of work: its name, the handler that runs its tasks, and how it shares workers between tenants.
 
-    `tenant_weights` (tenant -> positive weight) or `fair_share=True` make the
-    pool fair; `max_in_flight` caps how many of its tasks run at once over all
-    workers. In brokered mode the broker's config owns these settings: a
-    setting left at its default carries no opinion, and one set explicitly
-    must agree with the broker's.
+    Tenants may be paths (`acme/search`): weights and ceilings apply to any
+    node of that tree, by its full name. `tenant_weights` (node -> positive
+    weight), `default_weight` (of every node not listed), `fair_share=True`,
+    `tenant_limits` (node -> how many tasks of its subtree may run at once)
+    or `default_tenant_limit` (the same, for each top-level tenant not
+    listed) make the pool fair; `max_in_flight` caps how many of its tasks
+    run at once over all workers. In brokered mode the broker's config owns
+    these settings: a setting left at its default carries no opinion, and
+    one set explicitly must agree with the broker's.
     """
 
     def __init__(
@@ -32,22 +37,38 @@ class Pool:
         tenant_weights: Mapping[str, float] | None = None,
         fair_share: bool = False,
         max_in_flight: int | None = None,
+        tenant_limits: Mapping[str, int] | None = None,
+        default_weight: float | None = None,
+        default_tenant_limit: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"a pool name must be a non-empty string, got {name!r}")
         if run is not None and not callable(run):
             raise InvalidArgument(f"pool {name!r}: run must be callable, got {run!r}")
-        weights = dict(tenant_weights or {})
+        weights = _per_tenant(name, "tenant_weights", tenant_weights)
         for tenant, weight in weights.items():
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
+            if not _positive_number(weight):
                 raise InvalidArgument(f"pool {name!r}: weight of tenant {tenant!r} must be a positive number, got {weight!r}")
-        if max_in_flight is not None and (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1):
+        limits = _per_tenant(name, "tenant_limits", tenant_limits)
+        for tenant, limit in limits.items():
+            if not _positive_int(limit):
+                raise InvalidArgument(f"pool {name!r}: the limit of tenant {tenant!r} must be a positive integer, got {limit!r}")
+        if max_in_flight is not None and not _positive_int(max_in_flight):
             raise InvalidArgument(f"pool {name!r}: max_in_flight must be a positive integer, got {max_in_flight!r}")
+        if default_weight is not None and not _positive_number(default_weight):
+            raise InvalidArgument(f"pool {name!r}: default_weight must be a positive number, got {default_weight!r}")
+        if default_tenant_limit is not None and not _positive_int(default_tenant_limit):
+            raise InvalidArgument(
+                f"pool {name!r}: default_tenant_limit must be a positive integer, got {default_tenant_limit!r}"
+            )
         self.name = name
         self.run = run
         self.tenant_weights = weights
         self.fair_share = bool(fair_share)
         self.max_in_flight = max_in_flight
+        self.tenant_limits = limits
+        self.default_weight = default_weight
+        self.default_tenant_limit = default_tenant_limit
 
     @property
     def is_async(self) -> bool:
@@ -58,7 +79,15 @@ class Pool:
 
     def settings(self) -> PoolSettings:
         """The scheduling settings this pool asks for (used as-is in embedded mode)."""
-        return PoolSettings(self.name, self.tenant_weights, self.fair_share, self.max_in_flight)
+        return PoolSettings(
+            self.name,
+            self.tenant_weights,
+            self.fair_share,
+            self.max_in_flight,
+            tenant_limits=self.tenant_limits,
+            default_weight=self.default_weight,
+            default_tenant_limit=self.default_tenant_limit,
+        )
 
     def explicit_settings(self) -> dict[str, Any]:
         """Only the settings set away from their defaults: the opinions a worker sends to the broker."""
@@ -69,6 +98,12 @@ class Pool:
             opinions["fair_share"] = True
         if self.max_in_flight is not None:
             opinions["max_in_flight"] = self.max_in_flight
+        if self.tenant_limits:
+            opinions["tenant_limits"] = dict(self.tenant_limits)
+        if self.default_weight is not None:
+            opinions["default_weight"] = self.default_weight
+        if self.default_tenant_limit is not None:
+            opinions["default_tenant_limit"] = self.default_tenant_limit
         return opinions
 
     async def call(self, payload: Any, executor: Executor | None = None) -> Any:
@@ -102,6 +137,37 @@ def settings_disagreement(pool: str, opinions: Mapping[str, Any], configured: Po
         elif setting == "max_in_flight":
             if wanted != configured.max_in_flight:
                 return f"pool {pool!r}: the worker sets max_in_flight = {wanted} but the broker's config has {configured.max_in_flight}"
+        elif setting == "tenant_limits":
+            mine_limits = dict(configured.tenant_limits)
+            try:
+                theirs_limits = {str(t): int(n) for t, n in dict(wanted).items()}
+            except (TypeError, ValueError):
+                return f"pool {pool!r}: tenant_limits must map tenants to integers"
+            if mine_limits != theirs_limits:
+                return f"pool {pool!r}: the worker sets tenant_limits {theirs_limits} but the broker's config has {mine_limits}"
+        elif setting in ("default_weight", "default_tenant_limit"):
+            have = getattr(configured, setting)
+            if wanted != have:
+                shown = "unset" if have is None else have
+                return f"pool {pool!r}: the worker sets {setting} = {wanted} but the broker's config has {shown}"
         else:
             return f"pool {pool!r}: unknown pool setting {setting!r}"
     return None
+
+
+def _per_tenant(pool: str, setting: str, table: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of a per-tenant table whose keys are valid tenant names (a name or a path such as "acme/search")."""
+    out = dict(table or {})
+    for tenant in out:
+        problem = tenant_problem(tenant)
+        if problem is not None:
+            raise InvalidArgument(f"pool {pool!r}: {setting}: {problem}")
+    return out
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1

@@ -225,7 +225,8 @@ class Ready(_Message, tag="ready"):
     """A worker announces itself: the pools it serves and how many tasks it can take now.
 
     `settings` holds, per pool, only the settings the worker's `Pool` set
-    explicitly (tenant_weights, fair_share, max_in_flight); the broker refuses
+    explicitly (tenant_weights, fair_share, max_in_flight, tenant_limits,
+    default_weight, default_tenant_limit); the broker refuses
     the worker with FAILED_PRECONDITION when one disagrees with its config.
     `concurrency` is the worker's total slots: the slots not free are busy with
     tasks whose `Done` will return them, and no other `Done` may add a slot.

@@ -102,8 +102,15 @@ def pools_toml(pools: Iterable[cronoq.Pool]) -> str:
             lines.append("fair_share = true")
         if pool.max_in_flight is not None:
             lines.append(f"max_in_flight = {pool.max_in_flight}")
+        if pool.default_weight is not None:
+            lines.append(f"default_weight = {pool.default_weight}")
+        if pool.default_tenant_limit is not None:
+            lines.append(f"default_tenant_limit = {pool.default_tenant_limit}")
         if pool.tenant_weights:
             lines.append("[pools.tenant_weights]")
             lines += [f'"{tenant}" = {weight}' for tenant, weight in pool.tenant_weights.items()]
+        if pool.tenant_limits:
+            lines.append("[pools.tenant_limits]")
+            lines += [f'"{tenant}" = {limit}' for tenant, limit in pool.tenant_limits.items()]
         lines.append("")
     return "\n".join(lines)

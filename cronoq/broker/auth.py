@@ -4,7 +4,10 @@ With no `[[auth.tokens]]` the broker is open and every caller may do
 everything. With any, each message carries a token: a missing or unknown
 one is `UNAUTHENTICATED`; a role doing what it may not is
 `PERMISSION_DENIED` (clients submit, wait, ask for status and cancel;
-workers serve pools; admins do everything). Presented tokens are looked up by their SHA-256 digest, so the lookup takes
+workers serve pools; admins do everything). A token pinned to a tenant
+covers that tenant's subtree: pinned to `acme`, it may submit as `acme` or
+any `acme/...` tenant and see their tasks; pinned to `acme/search`, only
+that subtree. Presented tokens are looked up by their SHA-256 digest, so the lookup takes
 the same time however much of a secret a caller guessed right; secrets are
 never logged or echoed.
 """
@@ -69,7 +72,13 @@ class Principal:
             raise PermissionDenied(f"a {self.role} token may not {what}; that takes {_roles_allowed(action)} token")
 
     def may_see_tenant(self, tenant: str | None) -> bool:
-        return self.tenant is None or self.tenant == tenant
+        """Whether `tenant` is in this principal's subtree (everything, when it is not pinned)."""
+        pinned = self.tenant
+        return (
+            pinned is None
+            or tenant == pinned
+            or (tenant is not None and tenant.startswith(pinned) and tenant[len(pinned) : len(pinned) + 1] == "/")
+        )
 
 
 OPEN = Principal(ADMIN, None, "open broker")

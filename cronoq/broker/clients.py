@@ -155,9 +155,10 @@ class ClientRequests:
         if principal.tenant is not None:
             if tenant is None:
                 tenant = principal.tenant
-            elif tenant != principal.tenant:
+            elif not principal.may_see_tenant(tenant):
                 raise PermissionDenied(
-                    f"this token is pinned to tenant {principal.tenant!r} and may not submit for tenant {tenant!r}"
+                    f"this token is pinned to tenant {principal.tenant!r} and may not submit for tenant {tenant!r}; "
+                    f"it may submit as {principal.tenant!r} or as one of its sub-tenants ({principal.tenant}/...)"
                 )
         if body is None:
             body = protocol.NIL_BODY  # the body frame is optional: no payload is a nil one
@@ -169,7 +170,7 @@ class ClientRequests:
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
             # Cannot happen: the book finds duplicates only among the tasks of the tenant submitting, and a
-            # pinned token always submits as its own tenant. Were it to happen anyway, the other tenant's
+            # pinned token always submits within its own subtree. Were it to happen anyway, the other tenant's
             # id must not leak, and no honest answer is left (accepting a second task would break the
             # key's promise; any refusal of our own would say the key exists), so it fails the way a bug
             # does: logged, and answered UNAVAILABLE.

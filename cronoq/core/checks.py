@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from cronoq.core.settings import PRIORITIES, PoolSettings
+from cronoq.core.settings import MAX_TENANT_DEPTH, PRIORITIES, PoolSettings
 from cronoq.core.task import Task
 from cronoq.errors import InvalidArgument
 
@@ -47,6 +47,22 @@ def check_task(task: Task) -> None:
         raise InvalidArgument(f"attempts must be an int >= 0, got {task.attempts!r}")
 
 
+def tenant_problem(tenant: object) -> str | None:
+    """What is wrong with `tenant` as a tenant name (a path of 1..8 non-empty `/`-separated segments), or None."""
+    if type(tenant) is not str or not tenant:
+        return f"a tenant must be a non-empty string, got {tenant!r}"
+    if "/" in tenant:
+        segments = tenant.split("/")
+        if "" in segments:
+            return (
+                f"tenant {tenant!r} has an empty segment: a tenant path is names separated by single '/', "
+                "with no '/' at either end (e.g. 'acme/search')"
+            )
+        if len(segments) > MAX_TENANT_DEPTH:
+            return f"tenant {tenant!r} has {len(segments)} levels; at most {MAX_TENANT_DEPTH} are allowed"
+    return None
+
+
 def check_settings(s: PoolSettings) -> None:
     """Refuse pool settings the core cannot schedule by (weights must be positive and finite)."""
     if not isinstance(s, PoolSettings):
@@ -54,10 +70,29 @@ def check_settings(s: PoolSettings) -> None:
     if not isinstance(s.name, str) or not s.name:
         raise InvalidArgument(f"a pool name must be a non-empty string, got {s.name!r}")
     for tenant, weight in s.tenant_weights.items():
+        _check_node(s, "tenant_weights", tenant)
         if type(weight) not in (int, float) or not 0 < weight < math.inf:
             raise InvalidArgument(
                 f"pool {s.name!r}: the weight of tenant {tenant!r} must be a positive number, got {weight!r}"
             )
+    weight = s.default_weight
+    if weight is not None and (type(weight) not in (int, float) or not 0 < weight < math.inf):
+        raise InvalidArgument(f"pool {s.name!r}: default_weight must be a positive number or None, got {weight!r}")
+    for tenant, limit in s.tenant_limits.items():
+        _check_node(s, "tenant_limits", tenant)
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(
+                f"pool {s.name!r}: the ceiling of tenant {tenant!r} must be an int >= 1, got {limit!r}"
+            )
+    limit = s.default_tenant_limit
+    if limit is not None and (type(limit) is not int or limit < 1):
+        raise InvalidArgument(f"pool {s.name!r}: default_tenant_limit must be an int >= 1 or None, got {limit!r}")
     cap = s.max_in_flight
     if cap is not None and (type(cap) is not int or cap < 1):
         raise InvalidArgument(f"pool {s.name!r}: max_in_flight must be an int >= 1 or None, got {cap!r}")
+
+
+def _check_node(s: PoolSettings, setting: str, tenant: object) -> None:
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise InvalidArgument(f"pool {s.name!r}: {setting}: {problem}")

@@ -11,18 +11,26 @@ docs/scheduling.md explains them at length):
       _pools    name -> Pool
                   classes[0..3]  critical, high, normal, low: strict order
                     edf   heap (deadline, arrival) of queued deadline tasks
-                    rest  FairQueue: tenant flows, head tags in a heap by (S, arrival)
+                          (with ceilings: an EdfTree, one heap per capped-able node)
+                    rest  FairQueue: the tenant tree; per group of siblings, a heap
+                          of their tags (S, arrival); a leaf is a flow of tasks
                           or FifoQueue: one chain in arrival order
+                  ceilings   node -> running count of its subtree, capped or not
       (a flow or FifoQueue is a Chain: a FIFO linked through Task._next)
 
 A dispatch walks a pool's classes from critical to low and takes the first
 task it finds: in a class, the EDF heap goes first (a task with a deadline
 is not part of the fair share), then the fair queue. The fair queue is
-start-time fair queuing with the tags given late: only the head task of each
-backlogged tenant holds a start tag `S = max(V, F[t])`, assigned when it
-becomes the head; `V` per class is the tag of the last task dispatched and
-`F[t] = S + 1/w`. Because only heads are tagged, new weights reach the whole
-backlog by re-tagging the heads (O(tenants)) on a reload.
+hierarchical start-time fair queuing with the tags given late: in each
+group of siblings (the top-level tenants; the children of a tenant, its
+own tasks being one more child of weight 1) only the children that can be
+dispatched from hold a start tag `S = max(V, F[c])`, assigned when they
+join; `V` per group is the tag of its last dispatch and `F[c] = S + 1/w`.
+A dispatch goes down by the smallest tag at each level and back up
+re-tagging: O(depth * log siblings). Because only joined children are
+tagged, new weights reach the whole backlog by re-tagging (O(nodes)) on a
+reload. A tenant at its ceiling leaves every heap it is in (it keeps its
+tasks and tags) and rejoins at max(V, F) when one of its tasks ends.
 
 Deadlines live in two heaps that share each entry tuple: the class's EDF heap
 orders dispatch, the core's expiry heap finds what `expire(now)` must remove
@@ -83,6 +91,7 @@ class SchedulerCore:
         self._timers = TimerHeap(DELAYED)
         self._expiry = TimerHeap(QUEUED)
         self._seq = 0
+        self._now: float | None = None  # the last `now` given to expire(), for configure()
         # Pools that are dispatchable and have a ready worker: 0 means dispatch()
         # can return [] at once, which is the common case for an idle broker.
         self._matchable = 0
@@ -90,11 +99,13 @@ class SchedulerCore:
 
     # -- pools -------------------------------------------------------------
 
-    def configure(self, pools: Iterable[PoolSettings]) -> None:
+    def configure(self, pools: Iterable[PoolSettings], now: float | None = None) -> None:
         """Apply a (re)loaded list of pools.
 
         New pools appear; existing pools take their new settings, and new
-        weights re-order the queued backlog at once. Pools not listed stop
+        weights re-order the queued backlog at once, new ceilings cap and
+        uncap at once (a node capped by the change counts as capped since
+        `now`; None: the last `now` given to `expire`). Pools not listed stop
         accepting tasks (draining) and disappear once they hold no task.
         Raises InvalidArgument (changing nothing) on a duplicate name or an
         invalid setting.
@@ -112,7 +123,7 @@ class SchedulerCore:
                 self._pools[s.name] = Pool(s)
             else:
                 pool.draining = False
-                pool.apply(s)
+                pool.apply(s, self._now if now is None else now)
                 self._refresh(pool)
         for pool in list(self._pools.values()):
             if pool.name not in names:
@@ -191,12 +202,16 @@ class SchedulerCore:
             cls.rest.push(task)
         else:
             entry = (deadline, seq, task)
-            heappush(cls.edf, entry)
+            if cls.tree is None:
+                heappush(cls.edf, entry)
+            else:
+                cls.tree.push(entry, ts.ceilings)
             self._expiry.push(entry)
         cls.queued += 1
         pool.queued += 1
         ts.queued += 1
         if not pool.dispatchable:
+            pool.stuck = False
             self._refresh(pool)
 
     def cancel(self, task_id: str, now: float) -> Task | None:
@@ -215,6 +230,7 @@ class SchedulerCore:
 
         Returns the expired tasks (state EXPIRED, no longer held).
         """
+        self._now = now
         expired: list[Task] = []
         touched: set[Pool] = set()
         for task in self._timers.pop_due(now):
@@ -380,7 +396,11 @@ class SchedulerCore:
                         continue
                 task = pool.take(now)
                 if task is None:
-                    continue  # only overdue tasks were left; expire() will report them
+                    # Only overdue tasks (expire() will report them) or capped
+                    # tenants' tasks are left: skip the pool until that changes.
+                    pool.stuck = True
+                    self._refresh(pool)
+                    continue
                 task.state = RUNNING
                 task.worker = worker_id = worker.id
                 task.attempts += 1
@@ -510,12 +530,15 @@ class SchedulerCore:
         "classes": {"critical": {"queued", "delayed", "running", "dispatched"
         [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
         "queued", "delayed", "running", "dispatched", "lag"}},
-        "tenant_count"}}
+        "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since"}}}}
 
         `tenants` names, for some pools, the only tenants to list (None in
         it stands for the untenanted); the other pools list all of theirs,
         or their first `limit` when given ("tenant_count" tells how many
-        there are in all).
+        there are in all). A tenant's weight and lag are its node's (the lag
+        among its siblings); "ceilings" lists every node with a ceiling the
+        pool has met, with the running tasks of its subtree and, while it is
+        capped, since when (on the caller's clock).
         """
         chosen = tenants or {}
         return {name: pool.stats(chosen.get(name), limit) for name, pool in self._pools.items()}
@@ -551,6 +574,7 @@ class SchedulerCore:
         pool.queued += 1
         task._ts.queued += 1  # type: ignore[union-attr]
         if not pool.dispatchable:
+            pool.stuck = False
             self._refresh(pool)
 
     def _delay(self, pool: Pool, task: Task) -> None:
@@ -606,7 +630,10 @@ class SchedulerCore:
         task.worker = None
         pool.classes[task.priority].running -= 1
         pool.running -= 1
-        task._ts.running -= 1  # type: ignore[union-attr]
+        ts = task._ts
+        ts.running -= 1  # type: ignore[union-attr]
+        if ts.ceilings:  # type: ignore[union-attr]
+            pool.uncharge(ts.ceilings)  # type: ignore[union-attr]
 
     def _choose_pool(self, worker: Worker, now: float) -> Pool | None:
         """Of the worker's pools, the one whose next task has the best class, then the

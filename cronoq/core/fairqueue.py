@@ -2,27 +2,43 @@
 
 Two interchangeable queues hold a class's tasks without a deadline:
 
-- `FairQueue` (pools with `tenant_weights` or `fair_share`): weighted
-  start-time fair queuing (SFQ) between tenants, as docs/api.md
-  ("Scheduling rules") defines it. Each tenant is a *flow*: a FIFO of its tasks. Only the head of
-  each backlogged flow carries a start tag, given when that task becomes the
-  head: `S = max(V, F[t])`, where `F[t] = S_prev + 1/w` is kept per flow (0
-  before its first dispatch). A heap of heads keyed by `(S, arrival seq)`
-  yields the next task in O(log tenants); `V` becomes the `S` dispatched.
+- `FairQueue` (fair pools): hierarchical weighted start-time fair queuing
+  (SFQ) over the tenant tree, as docs/api.md ("Scheduling rules") and
+  docs/scheduling.md define it. A `FairQueue` is one group of siblings
+  sharing what their parent gets: the class's root group holds the
+  top-level tenants; a tenant with sub-tenants (`acme` of `acme/search`)
+  holds a group of its own (`Flow.sub`) in which its own tasks, if any, are
+  one more child of weight 1, keyed by its own name.
 
-  With fixed weights this is the rules' order: a flow that stays
-  backlogged gets successive tags `S, S + 1/w, ...` either way, and a flow
-  that (re)starts gets `max(V, F[t])` either way. Tagging heads late is what
-  lets a reload re-weight the queued backlog at once: only heads hold tags,
-  so re-tagging them is O(tenants). A cancelled task is never charged: when
-  a head is cancelled its successor inherits the head's tag.
+  Each child is a `Flow`. A leaf flow is a FIFO of its tasks. Inside a
+  group, only the children that can be dispatched from hold a start tag,
+  given when they join: `S = max(V, F[c])`, where `V` is the group's
+  virtual time (the tag of its last dispatch) and `F[c] = S_prev + 1/w`
+  is kept per child (0 before its first dispatch). A heap of those
+  children keyed by `(S, arrival seq of the task the child would hand out)`
+  yields the next child in O(log siblings); a dispatch walks down the tree
+  from the root group to a leaf, takes the leaf's head, and walks back up,
+  advancing every group's `V` and re-tagging every child on the path:
+  O(depth * log siblings).
+
+  With fixed weights this is the rules' order: a child that stays
+  backlogged gets successive tags `S, S + 1/w, ...` either way, and a child
+  that (re)joins gets `max(V, F[c])` either way. Tagging late is what lets
+  a reload re-weight the queued backlog at once: re-tagging every group's
+  heap is O(nodes). A cancelled task is never charged: when a head is
+  cancelled its successor inherits the head's tag.
+
+  A child at its ceiling (`capped`) keeps its tasks and its tags but holds
+  no heap entry, so it blocks nobody; when it is uncapped it rejoins at
+  `max(V, F[c])`, banking nothing for the time it was capped. A group whose
+  children are all capped or idle leaves its own parent's heap the same way.
 
 - `FifoQueue` (pools without fairness): one FIFO, submission order.
 
 Tags are exact integers (see weights.py), so a tie between tags is a true
 tie, broken by arrival as the rules say.
 
-Both queues keep their tasks in a `Chain` (chain.py), a FIFO threaded through
+Both queues keep their tasks in `Chain`s (chain.py), FIFOs threaded through
 the tasks themselves, and delete lazily: a cancelled task stays linked until
 it reaches the front or the chain is compacted, before its stale tasks
 outnumber its live ones.
@@ -31,9 +47,10 @@ outnumber its live ones.
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush, heapreplace
-from typing import Iterator
+from typing import AbstractSet, Iterator
 
 from cronoq.core.chain import Chain
+from cronoq.core.settings import tenant_path
 from cronoq.core.task import Task
 from cronoq.core.weights import Tag, Weights
 
@@ -42,29 +59,39 @@ from cronoq.core.weights import Tag, Weights
 # flow table has doubled since the last sweep, so churning tenants cost O(1) each.
 _MIN_SWEEP = 64
 
+_NO_CAPS: frozenset[str | None] = frozenset()
+
 
 class Flow(Chain):
-    """One tenant inside one fair class: its FIFO of tasks, its tags and its share accounting.
+    """One node of the tenant tree inside one fair class: its tags, its share accounting, and
+    either its FIFO of tasks (a leaf) or the group of its children (`sub`).
 
-    While the flow is backlogged its `head` is always a live task (the one
-    that holds the start tag).
+    While a leaf is backlogged its `head` is always a live task.
     """
 
     __slots__ = (
-        "tenant",
+        "tenant",  # the node's full name (its key in its parent group)
         "weight",
         "step",  # 1/weight in tag units
-        "tag",  # start tag S of the head task (meaningful while live > 0)
+        "tag",  # start tag S (meaningful while `on`)
         "last",  # start tag of its last dispatched task, None before the first
-        "finish",  # F[t]: S of its last dispatch + 1/w (0 before the first); kept while idle
+        "finish",  # F: S of its last dispatch + 1/w (0 before the first); kept while idle
         "gen",  # bumped whenever the flow's heap entry is replaced; older entries are stale
         # Lag over the current backlogged period, in dispatches (see docs/scheduling.md):
-        "rmark",  # FairQueue.rsum when the period (or the current weight) started
+        "rmark",  # parent's rsum when the period (or the current weight, or eligibility) started
         "share",  # weighted share earned in the period before `rmark`
         "got",  # dispatches in the period
+        # The tree:
+        "parent",  # the FairQueue (group) it is a child of
+        "sub",  # the FairQueue of its children, once it has any (None for a leaf)
+        "nq",  # queued tasks in its subtree while it has children (its chain is empty then)
+        "hseq",  # the arrival seq in its current heap entry (kept for flows with children)
+        "on",  # holds a live heap entry and counts in the parent's nback and wsum
+        "capped",  # at its ceiling: out of the heap although it may have tasks
+        "served",  # dispatched since its past was last forgotten (survives a forget by a ceiling)
     )
 
-    def __init__(self, tenant: str | None, weight: float, step: Tag) -> None:
+    def __init__(self, tenant: str | None, weight: float, step: Tag, parent: FairQueue) -> None:
         super().__init__()
         self.tenant = tenant
         self.weight = weight
@@ -76,13 +103,21 @@ class Flow(Chain):
         self.rmark = 0.0
         self.share = 0.0
         self.got = 0
+        self.parent = parent
+        self.sub: FairQueue | None = None
+        self.nq = 0
+        self.hseq = 0
+        self.on = False
+        self.capped = False
+        self.served = False
 
 
-HeapEntry = tuple[Tag, int, int, Flow]  # (start tag, arrival seq of the head, flow gen, flow)
+HeapEntry = tuple[Tag, int, int, Flow]  # (start tag, arrival seq of the task it would hand out, flow gen, flow)
 
 
 class FairQueue:
-    """Weighted SFQ between the tenants of one priority class of one pool."""
+    """Weighted SFQ between siblings: the root group of one priority class of one pool, or the
+    children of one tenant node (`owner`)."""
 
     __slots__ = (
         "weights",
@@ -94,30 +129,47 @@ class FairQueue:
         "wsum",
         "rsum",
         "sweep_at",
+        "owner",
+        "capped",
+        "leaves",
+        "leaves_sweep_at",
     )
 
-    def __init__(self, weights: Weights) -> None:
+    def __init__(
+        self, weights: Weights, owner: Flow | None = None, capped: AbstractSet[str | None] = _NO_CAPS
+    ) -> None:
         self.weights = weights
         self.flows: dict[str | None, Flow] = {}
         self.heap: list[HeapEntry] = []
         self.heap_stale = 0
         self.vtime: Tag = 0 if weights.scale is not None else 0.0  # V: start tag of the last dispatch
-        self.nback = 0  # backlogged flows
-        self.wsum = 0.0  # sum of the weights of backlogged flows
-        # Sum over dispatches of 1/wsum: a backlogged flow of weight w earns a
-        # share of w * (increase of rsum) dispatches; this makes lag O(1).
+        self.nback = 0  # children with a live heap entry (backlogged and not capped)
+        self.wsum = 0.0  # sum of their weights
+        # Sum over dispatches of 1/wsum: a child of weight w earns a share of
+        # w * (increase of rsum) dispatches while it is in the heap; this makes lag O(1).
         self.rsum = 0.0
         self.sweep_at = _MIN_SWEEP
+        self.owner = owner
+        # Names of the capped nodes of the pool (shared, kept up to date by the pool).
+        self.capped = capped
+        # Root group only: tenant -> the leaf flow its tasks last went to, valid while that flow
+        # has tasks (a backlogged leaf is never swept, reset or split), so that queueing behind a
+        # sub-tenant's waiting tasks skips the walk down the tree.
+        self.leaves: dict[str | None, Flow] = {}
+        self.leaves_sweep_at = _MIN_SWEEP
 
     def __len__(self) -> int:
-        """Queued tasks (O(tenants): for inspection, not for the dispatch path)."""
-        return sum(flow.live for flow in self.flows.values())
+        """Queued tasks (O(nodes): for inspection, not for the dispatch path)."""
+        return sum(flow.live + flow.nq for flow in self.flows.values())
 
     def __bool__(self) -> bool:
+        """Whether a task can be popped (some child is backlogged and not capped)."""
         return self.nback > 0
 
+    # -- the flat paths (top-level tenants) come first: they are the common case --
+
     def push(self, task: Task) -> None:
-        """Append a queued task (its `_seq` already set) to its tenant's flow."""
+        """Append a queued task (its `_seq` and `_ts` already set) to its tenant's flow."""
         task._next = None
         flow = self.flows.get(task.tenant)
         if flow is not None and flow.live:
@@ -125,14 +177,28 @@ class FairQueue:
             flow.tail = task
             flow.live += 1
             return
-        if flow is None:
+        if flow is None or flow.sub is not None:
+            leaf = self.leaves.get(task.tenant)
+            if leaf is not None and leaf.live:
+                # Behind the sub-tenant's waiting tasks: no tag changes, one more task in every node above.
+                leaf.tail._next = task  # type: ignore[union-attr]
+                leaf.tail = task
+                leaf.live += 1
+                above = leaf.parent.owner
+                while above is not None:
+                    above.nq += 1
+                    above = above.parent.owner
+                return
+            if flow is not None or len(task._ts.path) > 1:  # type: ignore[union-attr]
+                self._push_deep(task)
+                return
             flow = self._new_flow(task.tenant)
         flow.head = flow.tail = task
         flow.live = 1
         self._activate(flow)
 
     def pop(self) -> Task | None:
-        """Remove and return the task with the smallest (S, arrival), or None if empty."""
+        """Remove and return the next task by (S, arrival) at every level, or None if none can go."""
         heap = self.heap
         while heap:
             tag, _seq, gen, flow = heap[0]
@@ -140,6 +206,8 @@ class FairQueue:
                 heappop(heap)
                 self.heap_stale -= 1
                 continue
+            if flow.sub is not None:
+                return self._pop_deep()
             task = flow.head
             head = task._next  # type: ignore[union-attr]
             task._next = None  # type: ignore[union-attr]
@@ -168,86 +236,102 @@ class FairQueue:
 
     def discard(self, task: Task) -> None:
         """Forget a task that was queued here and has just left (cancelled); O(1) amortised."""
-        flow = self.flows[task.tenant]
-        flow.live -= 1
-        flow.stale += 1
-        if not flow.live:
-            self._drop_entry(flow)
-            self._deactivate(flow)
-        elif flow.head is task:
-            # The successor inherits the head's tag (the cancelled task is not
-            # charged); only the tie-break seq changes, so the entry is replaced.
-            flow.skip_stale()
-            self._drop_entry(flow)
-            heappush(self.heap, (flow.tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
-        elif flow.stale > flow.live:
-            flow.compact()
+        flow = self.flows.get(task.tenant)
+        if flow is None or flow.sub is not None:
+            self._discard_deep(task)
+            return
+        self._discard_from(flow, task)
 
     def reweight(self, weights: Weights) -> None:
-        """Take new weights and re-tag the backlog at once.
+        """Take new weights and re-tag the backlog of the whole tree at once.
 
-        Each backlogged head gets the tag it would have had under its new
-        weight, `max(V, S_prev + 1/w)`; the heap is rebuilt, O(tenants). An
-        idle tenant keeps the F[t] it left with: it has no backlog to re-weight.
+        Each backlogged node gets the tag it would have had under its new
+        weight, `max(V, S_prev + 1/w)`; every heap is rebuilt, O(nodes). An
+        idle node keeps the F it left with: it has no backlog to re-weight.
         """
         self._rescale(weights)
-        self.weights = weights
-        rsum = self.rsum
-        vtime = self.vtime
-        wsum = 0.0
-        entries: list[HeapEntry] = []
-        for flow in self.flows.values():
-            weight = weights.weight(flow.tenant)
-            if flow.live:
-                # Close the lag sub-period at the old weight.
-                flow.share += flow.weight * (rsum - flow.rmark)
-                flow.rmark = rsum
-                wsum += weight
-            flow.weight = weight
-            flow.step = weights.step(flow.tenant)
-            if flow.live:
-                if flow.last is not None:
-                    flow.finish = flow.last + flow.step
-                flow.tag = flow.finish if flow.finish > vtime else vtime
-                flow.gen += 1
-                entries.append((flow.tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
-        heapify(entries)
-        self.heap = entries
-        self.heap_stale = 0
-        self.wsum = wsum
+        self._retag(weights)
 
     def tasks_in_order(self) -> list[Task]:
         """Every queued task here, in arrival order (used when a pool changes its kind of queue)."""
-        out = [t for flow in self.flows.values() for t in flow]
+        out = list(self._tasks())
         out.sort(key=lambda t: t._seq)
         return out
 
     def lag(self, tenant: str | None) -> float:
-        """Dispatches `tenant` trails (+) or leads (-) its weighted share in its current backlogged period."""
-        flow = self.flows.get(tenant)
-        if flow is None or not flow.live:
+        """Dispatches node `tenant` trails (+) or leads (-) its weighted share among its siblings,
+        over its current backlogged period."""
+        flow = self.find(tenant_path(tenant))
+        if flow is None or not (flow.live or flow.nq):
             return 0.0
-        return flow.share + flow.weight * (self.rsum - flow.rmark) - flow.got
+        lag = flow.share - flow.got
+        if flow.on:
+            lag += flow.weight * (flow.parent.rsum - flow.rmark)
+        return lag
 
     def virtual_time(self) -> float:
-        """V in dispatches of a weight-1 tenant."""
+        """V of this group in dispatches of a weight-1 tenant."""
         return self.weights.to_dispatches(self.vtime)
 
     def iter_flows(self) -> Iterator[Flow]:
-        """The flows currently held (backlogged ones and recently idle ones)."""
+        """The flows of this group (backlogged ones and recently idle ones)."""
         return iter(self.flows.values())
 
-    # -- internals ---------------------------------------------------------
+    def find(self, path: tuple[str | None, ...]) -> Flow | None:
+        """The flow of the node at the end of `path` (from tenant_path), or None if it has none here."""
+        group: FairQueue | None = self
+        flow = None
+        for name in path:
+            if group is None:
+                return None
+            flow = group.flows.get(name)
+            if flow is None:
+                return None
+            group = flow.sub
+        return flow
+
+    # -- ceilings ------------------------------------------------------------
+
+    def block(self, path: tuple[str | None, ...]) -> None:
+        """The node at `path` reached its ceiling: take it out of its parent's heap, tasks and tags kept."""
+        flow = self.find(path)
+        if flow is None:
+            return
+        flow.capped = True
+        if flow.on:
+            group = flow.parent
+            group._off(flow)
+            group._settle()
+
+    def unblock(self, path: tuple[str | None, ...]) -> None:
+        """The node at `path` is under its ceiling again: it rejoins at max(V, F) if it has work."""
+        flow = self.find(path)
+        if flow is None:
+            return
+        flow.capped = False
+        if not flow.on and (flow.live or (flow.sub is not None and flow.sub.nback)):
+            group = flow.parent
+            group._on(flow)
+            group._settle()
+
+    # -- internals: joining and leaving the heap ----------------------------
 
     def _new_flow(self, tenant: str | None) -> Flow:
         if len(self.flows) >= self.sweep_at:
             self._sweep()
-        flow = Flow(tenant, self.weights.weight(tenant), self.weights.step(tenant))
+        owner = self.owner
+        if owner is not None and tenant == owner.tenant:
+            # The owner's own tasks: one more child, of weight 1, never capped on its own.
+            flow = Flow(tenant, 1.0, self.weights.unit_step, self)
+        else:
+            flow = Flow(tenant, self.weights.weight(tenant), self.weights.step(tenant), self)
+            if self.capped and tenant in self.capped:
+                flow.capped = True
         self.flows[tenant] = flow
         return flow
 
     def _activate(self, flow: Flow) -> None:
-        """The flow became backlogged: tag its head and start a lag period."""
+        """A leaf became backlogged: forget its past if it banked nothing, start a lag period, join."""
         finish = flow.finish
         vtime = self.vtime
         if finish > vtime:
@@ -259,22 +343,92 @@ class FairQueue:
             flow.tag = vtime
             flow.last = None
             flow.finish = 0
+            flow.served = False
+        flow.share = 0.0
+        flow.got = 0
+        if flow.capped:
+            return
         flow.gen += 1
         heappush(self.heap, (flow.tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
         flow.rmark = self.rsum
-        flow.share = 0.0
-        flow.got = 0
+        flow.on = True
         self.nback += 1
         self.wsum += flow.weight
+        if self.owner is not None:
+            self._settle()
 
     def _deactivate(self, flow: Flow) -> None:
-        """The flow has nothing queued any more: unlink what is left, end its lag period."""
+        """A leaf has nothing queued any more (its entry already gone): unlink what is left."""
         if flow.stale:
             flow.compact()  # only cancelled tasks are left
         flow.head = flow.tail = None
+        flow.on = False
         self.nback -= 1
         # Reset exactly at zero so float drift in the running sum cannot build up.
         self.wsum = self.wsum - flow.weight if self.nback else 0.0
+
+    def _on(self, flow: Flow) -> None:
+        """A backlogged child that can be dispatched from (again) joins the heap at max(V, F)."""
+        finish = flow.finish
+        if finish > self.vtime:
+            flow.tag = finish
+        else:
+            # It banked nothing: forget its past (but remember that its own
+            # tasks were served, which matters if it later gets children).
+            flow.tag = self.vtime
+            flow.served = flow.served or flow.last is not None
+            flow.last = None
+            flow.finish = 0
+        flow.gen += 1
+        sub = flow.sub
+        seq = flow.head._seq if sub is None else sub._top()[1]  # type: ignore[union-attr]
+        flow.hseq = seq
+        heappush(self.heap, (flow.tag, seq, flow.gen, flow))
+        flow.rmark = self.rsum
+        flow.on = True
+        self.nback += 1
+        self.wsum += flow.weight
+
+    def _off(self, flow: Flow) -> None:
+        """A child still backlogged (or just idle) leaves the heap; its lag sub-period closes."""
+        self._drop_entry(flow)
+        flow.share += flow.weight * (self.rsum - flow.rmark)
+        flow.on = False
+        self.nback -= 1
+        self.wsum = self.wsum - flow.weight if self.nback else 0.0
+
+    def _settle(self) -> None:
+        """This group's heap changed: bring the owner's entry in its parent (and so on up) in line."""
+        group = self
+        while True:
+            flow = group.owner
+            if flow is None:
+                return
+            parent = flow.parent
+            if flow.on:
+                if flow.capped or not group.nback:
+                    parent._off(flow)
+                else:
+                    seq = group._top()[1]
+                    if seq == flow.hseq:
+                        return
+                    # Same tag, new tie-break: the task the owner would hand out changed.
+                    parent._drop_entry(flow)
+                    flow.hseq = seq
+                    heappush(parent.heap, (flow.tag, seq, flow.gen, flow))
+            elif flow.capped or not group.nback:
+                return
+            else:
+                parent._on(flow)
+            group = parent
+
+    def _top(self) -> HeapEntry:
+        """The live entry at the top of the heap (there must be one: nback > 0)."""
+        heap = self.heap
+        while heap[0][2] != heap[0][3].gen:
+            heappop(heap)
+            self.heap_stale -= 1
+        return heap[0]
 
     def _drop_entry(self, flow: Flow) -> None:
         """The flow's live heap entry becomes stale (it stays in the heap until popped or compacted)."""
@@ -286,13 +440,238 @@ class FairQueue:
             self.heap = heap
             self.heap_stale = 0
 
+    # -- internals: the tree ---------------------------------------------------
+
+    def _push_deep(self, task: Task) -> None:
+        """Queue a task of a sub-tenant, or of a tenant that has sub-tenants: route it down the tree."""
+        path = task._ts.path  # type: ignore[union-attr]
+        group = self
+        leaf = path[-1]
+        for name in path:
+            flow = group.flows.get(name)
+            if flow is None:
+                flow = group._new_flow(name)
+            sub = flow.sub
+            if not (flow.live or flow.nq):
+                group._wake(flow)
+                sub = flow.sub
+            if sub is None:
+                if name == leaf:
+                    break  # a leaf: the task joins its chain
+                group._split(flow)
+                sub = flow.sub
+            flow.nq += 1
+            group = sub  # type: ignore[assignment]
+            if name == leaf:
+                # A tenant with sub-tenants: its own tasks are the child named after it.
+                flow = group.flows.get(name)
+                if flow is None:
+                    flow = group._new_flow(name)
+                if not flow.live:
+                    group._wake(flow)
+        flow.append(task)
+        leaves = self.leaves
+        if len(leaves) >= self.leaves_sweep_at:
+            self.leaves = leaves = {tenant: leaf for tenant, leaf in leaves.items() if leaf.live}
+            self.leaves_sweep_at = max(_MIN_SWEEP, 2 * len(leaves))
+        leaves[task.tenant] = flow
+        if flow.live == 1 and not flow.capped:
+            group._on(flow)
+            group._settle()
+
+    def _wake(self, flow: Flow) -> None:
+        """An idle child gets work: if it banked nothing, forget its whole past (and its subtree's)."""
+        if flow.finish <= self.vtime:
+            flow.last = None
+            flow.finish = 0
+            flow.served = False
+            flow.sub = None  # every node below is idle too: a fresh node is the same
+        flow.share = 0.0
+        flow.got = 0
+
+    def _split(self, flow: Flow) -> None:
+        """A leaf gets its first sub-tenant: its chain becomes its own child, of weight 1.
+
+        That child takes over where the leaf's own tasks stood among
+        themselves: if they were served since the leaf's past was last
+        forgotten, the next one is one step behind the last one (V = 0,
+        F = one weight-1 step), as if it had always been a child.
+        """
+        sub = flow.sub = FairQueue(self.weights, flow, self.capped)
+        served = flow.served or flow.last is not None
+        if not (flow.live or served):
+            return
+        own = sub._new_flow(flow.tenant)
+        if served:
+            own.last = sub.vtime
+            own.finish = sub.vtime + own.step
+        if not flow.live:
+            return
+        own.head, own.tail, own.live, own.stale = flow.head, flow.tail, flow.live, flow.stale
+        flow.nq = flow.live
+        flow.head = flow.tail = None
+        flow.live = flow.stale = 0
+        sub._on(own)
+        flow.hseq = own.head._seq  # type: ignore[union-attr]  # what its entry (if any) already says
+
+    def _pop_deep(self) -> Task:
+        """Pop through the tree: down by the smallest (S, arrival) at each level, then back up."""
+        group = self
+        while True:
+            entry = group.heap[0]
+            if entry[2] != entry[3].gen:
+                entry = group._top()
+            flow = entry[3]
+            sub = flow.sub
+            if sub is None:
+                break
+            group = sub
+        # The leaf: hand out its head, re-tag it in its group.
+        task: Task = flow.head  # type: ignore[assignment]
+        flow.head = task._next
+        task._next = None
+        flow.live -= 1
+        tag = flow.tag
+        group.vtime = tag
+        flow.last = tag
+        group.rsum += 1.0 / group.wsum
+        flow.got += 1
+        flow.finish = tag = tag + flow.step
+        if flow.live:
+            if flow.stale:
+                flow.skip_stale()
+                if flow.stale > flow.live:
+                    flow.compact()
+            flow.tag = tag
+            heapreplace(group.heap, (tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
+        else:
+            heappop(group.heap)
+            group._deactivate(flow)
+        # Then every node above it, up to the root: each was at the top of its group's heap.
+        flow = group.owner  # type: ignore[assignment]
+        while flow is not None:
+            sub = group
+            group = flow.parent
+            tag = flow.tag
+            group.vtime = tag
+            flow.last = tag
+            group.rsum += 1.0 / group.wsum
+            flow.got += 1
+            flow.finish = tag = tag + flow.step
+            flow.nq -= 1
+            if sub.nback:
+                entry = sub.heap[0]
+                if entry[2] != entry[3].gen:
+                    entry = sub._top()
+                flow.tag = tag
+                flow.hseq = seq = entry[1]
+                heapreplace(group.heap, (tag, seq, flow.gen, flow))
+            else:
+                # Out of work, or what is left is capped: out of the heap either way.
+                heappop(group.heap)
+                flow.share += flow.weight * (group.rsum - flow.rmark)
+                flow.on = False
+                group.nback -= 1
+                group.wsum = group.wsum - flow.weight if group.nback else 0.0
+            flow = group.owner  # type: ignore[assignment]
+        return task
+
+    def _discard_deep(self, task: Task) -> None:
+        group = self
+        path = task._ts.path  # type: ignore[union-attr]
+        last = len(path) - 1
+        for depth, name in enumerate(path):
+            flow = group.flows[name]
+            if flow.sub is None:
+                break
+            flow.nq -= 1
+            group = flow.sub
+            if depth == last:
+                flow = group.flows[name]
+        group._discard_from(flow, task)
+
+    def _discard_from(self, flow: Flow, task: Task) -> None:
+        """`task` of leaf `flow` (a child of this group) left the queue."""
+        flow.live -= 1
+        flow.stale += 1
+        if not flow.live:
+            if flow.on:
+                self._drop_entry(flow)
+                self._deactivate(flow)
+            else:
+                flow.compact()  # capped: only cancelled tasks are left
+                flow.head = flow.tail = None
+        elif flow.head is task:
+            # The successor inherits the head's tag (the cancelled task is not
+            # charged); only the tie-break seq changes, so the entry is replaced.
+            flow.skip_stale()
+            if flow.on:
+                self._drop_entry(flow)
+                heappush(self.heap, (flow.tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
+            else:
+                return
+        else:
+            if flow.stale > flow.live:
+                flow.compact()
+            return
+        if self.owner is not None:
+            self._settle()
+
+    def _tasks(self) -> Iterator[Task]:
+        for flow in self.flows.values():
+            yield from flow
+            if flow.sub is not None:
+                yield from flow.sub._tasks()
+
     def _sweep(self) -> None:
         vtime = self.vtime
-        self.flows = {tenant: flow for tenant, flow in self.flows.items() if flow.live or flow.finish > vtime}
+        self.flows = {
+            tenant: flow
+            for tenant, flow in self.flows.items()
+            if flow.live or flow.nq or flow.finish > vtime
+        }
         self.sweep_at = max(_MIN_SWEEP, 2 * len(self.flows))
 
+    def _retag(self, weights: Weights) -> None:
+        """New weights for every node of this group and below; heaps rebuilt bottom-up."""
+        self.weights = weights
+        rsum = self.rsum
+        vtime = self.vtime
+        owner = self.owner
+        wsum = 0.0
+        entries: list[HeapEntry] = []
+        for key, flow in self.flows.items():
+            sub = flow.sub
+            if sub is not None:
+                sub._retag(weights)
+            if owner is not None and key == owner.tenant:
+                weight, step = 1.0, weights.unit_step
+            else:
+                weight, step = weights.weight(key), weights.step(key)
+            if flow.on:
+                # Close the lag sub-period at the old weight.
+                flow.share += flow.weight * (rsum - flow.rmark)
+                flow.rmark = rsum
+                wsum += weight
+            flow.weight = weight
+            flow.step = step
+            if flow.live or flow.nq:
+                if flow.last is not None:
+                    flow.finish = flow.last + step
+                if flow.on:
+                    flow.tag = flow.finish if flow.finish > vtime else vtime
+                    flow.gen += 1
+                    seq = flow.head._seq if sub is None else sub._top()[1]  # type: ignore[union-attr]
+                    flow.hseq = seq
+                    entries.append((flow.tag, seq, flow.gen, flow))
+        heapify(entries)
+        self.heap = entries
+        self.heap_stale = 0
+        self.wsum = wsum
+
     def _rescale(self, weights: Weights) -> None:
-        """Convert every stored tag to the units of `weights` (exactly, unless going to floats)."""
+        """Convert every stored tag of this group and below to the units of `weights`
+        (exactly, unless going to floats)."""
         old, new = self.weights.scale, weights.scale
         if old == new:
             return
@@ -300,12 +679,17 @@ class FairQueue:
             factor: Tag = 1.0 / old  # type: ignore[operator]
         else:
             factor = new // old  # type: ignore[operator]
+        self._scale_by(factor)
+
+    def _scale_by(self, factor: Tag) -> None:
         self.vtime = self.vtime * factor
         for flow in self.flows.values():
             flow.tag = flow.tag * factor
             flow.finish = flow.finish * factor
             if flow.last is not None:
                 flow.last = flow.last * factor
+            if flow.sub is not None:
+                flow.sub._scale_by(factor)
 
 
 class FifoQueue(Chain):

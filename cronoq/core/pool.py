@@ -5,6 +5,11 @@ queued tasks that have a deadline, ahead of a `FairQueue` or `FifoQueue` for
 the rest. A `Pool` walks its classes from critical to low and takes the first
 task it finds. Counts (per class, per tenant, per pool) are kept as tasks
 move so that stats and the broker's backlog limits cost O(1).
+
+A pool with tenant ceilings (ceilings.py) also counts the running tasks of
+every node that has one, and caps and uncaps nodes as tasks start and end;
+its classes then keep their deadline tasks in an `EdfTree` so that a capped
+node's tasks are passed over without blocking anyone.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from heapq import heapify, heappop, heappush, heapreplace
 from itertools import islice
 from typing import TYPE_CHECKING, Collection, Iterator
 
+from cronoq.core.ceilings import Ceiling, EdfTree
 from cronoq.core.fairqueue import FairQueue, FifoQueue
-from cronoq.core.settings import PRIORITIES, PoolSettings
+from cronoq.core.settings import PRIORITIES, PoolSettings, tenant_path
 from cronoq.core.task import QUEUED, Task
 from cronoq.core.timers import TimedEntry
 from cronoq.core.weights import Weights
@@ -31,12 +37,15 @@ _KEEP_IDLE_TENANTS = 1024
 
 
 class TenantStats:
-    """Counts of one tenant's tasks in one pool (untenanted tasks count under None)."""
+    """Counts of one tenant's tasks in one pool (untenanted tasks count under None), its place in
+    the tenant tree and the ceilings its tasks count against."""
 
-    __slots__ = ("tenant", "queued", "delayed", "running", "dispatched")
+    __slots__ = ("tenant", "path", "ceilings", "queued", "delayed", "running", "dispatched")
 
-    def __init__(self, tenant: str | None) -> None:
+    def __init__(self, tenant: str | None, ceilings: tuple[Ceiling, ...] = ()) -> None:
         self.tenant = tenant
+        self.path = tenant_path(tenant)  # the nodes from the top down to this tenant
+        self.ceilings = ceilings  # of the nodes on its path that have one, top first
         self.queued = 0
         self.delayed = 0
         self.running = 0
@@ -46,12 +55,14 @@ class TenantStats:
 class ClassQueue:
     """One priority class of one pool: deadline tasks by EDF, then the rest."""
 
-    __slots__ = ("edf", "edf_stale", "rest", "queued", "delayed", "running", "dispatched")
+    __slots__ = ("edf", "edf_stale", "tree", "rest", "queued", "delayed", "running", "dispatched")
 
     def __init__(self, rest: FairQueue | FifoQueue) -> None:
         # (deadline, arrival seq, task): earliest deadline first, ties by arrival.
         self.edf: list[TimedEntry] = []
         self.edf_stale = 0
+        # With ceilings: the deadline tasks by node (its root heap is `edf`).
+        self.tree: EdfTree | None = None
         self.rest = rest
         self.queued = 0  # tasks in state QUEUED in this class
         self.delayed = 0
@@ -65,11 +76,17 @@ class ClassQueue:
             self.rest.push(task)
             return None
         entry = (deadline, task._seq, task)
-        heappush(self.edf, entry)
+        if self.tree is None:
+            heappush(self.edf, entry)
+        else:
+            self.tree.push(entry, task._ts.ceilings)  # type: ignore[union-attr]
         return entry
 
     def pop(self, now: float) -> Task | None:
         """Remove and return the next task of this class, never one whose deadline <= now."""
+        if self.tree is not None:
+            task = self.tree.pop(now)
+            return task if task is not None else self.rest.pop()
         edf = self.edf
         while edf:
             deadline, seq, task = edf[0]
@@ -88,6 +105,11 @@ class ClassQueue:
 
     def peek_deadline(self, now: float) -> float | None:
         """Deadline of the task pop(now) would return (inf if it has none), None if nothing is ready."""
+        if self.tree is not None:
+            deadline = self.tree.peek(now)
+            if deadline is not None:
+                return deadline
+            return INF if self.rest else None
         edf = self.edf
         while edf:
             deadline, seq, task = edf[0]
@@ -102,6 +124,9 @@ class ClassQueue:
         if task.deadline is None:
             self.rest.discard(task)
             return
+        if self.tree is not None:
+            self.tree.discard(task)
+            return
         self.edf_stale += 1
         if self.edf_stale * 2 > len(self.edf):
             self.edf = [e for e in self.edf if e[1] == e[2]._seq and e[2].state is QUEUED]
@@ -110,7 +135,7 @@ class ClassQueue:
 
 
 class Pool:
-    """One pool: its settings, its four classes, its counts and its place in dispatch."""
+    """One pool: its settings, its four classes, its counts, its ceilings and its place in dispatch."""
 
     __slots__ = (
         "name",
@@ -127,6 +152,9 @@ class Pool:
         "tenants",
         "tenant_order",
         "tenants_sweep_at",
+        "ceilings",
+        "capped",
+        "stuck",
         "dispatchable",
         "ready_workers",
         "workers",
@@ -135,11 +163,14 @@ class Pool:
     def __init__(self, settings: PoolSettings) -> None:
         self.name = settings.name
         self.settings = settings
-        self.weights = Weights(settings.tenant_weights)
+        self.weights = Weights(settings.tenant_weights, default=settings.default_weight)
         self.fair = settings.fair
         self.max_in_flight = settings.max_in_flight
         self.paused = False
         self.draining = False
+        # Names of the capped nodes: shared with every fair queue, which
+        # consults it when it makes a node's flow.
+        self.capped: set[str | None] = set()
         self.classes: tuple[ClassQueue, ...] = tuple(ClassQueue(self._new_rest()) for _ in PRIORITIES)
         self.queued = 0
         self.delayed = 0
@@ -148,13 +179,19 @@ class Pool:
         # The same records in the order they came: walked by index, a step at a time, without a copy.
         self.tenant_order: list[TenantStats] = []
         self.tenants_sweep_at = _KEEP_IDLE_TENANTS
+        self.ceilings: dict[str | None, Ceiling] = {}
+        # Set when take() found nothing it may hand out although tasks are
+        # queued (all overdue or capped); cleared by anything that could change that.
+        self.stuck = False
         # Maintained by SchedulerCore: a queued task, not paused, under max_in_flight.
         self.dispatchable = False
         self.ready_workers = 0  # workers serving this pool that have a free slot
         self.workers: set[Worker] = set()
+        if settings.has_ceilings:
+            self._apply_ceilings(None)
 
     def weight(self, tenant: str | None) -> float:
-        """The current weight of `tenant` in this pool."""
+        """The current weight of node `tenant` in this pool."""
         return self.weights.weight(tenant)
 
     def tenant_stats(self, tenant: str | None) -> TenantStats:
@@ -167,8 +204,12 @@ class Pool:
                 }
                 self.tenants_sweep_at = max(_KEEP_IDLE_TENANTS, 2 * len(self.tenants))
                 self.tenant_order = list(self.tenants.values())
+                if self.ceilings:
+                    self._sweep_ceilings()
             ts = self.tenants[tenant] = TenantStats(tenant)
             self.tenant_order.append(ts)
+            if self.settings.has_ceilings:
+                ts.ceilings = self._ceilings_on(ts.path)
         return ts
 
     def dispatched(self) -> int:
@@ -182,7 +223,7 @@ class Pool:
     def should_dispatch(self) -> bool:
         """Whether a worker may be given a task of this pool now (before looking at deadlines)."""
         cap = self.max_in_flight
-        return self.queued > 0 and not self.paused and (cap is None or self.running < cap)
+        return self.queued > 0 and not self.paused and not self.stuck and (cap is None or self.running < cap)
 
     def take(self, now: float) -> Task | None:
         """Pop the next task by class, then EDF, then fair share or FIFO, and count it as running."""
@@ -200,8 +241,19 @@ class Pool:
                     ts.queued -= 1  # type: ignore[union-attr]
                     ts.running += 1  # type: ignore[union-attr]
                     ts.dispatched += 1  # type: ignore[union-attr]
+                    if ts.ceilings:  # type: ignore[union-attr]
+                        self._charge(ts.ceilings, now)  # type: ignore[union-attr]
                     return task
         return None
+
+    def uncharge(self, ceilings: tuple[Ceiling, ...]) -> None:
+        """A task under these ceilings stopped running: uncap the nodes it frees."""
+        for ceiling in ceilings:
+            ceiling.running -= 1
+            if ceiling.capped and ceiling.running < ceiling.limit:
+                ceiling.capped = False
+                ceiling.since = None
+                self._unblock(ceiling)
 
     def peek_key(self, now: float) -> tuple[int, float] | None:
         """(class, deadline or inf) of the task take(now) would return, or None."""
@@ -212,11 +264,13 @@ class Pool:
                     return (number, deadline)
         return None
 
-    def apply(self, settings: PoolSettings) -> None:
-        """Take new settings; a change of weights re-tags the queued backlog at once."""
+    def apply(self, settings: PoolSettings, now: float | None) -> None:
+        """Take new settings: new weights re-tag the queued backlog at once, new ceilings cap and
+        uncap at once (`now` stamps the nodes capped by it)."""
         was_fair = self.fair
+        had_ceilings = self.settings.has_ceilings
         self.settings = settings
-        self.weights = Weights(settings.tenant_weights, self.weights)
+        self.weights = Weights(settings.tenant_weights, self.weights, settings.default_weight)
         self.fair = settings.fair
         self.max_in_flight = settings.max_in_flight
         for cls in self.classes:
@@ -229,9 +283,12 @@ class Pool:
                     cls.rest.push(task)
             elif isinstance(cls.rest, FairQueue):
                 cls.rest.reweight(self.weights)
+        if had_ceilings or settings.has_ceilings:
+            self._apply_ceilings(now)
+        self.stuck = False
 
     def lag(self, tenant: str | None) -> float:
-        """The tenant's lag summed over the classes (see docs/scheduling.md)."""
+        """The node's lag among its siblings, summed over the classes (see docs/scheduling.md)."""
         return sum(cls.rest.lag(tenant) for cls in self.classes)
 
     def busiest_tenants(self, limit: int, step: int) -> Iterator[list[str | None] | None]:
@@ -285,6 +342,15 @@ class Pool:
             for tenant, ts in (self.tenants.items() if tenants is None else
                                ((t, self.tenants[t]) for t in tenants if t in self.tenants))
         }
+        ceilings = {
+            "" if c.name is None else c.name: {
+                "limit": c.limit,
+                "running": c.running,
+                "capped": c.capped,
+                "capped_since": c.since,
+            }
+            for c in self.ceilings.values()
+        }
         return {
             "paused": self.paused,
             "draining": self.draining,
@@ -299,7 +365,106 @@ class Pool:
             "classes": classes,
             "tenants": tenant_entries,
             "tenant_count": len(self.tenants),
+            "ceilings": ceilings,
         }
 
+    # -- ceilings ------------------------------------------------------------
+
+    def _charge(self, ceilings: tuple[Ceiling, ...], now: float) -> None:
+        """A task under these ceilings started running: cap the nodes that reach their limit."""
+        for ceiling in ceilings:
+            ceiling.running += 1
+            if ceiling.running >= ceiling.limit and not ceiling.capped:
+                ceiling.capped = True
+                ceiling.since = now
+                self._block(ceiling)
+
+    def _block(self, ceiling: Ceiling) -> None:
+        self.capped.add(ceiling.name)
+        for cls in self.classes:
+            if cls.tree is not None:
+                cls.tree.block(ceiling.name)
+            if isinstance(cls.rest, FairQueue):
+                cls.rest.block(ceiling.path)
+
+    def _unblock(self, ceiling: Ceiling) -> None:
+        self.capped.discard(ceiling.name)
+        for cls in self.classes:
+            if cls.tree is not None:
+                cls.tree.unblock(ceiling.name)
+            if isinstance(cls.rest, FairQueue):
+                cls.rest.unblock(ceiling.path)
+        self.stuck = False
+
+    def _ceiling(self, name: str | None, path: tuple[str | None, ...]) -> Ceiling | None:
+        ceiling = self.ceilings.get(name)
+        if ceiling is None:
+            limit = self.settings.limit(name)
+            if limit is None:
+                return None
+            ceiling = self.ceilings[name] = Ceiling(name, path, limit)
+        return ceiling
+
+    def _ceilings_on(self, path: tuple[str | None, ...]) -> tuple[Ceiling, ...]:
+        """The ceilings of the nodes on `path`, top first (made on first use)."""
+        out = []
+        for depth, name in enumerate(path):
+            ceiling = self._ceiling(name, path[: depth + 1])
+            if ceiling is not None:
+                out.append(ceiling)
+        return tuple(out)
+
+    def _sweep_ceilings(self) -> None:
+        """Keep the listed ceilings and those a kept tenant counts against (default ones come and go)."""
+        listed = self.settings.tenant_limits
+        kept = {name: c for name, c in self.ceilings.items() if name in listed}
+        for ts in self.tenants.values():
+            for c in ts.ceilings:
+                kept[c.name] = c
+        self.ceilings = kept
+
+    def _apply_ceilings(self, now: float | None) -> None:
+        """(Re)build the ceilings from the settings: recount, cap and uncap, re-sort the deadline tasks."""
+        with_ceilings = self.settings.has_ceilings
+        old = self.ceilings
+        self.ceilings = {}
+        for ts in self.tenants.values():
+            ts.ceilings = self._ceilings_on(ts.path) if with_ceilings else ()
+            for ceiling in ts.ceilings:
+                ceiling.running += ts.running
+        for tenant in self.settings.tenant_limits:
+            self._ceiling(tenant, tenant_path(tenant))
+        capped: set[str | None] = set()
+        for name, ceiling in self.ceilings.items():
+            if ceiling.running >= ceiling.limit:
+                capped.add(name)
+                before = old.get(name)
+                ceiling.capped = True
+                ceiling.since = before.since if before is not None and before.capped else now
+        unblocked = self.capped - capped
+        blocked = capped - self.capped
+        self.capped.clear()
+        self.capped.update(capped)
+        for cls in self.classes:
+            if isinstance(cls.rest, FairQueue):
+                for name in unblocked:
+                    cls.rest.unblock(tenant_path(name))
+                for name in blocked:
+                    cls.rest.block(tenant_path(name))
+            # Re-sort the deadline tasks under the new ceilings (O(deadline backlog)).
+            entries = cls.tree.entries() if cls.tree is not None else cls.edf
+            entries = [e for e in entries if e[1] == e[2]._seq and e[2].state is QUEUED]
+            cls.edf_stale = 0
+            if with_ceilings:
+                cls.edf = []
+                cls.tree = EdfTree(cls, self.capped)
+                for entry in entries:
+                    cls.tree.push(entry, entry[2]._ts.ceilings)
+            else:
+                cls.tree = None
+                heapify(entries)
+                cls.edf = entries
+        self.stuck = False
+
     def _new_rest(self) -> FairQueue | FifoQueue:
-        return FairQueue(self.weights) if self.fair else FifoQueue()
+        return FairQueue(self.weights, capped=self.capped) if self.fair else FifoQueue()

@@ -2,6 +2,11 @@
 
 One frozen value per pool. The broker builds these from its config file, the
 embedded Scheduler from `cronoq.Pool` objects; the core never reads a file.
+
+Tenant names are paths: `acme`, `acme/search`, `acme/search/alice` name
+nodes of a tree (at most MAX_TENANT_DEPTH segments, none empty). A name
+without `/` is a top-level tenant. Weights and ceilings may be set for any
+node, by its full name.
 """
 
 from __future__ import annotations
@@ -15,32 +20,86 @@ PRIORITIES: tuple[str, ...] = ("critical", "high", "normal", "low")
 
 PRIORITY_CLASS: Mapping[str, int] = MappingProxyType({name: i for i, name in enumerate(PRIORITIES)})
 
+MAX_TENANT_DEPTH = 8
+"""How many `/`-separated segments a tenant name may have."""
+
+
+def _frozen(mapping: Mapping) -> Mapping:
+    return MappingProxyType(dict(mapping))
+
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """How one pool schedules: tenant weights, fair sharing, and its in-flight cap.
+    """How one pool schedules: tenant weights and ceilings, fair sharing, and its in-flight cap.
 
-    A pool is fair when it lists `tenant_weights` or sets `fair_share`; then
-    tenants share each priority class by weighted start-time fair queuing.
-    Tenants not listed (and tasks without a tenant, which form one more
-    tenant) weigh 1. `max_in_flight=None` means no cap.
+    A pool is fair when it sets any of `tenant_weights`, `fair_share`,
+    `default_weight`, `tenant_limits` or `default_tenant_limit`; then tenants
+    share each priority class by hierarchical weighted start-time fair
+    queuing. Nodes not listed weigh `default_weight` (1 when unset); tasks
+    without a tenant form one more top-level tenant of weight 1.
+    `tenant_limits` caps how many tasks of a node's subtree run at once;
+    `default_tenant_limit` caps each top-level tenant not listed (the
+    untenanted tasks included). `max_in_flight=None` means no pool cap.
     """
 
     name: str
     tenant_weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     fair_share: bool = False
     max_in_flight: int | None = None
+    tenant_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    default_weight: float | None = None
+    default_tenant_limit: int | None = None
 
     def __post_init__(self) -> None:
-        # Freeze the mapping so a settings value can be shared safely.
-        object.__setattr__(self, "tenant_weights", MappingProxyType(dict(self.tenant_weights)))
+        # Freeze the mappings so a settings value can be shared safely.
+        object.__setattr__(self, "tenant_weights", _frozen(self.tenant_weights))
+        object.__setattr__(self, "tenant_limits", _frozen(self.tenant_limits))
 
     @property
     def fair(self) -> bool:
-        return self.fair_share or bool(self.tenant_weights)
+        return (
+            self.fair_share
+            or bool(self.tenant_weights)
+            or self.default_weight is not None
+            or self.has_ceilings
+        )
+
+    @property
+    def has_ceilings(self) -> bool:
+        """Whether any tenant of this pool can be capped."""
+        return bool(self.tenant_limits) or self.default_tenant_limit is not None
 
     def weight(self, tenant: str | None) -> float:
-        """The weight of `tenant` in this pool (1 when unlisted or untenanted)."""
+        """The weight of node `tenant` in this pool (listed, else default_weight, else 1; 1 when untenanted)."""
         if tenant is None:
             return 1.0
-        return float(self.tenant_weights.get(tenant, 1.0))
+        weight = self.tenant_weights.get(tenant)
+        if weight is None:
+            weight = 1.0 if self.default_weight is None else self.default_weight
+        return float(weight)
+
+    def limit(self, tenant: str | None) -> int | None:
+        """The ceiling of node `tenant` (listed, else default_tenant_limit for a top-level one), or None."""
+        if tenant is not None:
+            listed = self.tenant_limits.get(tenant)
+            if listed is not None:
+                return listed
+            if len(tenant_path(tenant)) > 1:
+                return None
+        return self.default_tenant_limit
+
+
+def tenant_path(tenant: str | None) -> tuple[str | None, ...]:
+    """The nodes from the top down to `tenant`: ("acme", "acme/search") for "acme/search"; (None,) untenanted.
+
+    A name that is not a valid path (an empty segment, more than
+    MAX_TENANT_DEPTH levels) is one opaque top-level name: submit refuses
+    such names, but tasks recovered from a version that took any name keep
+    their place.
+    """
+    if tenant is None or "/" not in tenant:
+        return (tenant,)
+    parts = tenant.split("/")
+    if "" in parts or len(parts) > MAX_TENANT_DEPTH:
+        return (tenant,)
+    return tuple("/".join(parts[: i + 1]) for i in range(len(parts)))

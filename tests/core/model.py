@@ -1,15 +1,22 @@
 """A naive reference scheduler: the scheduling rules of docs/api.md, written the slow, obvious way.
 
 No heaps, no lazy deletion, no counters: every decision scans the live tasks.
-It keeps only what the rules themselves define as state: the virtual time V
-of each class, F[t] and the start tag of each tenant's last dispatch in each
-class, and the arrival number each task got when it entered its class.
+It keeps only what the rules themselves define as state: in each class, the
+virtual time V of the root and of every tenant node, F and the start tag of
+the last dispatch of every node (and of every node's own tasks, one more
+child of weight 1), and the arrival number each task got when it entered its
+class. Ceilings are not state at all: a node is capped exactly while its
+subtree has `limit` tasks running.
 
 Tags are exact Fractions here, as the rules' arithmetic is. It relies
-on one fact shown in docs/scheduling.md: the start tag of a
-tenant's head task equals max(V, F[t]) evaluated at any moment while it is
-the head, so no task tag is stored at all. The property tests run this
-model and SchedulerCore side by side and demand identical decisions.
+on one fact shown in docs/scheduling.md: the start tag of a child that can
+be dispatched from equals max(V, F) evaluated at any moment while it can,
+so no tag is stored at all. When a node gets work after having none (or
+can be dispatched from again after being capped) the rules of
+docs/scheduling.md decide which of its past it forgets; this model applies
+them after every operation by comparing which nodes were backlogged and
+which could be dispatched from before and after. The property tests run
+this model and SchedulerCore side by side and demand identical decisions.
 """
 
 from __future__ import annotations
@@ -53,14 +60,61 @@ class MWorker:
     rr: int = 0
 
 
+ROOT = ""  # the key of the tree's root in `vtime` (no tenant is named "")
+
+
+def own(node: str | None) -> tuple[str, str | None]:
+    """The key of a node's own tasks, a child of the node."""
+    return ("own", node)
+
+
+def prefixes(tenant: str | None) -> list[str | None]:
+    """The nodes from the top down to `tenant`."""
+    if tenant is None:
+        return [None]
+    parts = tenant.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def parent_of(key) -> str | None:
+    if isinstance(key, tuple):
+        return key[1]
+    if key is None or "/" not in key:
+        return ROOT
+    return key.rsplit("/", 1)[0]
+
+
+def depth_of(key) -> int:
+    if isinstance(key, tuple):
+        return depth_of(key[1]) + 1
+    return 1 if key is None else key.count("/") + 1
+
+
+def below(key, node) -> bool:
+    """Whether `key` (a node or an own key) is in the subtree of `node`, `node` itself excluded."""
+    if isinstance(node, tuple):
+        return False
+    if isinstance(key, tuple):
+        return key[1] == node or below(key[1], node)
+    return node is not None and key is not None and key.startswith(node + "/")
+
+
 @dataclass
 class MPool:
     settings: PoolSettings
     paused: bool = False
     draining: bool = False
-    vtime: list[Fraction] = field(default_factory=lambda: [Fraction(0)] * 4)
-    last: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # tenant -> S of its last dispatch
-    finish: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # tenant -> F[t]
+    vtime: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # node or ROOT -> V
+    last: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # key -> S of its last dispatch
+    finish: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # key -> F
+    backlogged: list[set] = field(default_factory=lambda: [set() for _ in range(4)])  # as of the last settle
+    eligible: list[set] = field(default_factory=lambda: [set() for _ in range(4)])
+
+    def reset(self) -> None:
+        """Start the fair state afresh (the pool changed its kind of queue)."""
+        fresh = MPool(self.settings)
+        self.vtime, self.last, self.finish = fresh.vtime, fresh.last, fresh.finish
+        self.backlogged, self.eligible = fresh.backlogged, fresh.eligible
 
 
 class Model:
@@ -80,16 +134,14 @@ class Model:
                 p = self.pools[s.name]
                 if p.settings.fair != s.fair:
                     # A pool that changes its kind of queue starts its fair state afresh.
-                    p.vtime = [Fraction(0)] * 4
-                    p.last = [{} for _ in range(4)]
-                    p.finish = [{} for _ in range(4)]
+                    p.reset()
                 elif s.fair:
-                    # New weights reach the backlog: F of each backlogged tenant is
+                    # New weights reach the backlog: F of each backlogged node is
                     # recomputed as if its last dispatch had had the new weight.
                     for cls in range(4):
-                        for tenant in self._backlogged(s.name, cls):
-                            last = p.last[cls].get(tenant)
-                            p.finish[cls][tenant] = 0 if last is None else last + _inverse(s, tenant)
+                        for key in p.backlogged[cls]:
+                            last = p.last[cls].get(key)
+                            p.finish[cls][key] = 0 if last is None else last + _inverse(s, key)
                 p.settings = s
                 p.draining = False
             else:
@@ -98,6 +150,7 @@ class Model:
             if name not in names:
                 p.draining = True
                 self._drop_if_drained(name)
+        self._settle()
 
     def _drop_if_drained(self, name: str) -> None:
         p = self.pools.get(name)
@@ -128,16 +181,9 @@ class Model:
             self._delay(t)
         else:
             self._enqueue(t)
+        self._settle()
 
     def _enqueue(self, t: MTask) -> None:
-        p = self.pools[t.pool]
-        cls = t.priority
-        if p.settings.fair and t.deadline is None and t.tenant not in self._backlogged(t.pool, cls):
-            # The tenant starts a backlogged period; if its F is not ahead of V
-            # its past no longer matters (and a reweight must not revive it).
-            if p.finish[cls].get(t.tenant, 0) <= p.vtime[cls]:
-                p.last[cls].pop(t.tenant, None)
-                p.finish[cls][t.tenant] = 0
         self.seq += 1
         t.seq = self.seq
         t.state = QUEUED
@@ -154,6 +200,7 @@ class Model:
         t.state = CANCELLED
         del self.tasks[task_id]
         self._drop_if_drained(t.pool)
+        self._settle()
         return t
 
     def expire(self, now: float) -> list[MTask]:
@@ -174,6 +221,7 @@ class Model:
             out.append(t)
         for t in out:
             self._drop_if_drained(t.pool)
+        self._settle()
         return out
 
     def next_wakeup(self) -> float | None:
@@ -215,6 +263,7 @@ class Model:
         for t in back:
             t.worker = None
             self._enqueue(t)
+        self._settle()
         return back
 
     # leases
@@ -233,6 +282,7 @@ class Model:
         t.worker = None
         del self.tasks[task_id]
         self._drop_if_drained(t.pool)
+        self._settle()
         return t
 
     def requeue(self, task_id: str, now: float, wid: Hashable, attempt: int, not_before: float | None) -> MTask | None:
@@ -247,6 +297,7 @@ class Model:
             self._delay(t)
         else:
             self._enqueue(t)
+        self._settle()
         return t
 
     # dispatch
@@ -256,13 +307,16 @@ class Model:
         running = sum(1 for t in self.tasks.values() if t.pool == name and t.state == RUNNING)
         return not p.paused and (cap is None or running < cap)
 
-    def _next(self, name: str, now: float) -> tuple[tuple[int, float], MTask, float | None] | None:
-        """(key, task, new V) of the task the pool would dispatch next, without dispatching it."""
+    def _next(self, name: str, now: float) -> tuple[tuple[int, float], MTask, list | None] | None:
+        """(key, task, [(key, tag) on the way down]) of the task the pool would dispatch next, without
+        dispatching it."""
         p = self.pools[name]
         s = p.settings
         for cls in range(4):
             queued = [t for t in self.tasks.values() if t.pool == name and t.priority == cls and t.state == QUEUED]
-            edf = [t for t in queued if t.deadline is not None and t.deadline > now]
+            edf = [
+                t for t in queued if t.deadline is not None and t.deadline > now and not self._blocked(name, t.tenant)
+            ]
             if edf:
                 t = min(edf, key=lambda t: (t.deadline, t.seq))
                 return (cls, t.deadline), t, None
@@ -271,15 +325,85 @@ class Model:
                 continue
             if not s.fair:
                 return (cls, INF), min(rest, key=lambda t: t.seq), None
-            best = None
-            for tenant in {t.tenant for t in rest}:
-                head = min((t for t in rest if t.tenant == tenant), key=lambda t: t.seq)
-                tag = max(p.vtime[cls], p.finish[cls].get(tenant, 0))
-                if best is None or (tag, head.seq) < best[0]:
-                    best = ((tag, head.seq), head)
-            assert best is not None
-            return (cls, INF), best[1], best[0][0]
+            picked = self._pick(name, cls, ROOT, rest)
+            if picked is None:
+                continue  # everything left is capped
+            task, tags = picked
+            return (cls, INF), task, tags
         return None
+
+    def _pick(self, name: str, cls: int, node, rest: list[MTask]) -> tuple[MTask, list] | None:
+        """Hierarchical SFQ: the child of `node` with the smallest (max(V, F), arrival of what it would
+        hand out), recursively; returns that task and the (key, tag) of each level."""
+        p = self.pools[name]
+        best = None
+        for child in p.eligible[cls]:
+            if parent_of(child) != node:
+                continue
+            if isinstance(child, tuple):
+                task = min((t for t in rest if t.tenant == child[1]), key=lambda t: t.seq)
+                below_tags: list = []
+            else:
+                sub = self._pick(name, cls, child, rest)
+                assert sub is not None, f"{child} is eligible but has nothing to give"
+                task, below_tags = sub
+            tag = max(p.vtime[cls].get(node, Fraction(0)), p.finish[cls].get(child, Fraction(0)))
+            if best is None or (tag, task.seq) < best[0]:
+                best = ((tag, task.seq), task, [(child, tag)] + below_tags)
+        if best is None:
+            return None
+        return best[1], best[2]
+
+    # ceilings and the tree's transitions
+    def _running(self, name: str, node) -> int:
+        return sum(
+            1 for t in self.tasks.values() if t.pool == name and t.state == RUNNING and node in prefixes(t.tenant)
+        )
+
+    def _capped(self, name: str, node) -> bool:
+        limit = self.pools[name].settings.limit(node)
+        return limit is not None and self._running(name, node) >= limit
+
+    def _blocked(self, name: str, tenant: str | None) -> bool:
+        return any(self._capped(name, node) for node in prefixes(tenant))
+
+    def _tree(self, name: str, cls: int) -> tuple[set, set]:
+        """(backlogged keys, keys that can be dispatched from) of one fair class, as things stand."""
+        rest = [
+            t
+            for t in self.tasks.values()
+            if t.pool == name and t.priority == cls and t.state == QUEUED and t.deadline is None
+        ]
+        backlogged: set = set()
+        for t in rest:
+            backlogged.update(prefixes(t.tenant))
+            backlogged.add(own(t.tenant))
+        eligible = {k for k in backlogged if isinstance(k, tuple)}
+        for key in sorted((k for k in backlogged if not isinstance(k, tuple)), key=depth_of, reverse=True):
+            if not self._capped(name, key) and any(parent_of(k) == key for k in eligible):
+                eligible.add(key)
+        return backlogged, eligible
+
+    def _settle(self) -> None:
+        """Apply what the rules say happens to nodes that got work, or can be dispatched from again."""
+        for name, p in self.pools.items():
+            if not p.settings.fair:
+                continue
+            for cls in range(4):
+                backlogged, eligible = self._tree(name, cls)
+                vtime, finish, last = p.vtime[cls], p.finish[cls], p.last[cls]
+                # A node that had no work and banked nothing forgets its past, and its subtree's.
+                for key in sorted(backlogged - p.backlogged[cls], key=depth_of):
+                    if finish.get(key, 0) <= vtime.get(parent_of(key), 0):
+                        for table in (vtime, finish, last):
+                            for k in [k for k in table if k == key or below(k, key)]:
+                                del table[k]
+                # A node that joins its siblings at V (it banked nothing) forgets its own past.
+                for key in eligible - p.eligible[cls]:
+                    if finish.get(key, 0) <= vtime.get(parent_of(key), 0):
+                        finish.pop(key, None)
+                        last.pop(key, None)
+                p.backlogged[cls], p.eligible[cls] = backlogged, eligible
 
     def dispatch(self, now: float, limit: int | None) -> list[tuple[Hashable, MTask]]:
         out: list[tuple[Hashable, MTask]] = []
@@ -298,13 +422,14 @@ class Model:
                         best = (nxt[0], nxt[1], nxt[2], name, at)
                 if best is None:
                     continue
-                _key, t, vtime, name, at = best
+                _key, t, tags, name, at = best
                 w.rr = at + 1
-                if vtime is not None:
+                if tags is not None:
                     p = self.pools[name]
-                    p.vtime[t.priority] = vtime
-                    p.last[t.priority][t.tenant] = vtime
-                    p.finish[t.priority][t.tenant] = vtime + _inverse(p.settings, t.tenant)
+                    for key, tag in tags:
+                        p.vtime[t.priority][parent_of(key)] = tag
+                        p.last[t.priority][key] = tag
+                        p.finish[t.priority][key] = tag + _inverse(p.settings, key)
                 t.state = RUNNING
                 t.worker = wid
                 t.attempts += 1
@@ -314,15 +439,18 @@ class Model:
                 if w.free:
                     self.ready.append(wid)
                 out.append((wid, t))
+                self._settle()
                 break
             else:
                 break
         return out
 
 
-def _inverse(s: PoolSettings, tenant: str | None) -> Fraction:
-    """1/w exactly, reading the weight as the decimal number it was written as."""
-    return 1 / Fraction(repr(float(s.weight(tenant))))
+def _inverse(s: PoolSettings, key) -> Fraction:
+    """1/w exactly, reading the weight as the decimal number it was written as (own tasks weigh 1)."""
+    if isinstance(key, tuple):
+        return Fraction(1)
+    return 1 / Fraction(repr(float(s.weight(key))))
 
 
 def _timer_key(t: MTask) -> float:

@@ -147,8 +147,9 @@ async def test_curve_encrypts_and_refuses_clients_without_the_key(broker_factory
         async with cronoq.connect(broker.clients, request_timeout=1, curve_public_key=other_public) as wrong:
             with pytest.raises(cronoq.Unavailable):
                 await wrong.ping()
-        status = run_command(["-m", "cronoq.cli", "status", "--json", "--broker", broker.clients,
-                              "--curve-public-key", str(public_file)])
+        # In a thread: the in-process worker must go on heartbeating while the command runs.
+        status = await asyncio.to_thread(run_command, ["-m", "cronoq.cli", "status", "--json", "--broker",
+                                                       broker.clients, "--curve-public-key", str(public_file)])
         assert status.returncode == 0 and json.loads(status.stdout)["workers"] == 1
     finally:
         await worker.stop()
