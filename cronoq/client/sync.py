@@ -31,6 +31,14 @@ class SyncTaskHandle:
         """Block until the task's value; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
         return self._client.result(self.id, timeout=timeout)
 
+    def status(self) -> TaskInfo:
+        """A snapshot of the task: state, attempts, timings."""
+        return self._client.status(self.id)
+
+    def cancel(self) -> bool:
+        """Cancel the task if it has not been dispatched; False if it already runs or has finished."""
+        return self._client.cancel(self.id)
+
     def __repr__(self) -> str:
         return f"SyncTaskHandle({self.id!r})"
 

@@ -22,11 +22,14 @@ def test_blocking_code_submits_and_waits(broker_factory, tmp_path):
             with ThreadPoolExecutor(8) as threads:
                 values = list(threads.map(lambda i: sched.submit(i).result(timeout=10)["echo"], range(40)))
             assert values == list(range(40))
+            assert handle.status().state == "succeeded" and handle.cancel() is False
             sched.pause("slow")
             queued = sched.submit(0, pool="slow")
-            assert sched.cancel(queued.id) is True
+            assert queued.status().state == "queued"
+            assert queued.cancel() is True
             with pytest.raises(cronoq.Cancelled):
                 queued.result(timeout=10)
+            assert sched.cancel(queued.id) is False
             with pytest.raises(cronoq.NotFound):
                 sched.status("missing")
     finally:
