@@ -11,12 +11,13 @@ sends the messages; the optional journal makes the changes durable.
 
 from __future__ import annotations
 
+import datetime
 import math
 import random
-from collections import deque
-import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol, Union
+
+import msgspec
 
 from cronoq.core import (
     CANCELLED,
@@ -32,6 +33,7 @@ from cronoq.core import (
     Task,
 )
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
+from cronoq.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES, FinishedRecords, ResultArchive
 
 RETRY_BACKOFF_BASE = 0.5
 """Seconds before the first retry; each further retry waits twice as long (with jitter)."""
@@ -43,42 +45,41 @@ RESERVED_KEY_PREFIX = "cronoq:"
 """Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""
 
 
-class TaskRecord:
-    """What the book knows of one task. While the task is live the core's `Task` holds its state."""
+class TaskRecord(msgspec.Struct, array_like=True, omit_defaults=True, tag="t", gc=False):
+    """What the book knows of one task. While the task is live the core's `Task` holds its state.
 
-    __slots__ = (
-        "id", "pool", "tenant", "priority", "payload", "key", "submission", "max_retries", "deadline",
-        "not_before", "submitted_at", "started_at", "finished_at", "state", "attempts", "result",
-        "error_type", "error_message", "traceback", "waiters",
-    )
+    A msgspec struct, so that the journal and the snapshot store a record as
+    it is and read it straight back (cronoq.store.records): the fields up to
+    `submission` are what a submit gives, and are also the journal's
+    `accepted` record. `gc=False`: records hold no cycles, and millions of
+    them must not slow every collection.
+    """
 
-    def __init__(
-        self, id: str, pool: str, tenant: str | None, priority: int, payload: bytes, *,
-        key: str | None, max_retries: int, deadline: float | None, submitted_at: float,
-        submission: str | None = None, not_before: float | None = None,
-    ) -> None:
-        self.id = id
-        self.pool = pool
-        self.tenant = tenant
-        self.priority = priority
-        self.payload = payload
-        self.key = key
-        self.submission = submission
-        self.max_retries = max_retries
-        self.deadline = deadline
-        self.not_before = not_before  # when it may run next (delay, retry backoff); kept for recovery
-        self.submitted_at = submitted_at
-        self.started_at: float | None = None
-        self.finished_at: float | None = None
-        self.state = QUEUED
-        self.attempts = 0
-        self.result: bytes | None = None
-        self.error_type = ""
-        self.error_message = ""
-        self.traceback = ""
-        self.waiters: Any = None
-        """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
-        the task, rather than in a map of its own: a watched queued task costs ~160 bytes less)."""
+    id: str
+    pool: str
+    tenant: Union[str, None]
+    priority: int
+    payload: bytes = b""
+    submitted_at: float = 0.0
+    deadline: Union[float, None] = None
+    not_before: Union[float, None] = None  # when it may run next (delay, retry backoff); kept for recovery
+    max_retries: int = 0
+    key: Union[str, None] = None
+    submission: Union[str, None] = None
+    state: str = QUEUED
+    attempts: int = 0
+    started_at: Union[float, None] = None
+    finished_at: Union[float, None] = None
+    result: Union[bytes, None] = None
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    seq: int = 0
+    """The task's place in the order tasks finished (from 1; 0 while it is live): retention forgets the oldest
+    first, and the results store says up to which one it holds them."""
+    waiters: Any = None
+    """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
+    the task, rather than in a map of its own: a watched queued task costs ~160 bytes less). Never stored."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,6 @@ class ChangeLog(Protocol):
     def dispatched(self, record: TaskRecord) -> None: ...
     def requeued(self, record: TaskRecord) -> None: ...
     def finished(self, record: TaskRecord) -> None: ...
-    def forgotten(self, record: TaskRecord) -> None: ...
     def paused(self, pool: str, paused: bool) -> None: ...
 
 
@@ -202,6 +202,12 @@ class TaskBook:
     (tenant, submission): a duplicate is only ever found among the
     submitting tenant's own tasks (tasks without a tenant are a scope of
     their own), so no tenant can claim, or learn of, another's names.
+
+    `records` holds every live task, and the finished ones still in memory:
+    all retained ones without an `archive`; with one, only those the archive
+    does not hold yet (the shell ships them with `take_finished` and lets
+    them go with `release_archived`). Lookups ask memory first, then the
+    archive (cronoq.retention).
     """
 
     def __init__(
@@ -212,7 +218,8 @@ class TaskBook:
         on_terminal: Callable[[TaskRecord], None],
         max_payload_bytes: int = 1 << 20,
         max_deliveries: int = 5,
-        result_ttl: float = 86400.0,
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        result_retention_bytes: int = DEFAULT_RETENTION_BYTES,
         limits: Callable[[str], tuple[int | None, int | None]] = lambda pool: (None, None),
         rng: random.Random | None = None,
         journal: ChangeLog | None = None,
@@ -222,7 +229,6 @@ class TaskBook:
         self._on_terminal = on_terminal
         self.max_payload_bytes = max_payload_bytes
         self.max_deliveries = max_deliveries
-        self.result_ttl = result_ttl
         self._limits = limits
         self._rng = rng or random.Random()
         self.journal = journal
@@ -231,7 +237,10 @@ class TaskBook:
         self.records: dict[str, TaskRecord] = {}
         self._keys: dict[tuple[str, str | None, str], str] = {}
         self._submissions: dict[tuple[str | None, str], str] = {}
-        self._finished: deque[tuple[float, str]] = deque()
+        self.finished = FinishedRecords(result_ttl, result_retention_bytes)
+        """The finished records in memory, in the order they finished."""
+        self.archive: ResultArchive | None = None
+        self._unshipped: list[TaskRecord] = []
 
     # ----------------------------------------------------------------- submit
 
@@ -240,32 +249,44 @@ class TaskBook:
         same key (in the same pool) or submission id."""
         priority = validate_submit(request, self._accepting, self.max_payload_bytes)
         if request.submission is not None:
-            existing = self._submissions.get((request.tenant, request.submission))
+            existing = self._by_submission(request.tenant, request.submission)
             if existing is not None:
-                return self.records[existing], True
+                return existing, True
         if request.key is not None:
-            existing = self._keys.get((request.pool, request.tenant, request.key))
+            existing = self._by_key(request.pool, request.tenant, request.key)
             if existing is None and request.former_key is not None:
                 existing = self._under_former_key(request.pool, request.tenant, request.former_key)
             if existing is not None:
-                return self.records[existing], True
+                return existing, True
         self._check_backlog(request.pool, request.tenant)
         deadline = None if request.deadline is None else now + request.deadline
         record = TaskRecord(
-            self._new_id(), request.pool, request.tenant, priority, request.payload,
-            key=request.key, max_retries=request.max_retries, deadline=deadline, submitted_at=now,
-            submission=request.submission, not_before=None if not request.delay else now + request.delay,
+            self._new_id(), request.pool, request.tenant, priority, request.payload, now, deadline,
+            None if not request.delay else now + request.delay, request.max_retries, request.key,
+            request.submission,
         )
         self._enter(record, now)
         if self.journal is not None:
             self.journal.accepted(record)
         return record, False
 
-    def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> str | None:
-        task_id = self._keys.get((pool, tenant, former.key))
-        if task_id is None or not former.since <= self.records[task_id].submitted_at < former.until:
+    def _by_submission(self, tenant: str | None, submission: str) -> TaskRecord | None:
+        task_id = self._submissions.get((tenant, submission))
+        if task_id is not None:
+            return self.records[task_id]
+        return None if self.archive is None else self.archive.find_submission(tenant, submission)
+
+    def _by_key(self, pool: str, tenant: str | None, key: str) -> TaskRecord | None:
+        task_id = self._keys.get((pool, tenant, key))
+        if task_id is not None:
+            return self.records[task_id]
+        return None if self.archive is None else self.archive.find_key(pool, tenant, key)
+
+    def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> TaskRecord | None:
+        record = self._by_key(pool, tenant, former.key)
+        if record is None or not former.since <= record.submitted_at < former.until:
             return None
-        return task_id
+        return record
 
     def _check_backlog(self, pool: str, tenant: str | None) -> None:
         max_backlog, max_tenant_backlog = self._limits(pool)
@@ -299,24 +320,28 @@ class TaskBook:
 
     # ----------------------------------------------------------------- recovery
 
-    def recover(self, records: Iterable[TaskRecord], paused: Iterable[str], now: float) -> dict[str, int]:
+    def recover(self, records: Iterable[TaskRecord], paused: Iterable[str], now: float, *,
+                seq_floor: int = 0) -> dict[str, int]:
         """Carry on from durable state: `records` in the order a journal replay gives them.
 
-        Finished records are kept for lookups (in the order they finished);
-        queued and delayed ones re-enter their class; ones that were running
-        when the broker stopped were lost with their worker: they run again,
-        unless they have used up max_deliveries. Tasks of pools no longer
-        declared fail. Returns counts by what happened, for the start-up log.
+        Finished records are kept for lookups (in the order they finished;
+        numbers up to `seq_floor` are taken); queued and delayed ones re-enter
+        their class; ones that were running when the broker stopped were lost
+        with their worker: they run again, unless they have used up
+        max_deliveries. Tasks of pools no longer declared fail. Returns counts
+        by what happened, for the start-up log.
         """
         for pool in paused:
             if pool in self.core.pool_names():
                 self.core.pause(pool)
         counts = {"finished": 0, "queued": 0, "requeued": 0, "failed": 0}
         pools = set(self.core.pool_names())
+        finished: list[TaskRecord] = []
+        self.finished.next_seq = max(self.finished.next_seq, seq_floor + 1)
         for record in records:
             if record.finished_at is not None:
                 self._keep(record)
-                self._finished.append((record.finished_at, record.id))
+                finished.append(record)
                 counts["finished"] += 1
             elif record.pool not in pools:
                 self._keep(record)
@@ -336,16 +361,16 @@ class TaskBook:
                 else:
                     counts["queued"] += 1
                 self._enter(record, now)
+        self.finished.restore(finished, seq_floor)
+        if self.archive is not None:
+            self._unshipped = list(self.finished)
         return counts
 
     def kept(self) -> Iterator[TaskRecord]:
-        """Every kept record in the order `recover` wants them: finished ones as they finished, then live ones."""
-        records = self.records
-        for _, task_id in self._finished:
-            record = records.get(task_id)
-            if record is not None:
-                yield record
-        for record in list(records.values()):
+        """Every record in memory in the order `recover` wants them: finished ones as they finished, then live
+        ones in the order they last entered their queue."""
+        yield from self.finished
+        for record in list(self.records.values()):
             if record.finished_at is None:
                 yield record
 
@@ -461,16 +486,24 @@ class TaskBook:
         record.finished_at = now
         record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
         record.payload = b""  # a finished task's payload is never needed again
-        self._finished.append((now, record.id))
+        self.finished.add(record)
         if self.journal is not None:
             self.journal.finished(record)
         self._on_terminal(record)
+        if self.archive is not None:
+            self._unshipped.append(record)
+        else:  # the oldest leave as this one comes (it costs a look at the oldest, most of the time)
+            self.forget_expired_records(now)
 
     # ----------------------------------------------------------------- lookups
 
     def get(self, task_id: str) -> TaskRecord:
-        """The record of a task, or NotFound."""
-        record = self.records.get(task_id) if isinstance(task_id, str) else None
+        """The record of a task (from memory, else from the archive), or NotFound."""
+        if not isinstance(task_id, str):
+            raise unknown_task(task_id)
+        record = self.records.get(task_id)
+        if record is None and self.archive is not None:
+            record = self.archive.find(task_id)
         if record is None:
             raise unknown_task(task_id)
         return record
@@ -490,24 +523,62 @@ class TaskBook:
     def next_wakeup(self) -> float | None:
         return self.core.next_wakeup()
 
+    # ----------------------------------------------------------------- retention
+
+    @property
+    def result_ttl(self) -> float:
+        return self.finished.ttl
+
+    @result_ttl.setter
+    def result_ttl(self, ttl: float) -> None:
+        self.set_retention(ttl, self.finished.max_bytes)
+
+    def set_retention(self, ttl: float, max_bytes: int) -> None:
+        """New retention limits (a reload); the archive applies them too."""
+        self.finished.ttl, self.finished.max_bytes = ttl, max_bytes
+        if self.archive is not None:
+            self.archive.set_retention(ttl, max_bytes)
+
     def forget_expired_records(self, now: float) -> int:
-        """Drop finished records older than result_ttl (and their idempotency keys)."""
-        dropped = 0
-        while self._finished and self._finished[0][0] + self.result_ttl <= now:
-            _, task_id = self._finished.popleft()
-            record = self.records.pop(task_id, None)
-            if record is None:
-                continue
+        """Without an archive: drop the oldest finished records while they are older than result_ttl or weigh
+        more than the retention budget (with their idempotency keys); returns how many. With one, the archive
+        does that (told the time here)."""
+        if self.archive is not None:
+            self.archive.forget_expired(now)
+            return 0
+        gone = self.finished.expired(now)
+        for record in gone:
+            self._forget(record)
+        return len(gone)
+
+    def take_finished(self) -> list[TaskRecord]:
+        """The records that finished since the last call, for the archive (once their journal commit is done)."""
+        taken, self._unshipped = self._unshipped, []
+        return taken
+
+    def release_archived(self, through: int) -> list[TaskRecord]:
+        """The archive holds every finished record numbered up to `through`: let them go from memory."""
+        gone = self.finished.release(through)
+        for record in gone:
+            self._forget(record)
+        return gone
+
+    def _forget(self, record: TaskRecord) -> None:
+        task_id = record.id
+        self.records.pop(task_id, None)
+        if record.key is not None:
             key = (record.pool, record.tenant, record.key)
-            if record.key is not None and self._keys.get(key) == task_id:
+            if self._keys.get(key) == task_id:
                 del self._keys[key]
+        if record.submission is not None:
             submission = (record.tenant, record.submission)
-            if record.submission is not None and self._submissions.get(submission) == task_id:
+            if self._submissions.get(submission) == task_id:
                 del self._submissions[submission]
-            if self.journal is not None:
-                self.journal.forgotten(record)
-            dropped += 1
-        return dropped
+
+    def memory_stats(self) -> dict[str, int]:
+        """Records in memory: live ones, finished ones (and the bytes they weigh)."""
+        return {"records": len(self.records), "live": len(self.core), "finished": len(self.finished),
+                "finished_bytes": self.finished.bytes}
 
 
 def unknown_task(task_id: Any) -> NotFound:

@@ -1,8 +1,10 @@
-"""The journal and snapshots: what a task book wrote comes back after a crash, whatever was cut off.
+"""The journal, snapshots and the results store: what a task book wrote comes back after a crash.
 
-These drive a real TaskBook and a real Journal on real files with a fake
-clock; a "crash" drops the journal without committing what was pending,
-exactly what kill -9 between two passes of the broker's loop leaves behind.
+These drive a real TaskBook, a real Journal on real files and a real
+archiver process with a fake clock, in the broker's order (commit the
+journal, then ship what finished); a "crash" drops the journal without
+committing what was pending and kills the archiver wherever it is, exactly
+what kill -9 between two passes of the broker's loop leaves behind.
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from cronoq.book import SubmitRequest, TaskBook
 from cronoq.core import PoolSettings, SchedulerCore
-from cronoq.store import frames
+from cronoq.errors import NotFound
+from cronoq.store import frames, results
+from cronoq.store.archive import Archive, open_store
 from cronoq.store.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path
 from cronoq.store.replay import Replay
 from tests.support import peer
@@ -26,33 +31,69 @@ TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 
 class World:
-    """A book with a journal in `data_dir`, a fake clock and one fake worker."""
+    """A book with a journal and a results store in `data_dir`, a fake clock and one fake worker."""
 
-    def __init__(self, data_dir: Path, now: float = 1000.0, **journal_options: object) -> None:
+    def __init__(self, data_dir: Path, now: float = 1000.0, *, ttl: float = 100.0, max_bytes: int = 1 << 30,
+                 **journal_options: object) -> None:
         self.data_dir = data_dir
         self.now = now
-        self.journal, replay = Journal.open(data_dir, **journal_options)  # type: ignore[arg-type]
-        self.ids = (f"t{n}" for n in range(10**9))
+        self.journal, replay = Journal.open(  # type: ignore[arg-type]
+            data_dir, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS), **journal_options)
+        db, archived_through = open_store(data_dir)
+        self.archive = Archive(data_dir, db, archived_through, ttl=ttl, max_bytes=max_bytes)
+        # Ids must not repeat across restarts: continue after the highest one the journal or the store knows.
+        known = [int(task_id[1:]) for task_id in replay.records]
+        known += [int(task_id[1:]) for (task_id,) in db.execute("SELECT id FROM results").fetchall()]
+        self.next_id = max(known, default=-1) + 1
         self.core = SchedulerCore(POOLS)
         self.finished: list[str] = []
-        self.book = TaskBook(self.core, new_id=lambda: next(self.ids), on_terminal=lambda r: self.finished.append(r.id),
-                             max_deliveries=3, result_ttl=100.0, rng=random.Random(1), journal=self.journal)
-        # Ids must not repeat across restarts: continue after the highest recovered one.
-        known = [int(task_id[1:]) for task_id in replay.records]
-        self.ids = (f"t{n}" for n in range(max(known, default=-1) + 1, 10**9))
-        self.recovered = self.book.recover(replay.records.values(), replay.paused, now)
+        self.book = TaskBook(self.core, new_id=self._new_id, on_terminal=lambda r: self.finished.append(r.id),
+                             max_deliveries=3, result_ttl=ttl, result_retention_bytes=max_bytes,
+                             rng=random.Random(1), journal=self.journal)
+        self.book.archive = self.archive
+        self.recovered = self.book.recover(replay.records.values(), replay.paused, now,
+                                           seq_floor=max(replay.max_seq, archived_through))
+        self.archive.start(now)
+        self.commit()
+
+    def _new_id(self) -> str:
+        self.next_id += 1
+        return f"t{self.next_id - 1}"
+
+    def commit(self) -> None:
+        """The broker's group commit: the journal first, then what finished goes to the archiver."""
         self.journal.commit()
+        self.archive.ship(self.book.take_finished())
+        self.book.release_archived(self.archive.poll())
+
+    def settle(self) -> None:
+        """Wait until the archiver has stored (and, by retention, dropped) everything sent to it."""
+        self.archive.forget_expired(self.now)
+        self.book.release_archived(self.archive.catch_up())
+
+    def ids(self) -> list[str]:
+        return [f"t{n}" for n in range(self.next_id)]
 
     def crash(self) -> None:
         """Like kill -9 between two passes: what was committed stays, the rest is gone."""
+        self.archive.kill()
+        self.archive.close()
         self.journal.abandon()
 
+    def close(self) -> None:
+        self.archive.close()
+        self.journal.close()
 
-def picture(book: TaskBook) -> dict[str, tuple]:
-    """What a user can observe of every kept task (running ones come back queued, attempt counted)."""
+
+def picture(world: World) -> dict[str, tuple]:
+    """What a user can observe of every task (running ones come back queued, attempt counted)."""
+    book = world.book
     out = {}
-    for task_id, record in book.records.items():
-        info = book.info(task_id)
+    for task_id in world.ids():
+        try:
+            record, info = book.get(task_id), book.info(task_id)
+        except NotFound:
+            continue
         state, error, payload = info.state, info.error, record.payload
         if state == "running" and info.attempts >= book.max_deliveries:
             state, payload = "failed", b""
@@ -102,34 +143,44 @@ def random_workload(world: World, rng: random.Random, steps: int, *, commit: boo
         elif op < 0.97:
             if core.workers():
                 book.lose_worker(rng.choice(core.workers()), world.now)
-        else:
-            book.forget_expired_records(world.now)
+        elif commit:  # retention moves on with the clock, not with commits: only while committing, so that
+            book.forget_expired_records(world.now)  # what a crash test compares is what was committed
         if rng.random() < 0.5 and commit:
-            world.journal.commit()
+            world.commit()
     book.dispatch(world.now)
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_a_crash_loses_nothing_committed(tmp_path, seed):
     rng = random.Random(seed)
-    world = World(tmp_path, fsync_each_commit=seed % 2 == 0)
+    # One run in three crashes while the archiver may still be storing what it was sent: then nothing expires,
+    # so that what it stored before it was killed cannot matter. The others crash with it caught up.
+    in_flight = seed % 3 == 0
+    ttl = 1e9 if in_flight else 100.0
+    world = World(tmp_path, fsync_each_commit=seed % 2 == 0, ttl=ttl)
     random_workload(world, rng, 300)
-    world.journal.commit()
-    before = picture(world.book)
+    world.commit()
+    if not in_flight:
+        world.settle()
+    crashed_at = world.now
+    before = picture(world)
     paused = world.book.paused_pools()
     random_workload(world, rng, 5, commit=False)  # changes never committed: as if the broker died before writing them
     world.crash()
 
-    after = World(tmp_path, now=world.now)
-    assert picture(after.book) == before
+    after = World(tmp_path, now=crashed_at, ttl=ttl)
+    after.settle()
+    assert picture(after) == before
     assert after.book.paused_pools() == paused
-    # Idempotency keys and submission ids still point at their tasks, each within its tenant.
-    for record in after.book.records.values():
+    # Idempotency keys and submission ids still point at their tasks, each within its tenant, whether the task
+    # is in memory or only in the results store.
+    for task_id in before:
+        record = after.book.get(task_id)
         for dedup in ({"key": record.key} if record.key else {}), {"submission": record.submission}:
             if dedup.get("key") or dedup.get("submission"):
                 again, duplicate = after.book.submit(
                     SubmitRequest(b"x", pool=record.pool, tenant=record.tenant, **dedup), after.now)
-                assert duplicate and again is record
+                assert duplicate and again.id == record.id
 
 
 def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
@@ -138,7 +189,7 @@ def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
     first, _ = book.submit(SubmitRequest(b"1", pool="a"), world.now)
     core.add_worker("w", ["a"], 1)
     book.dispatch(world.now)
-    world.journal.commit()
+    world.commit()
     world.crash()
     # Each restart finds it running (its worker is gone with the broker): it runs again, attempt counted.
     for attempt in (2, 3):
@@ -147,7 +198,7 @@ def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
         assert world.book.info(first.id).state == "queued"
         world.core.add_worker("w", ["a"], 1)
         assert [r.attempts for _, r, _ in world.book.dispatch(world.now)] == [attempt]
-        world.journal.commit()
+        world.commit()
         world.crash()
     world = World(tmp_path, now=world.now + 1)
     info = world.book.info(first.id)
@@ -158,7 +209,7 @@ def test_deadlines_that_passed_while_down_expire_and_delays_hold(tmp_path):
     world = World(tmp_path)
     late, _ = world.book.submit(SubmitRequest(b"x", pool="a", deadline=5.0), world.now)
     later, _ = world.book.submit(SubmitRequest(b"y", pool="a", delay=60.0), world.now)
-    world.journal.commit()
+    world.commit()
     world.crash()
     world = World(tmp_path, now=world.now + 10)
     world.book.dispatch(world.now)
@@ -169,11 +220,11 @@ def test_deadlines_that_passed_while_down_expire_and_delays_hold(tmp_path):
 
 def _committed_world(tmp_path: Path, commits: int) -> tuple[World, list[dict]]:
     world = World(tmp_path)
-    pictures = [picture(world.book)]
+    pictures = [picture(world)]
     for n in range(commits):
         world.book.submit(SubmitRequest(bytes([n]) * 20, pool="a", key=f"k{n}"), world.now)
-        world.journal.commit()
-        pictures.append(picture(world.book))
+        world.commit()
+        pictures.append(picture(world))
     world.crash()
     return world, pictures
 
@@ -188,10 +239,15 @@ def test_a_torn_tail_is_reported_and_cut_at_every_offset(tmp_path, caplog):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="cronoq.store"):
             again = World(tmp_path)
-        assert picture(again.book) == pictures[2]
+        assert picture(again) == pictures[2]
         assert f"{path}: torn tail at offset {last_frame_at}" in caplog.text
         assert path.stat().st_size == last_frame_at
         again.crash()
+
+
+def _journal_files(data_dir: Path) -> list[str]:
+    """The names of the files in data_dir, but the results store's."""
+    return sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(results.RESULTS))
 
 
 def _files(data_dir: Path) -> dict[str, bytes]:
@@ -220,22 +276,22 @@ def test_a_corrupt_frame_followed_by_intact_ones_refuses_to_start_and_changes_no
 def test_compaction_keeps_the_state_and_drops_old_journals(tmp_path):
     world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
     random_workload(world, random.Random(7), 400)
-    world.journal.commit()
+    world.commit()
     assert world.journal.wants_compaction(len(world.book.records))
     world.journal.compact(world.book.kept(), world.book.paused_pools())
     random_workload(world, random.Random(8), 50)
-    world.journal.commit()
-    expected = picture(world.book)
+    world.commit()
+    expected = picture(world)
     world.crash()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.00000002", "lock", SNAPSHOT]
+    assert _journal_files(tmp_path) == ["journal.00000002", "lock", SNAPSHOT]
     again = World(tmp_path, now=world.now)
-    assert picture(again.book) == expected
+    assert picture(again) == expected
 
 
 def test_a_compaction_cut_short_leaves_a_recoverable_directory(tmp_path, monkeypatch):
     world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
     random_workload(world, random.Random(3), 200)
-    world.journal.commit()
+    world.commit()
     world.journal.compact(world.book.kept(), world.book.paused_pools())  # snapshot generation 2
     random_workload(world, random.Random(4), 100)
 
@@ -248,12 +304,12 @@ def test_a_compaction_cut_short_leaves_a_recoverable_directory(tmp_path, monkeyp
         world.journal.compact(world.book.kept(), world.book.paused_pools())
     # The old snapshot, journal 2 and the new journal 3 together still hold everything.
     random_workload(world, random.Random(5), 50)
-    world.journal.commit()
-    expected = picture(world.book)
+    world.commit()
+    expected = picture(world)
     world.crash()
     monkeypatch.undo()
     again = World(tmp_path, now=world.now)
-    assert picture(again.book) == expected
+    assert picture(again) == expected
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -329,21 +385,28 @@ def test_the_broker_compacts_a_journal_grown_much_larger_than_its_state(tmp_path
                           environ={})
     broker = Broker(config, clock=lambda: 1000.0)
     broker.open()
-    for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records for 200 kept tasks
+    ids = []
+    for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records, none left in memory
         broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Submit(1, rid)), b"\xc0"], 1000.0)
         [(_, accepted, _)] = broker._to_clients.items()
         broker._to_clients.clear()
-        task_id = accepted.id
-        broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
+        ids.append(accepted.id)
+        broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Cancel(1, rid, accepted.id))],
+                                    1000.0)
         broker._to_clients.clear()
     assert broker._commit()
     broker._to_clients.clear()
     journal = broker._data.journal
     journal.compact_min_bytes, journal.compact_ratio = 1, 1.5
     broker._compact_if_worthwhile()
-    assert journal.generation == 2 and journal.records == 0
+    assert journal.generation == 2 and journal.compacting is not None, "a child writes the snapshot"
+    while journal.compacting is not None:  # each tick looks in on the child; the one after it is done installs
+        time.sleep(0.01)
+        broker._compact_if_worthwhile()
+    assert journal.records == 0 and broker._data.compactions == 1
     broker.close()
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["journal.00000002", "lock", SNAPSHOT]
+    assert _journal_files(tmp_path / "data") == ["journal.00000002", "lock", SNAPSHOT]
     again = Broker(config, clock=lambda: 1000.0)
-    assert again.open() == {"finished": 200, "queued": 0, "requeued": 0, "failed": 0}
+    again.open()
+    assert {again._book.info(task_id).state for task_id in ids} == {"cancelled"}
     again.close()

@@ -90,7 +90,8 @@ class Broker:
         self._book = TaskBook(
             self._core, new_id=_task_ids(), on_terminal=self._on_terminal,
             max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
-            result_ttl=config.result_ttl, limits=self._pool_limits,
+            result_ttl=config.result_ttl, result_retention_bytes=config.result_retention_bytes,
+            limits=self._pool_limits,
         )
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
@@ -471,7 +472,7 @@ class Broker:
         old_pools = {pool.name for pool in self.config.pools}
         self._book.configure(new.pools)
         self._book.max_deliveries = new.max_deliveries
-        self._book.result_ttl = new.result_ttl
+        self._book.set_retention(new.result_ttl, new.result_retention_bytes)
         self._auth = Authenticator(new.tokens)
         if new.schedules or self._cron is not None:
             if self._cron is None:
@@ -495,7 +496,8 @@ class Broker:
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
         return {"pools": pools, "workers": len(self._workers),
-                "schedules": {} if self._cron is None else self._cron.describe()}
+                "schedules": {} if self._cron is None else self._cron.describe(),
+                "memory": self._book.memory_stats(), "store": self._data.stats()}
 
     # ----------------------------------------------------------------- workers
 
