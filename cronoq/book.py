@@ -33,7 +33,13 @@ from cronoq.core import (
     Task,
 )
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
-from cronoq.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES, FinishedRecords, ResultArchive
+from cronoq.retention import (
+    DEFAULT_RESULT_TTL,
+    DEFAULT_RETENTION_BYTES,
+    MAX_UNARCHIVED,
+    FinishedRecords,
+    ResultArchive,
+)
 
 RETRY_BACKOFF_BASE = 0.5
 """Seconds before the first retry; each further retry waits twice as long (with jitter)."""
@@ -402,7 +408,9 @@ class TaskBook:
         for task in self.core.expire(now):
             self._finish(task.payload, EXPIRED, now, error_type="DeadlineExceeded",
                          error_message="the task's deadline passed before it was dispatched")
-        assignments = []
+        assignments: list[tuple[Hashable, TaskRecord, int]] = []
+        if self.archive is not None and len(self.finished) >= MAX_UNARCHIVED:
+            return assignments  # the archive falls behind: let it catch up before more tasks can finish
         journal = self.journal
         for worker_id, task in self.core.dispatch(now):
             record: TaskRecord = task.payload

@@ -29,6 +29,11 @@ DEFAULT_RESULT_TTL = 86400.0
 DEFAULT_RETENTION_BYTES = 128 << 20
 """Big enough for about a million small results, small enough for a small disk beside the journal."""
 
+MAX_UNARCHIVED = 50_000
+"""Finished records waiting in memory for the results store, at most: past this many the broker dispatches
+nothing more until the archiver catches up, so that a slow (or restarting) archiver costs throughput, never
+unbounded memory."""
+
 RECORD_MEMORY = 600
 """Bytes a finished record costs in memory besides its result and error texts (the record, its id, its
 entries in the book's maps), as measured with `python -m bench.retention memory`."""

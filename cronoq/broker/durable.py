@@ -28,6 +28,7 @@ from typing import Any
 from cronoq.book import TaskBook
 from cronoq.config import BrokerConfig
 from cronoq.metrics import BrokerMetrics
+from cronoq.retention import MAX_UNARCHIVED
 from cronoq.store import results
 from cronoq.store.archive import Archive, open_store
 from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError
@@ -38,8 +39,8 @@ log = logging.getLogger("cronoq.broker")
 SYNC_INTERVAL = 1.0
 # Seconds before trying again after a compaction failed (a full disk, say).
 COMPACTION_RETRY = 60.0
-# For tests only: compact at a smaller journal (bytes) and ratio than a broker would, to reach the code paths
-# quickly; the values are "BYTES" or "BYTES,RATIO".
+# For tests only: compact at a smaller journal and ratio than a broker would, and retry sooner, to reach the code
+# paths quickly: "MIN_BYTES[,RATIO[,RETRY_SECONDS]]".
 COMPACTION_ENV = "CRONOQ_TEST_COMPACTION"
 
 
@@ -54,6 +55,7 @@ class DataDir:
         self.archive: Archive | None = None
         self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
         self.compactions = 0
+        self._min_bytes, self._ratio, self._retry = _compaction_settings()
 
     @property
     def syncs_in_background(self) -> bool:
@@ -68,14 +70,13 @@ class DataDir:
         data_dir = self._config.data_dir
         if data_dir is None:
             return None
-        min_bytes, ratio = _compaction_thresholds()
         # Recovery allocates millions of objects and frees none: the cyclic GC would scan them over and over
         # (3x the time). Afterwards they go to the permanent generation, out of every later collection's way.
         gc.disable()
         try:
             journal, replay = Journal.open(
-                data_dir, fsync_each_commit=self._config.durability == "fsync", compact_min_bytes=min_bytes,
-                compact_ratio=ratio, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS),
+                data_dir, fsync_each_commit=self._config.durability == "fsync", compact_min_bytes=self._min_bytes,
+                compact_ratio=self._ratio, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS),
             )
             self.journal = self._book.journal = journal
             try:
@@ -89,7 +90,7 @@ class DataDir:
                 journal.commit()  # what recovery decided (requeued, failed) before anything else happens
                 del replay
                 self.archive.start(now)
-                self._after_commit()
+                self.archive.exchange(self._book)
                 self.compact_if_worthwhile()
             except OSError as exc:
                 self.close(failed=False)
@@ -111,24 +112,7 @@ class DataDir:
             journal.commit()
             self._metrics.commit_took(time.perf_counter() - started)
         if self.archive is not None:
-            self._after_commit()
-
-    def _after_commit(self) -> None:
-        archive, book = self.archive, self._book
-        assert archive is not None
-        archive.ship(book.take_finished())
-        if archive.waiting or archive.needs_resend or archive.pid is None:
-            self._hear_archiver()
-
-    def _hear_archiver(self) -> None:
-        archive, book = self.archive, self._book
-        assert archive is not None
-        through = archive.poll()
-        if archive.needs_resend:  # a new archiver: everything still in memory goes to it again
-            archive.needs_resend = False
-            book.take_finished()
-            archive.ship(list(book.finished))
-        book.release_archived(through)
+            self.archive.exchange(self._book)
 
     def sync(self) -> None:
         """fdatasync the journal. Raises OSError."""
@@ -145,7 +129,10 @@ class DataDir:
         if journal is None:
             return
         if self.archive is not None:
-            self._hear_archiver()
+            self.archive.exchange(self._book, listen=True)
+            if len(self._book.finished) >= MAX_UNARCHIVED:
+                log.warning("%d finished tasks wait for the results store (%s): dispatching waits until it catches "
+                            "up", len(self._book.finished), self.archive.path)
         now = time.monotonic()
         self._install_compaction(journal, now)
         if now < self._next_compaction or not journal.wants_compaction(len(self._book.records)):
@@ -177,8 +164,8 @@ class DataDir:
     def _compaction_failed(self, exc: OSError, now: float) -> None:
         # The old snapshot and journals are still whole: carry on, try again later.
         log.error("could not compact the journal in %s: %s; trying again in %g s",
-                  self._config.data_dir, exc.strerror or exc, COMPACTION_RETRY)
-        self._next_compaction = now + COMPACTION_RETRY
+                  self._config.data_dir, exc.strerror or exc, self._retry)
+        self._next_compaction = now + self._retry
 
     def stats(self) -> dict[str, Any]:
         """What the results store holds and how compaction goes (empty without a data_dir)."""
@@ -206,9 +193,9 @@ class DataDir:
             log.error("could not close the journal in %s: %s", self._config.data_dir, exc)
 
 
-def _compaction_thresholds() -> tuple[int, float]:
-    value = os.environ.get(COMPACTION_ENV)
-    if not value:
-        return COMPACT_MIN_BYTES, COMPACT_RATIO
-    min_bytes, _, ratio = value.partition(",")
-    return int(min_bytes), float(ratio or COMPACT_RATIO)
+def _compaction_settings() -> tuple[int, float, float]:
+    """(journal bytes, journal records per record in memory) before a compaction, and seconds before a retry."""
+    parts = os.environ.get(COMPACTION_ENV, "").split(",")
+    defaults = (COMPACT_MIN_BYTES, COMPACT_RATIO, COMPACTION_RETRY)
+    values = [part or default for part, default in zip(parts + [""] * 3, defaults)]
+    return int(values[0]), float(values[1]), float(values[2])

@@ -37,7 +37,7 @@ from pathlib import Path
 import msgspec
 
 import cronoq
-from cronoq.book import TaskRecord
+from cronoq.book import TaskBook, TaskRecord
 from cronoq.store import results
 from cronoq.store.archiver import FilterReady, FrameBuffer, FromArchiver, Put, Retention, Stored, Tick, frame
 from cronoq.store.reading import StoreError
@@ -154,6 +154,20 @@ class Archive:
             self._process.wait()
 
     # ----------------------------------------------------------------- shipping and replies
+
+    def exchange(self, book: TaskBook, *, listen: bool = False) -> None:
+        """After a journal commit: ship what finished in `book`, and, if anything is outstanding (or `listen`),
+        read the archiver's replies and let the book drop what is stored. A new archiver gets all the book's
+        finished records again."""
+        self.ship(book.take_finished())
+        if not (listen or self.waiting or self.needs_resend or self._sock is None):
+            return
+        through = self.poll()
+        if self.needs_resend:
+            self.needs_resend = False
+            book.take_finished()
+            self.ship(list(book.finished))
+        book.release_archived(through)
 
     def ship(self, records: list[TaskRecord]) -> None:
         """Send finished records (in the order they finished; already in the journal) to the archiver."""
@@ -301,16 +315,16 @@ class Archive:
         return self._reader.find(task_id)
 
     def find_key(self, pool: str, tenant: str | None, key: str) -> TaskRecord | None:
-        scopes = self._filter
-        if scopes is not None and not scopes.might_hold(key_scope(pool, tenant, key)):
+        scope = key_scope(pool, tenant, key)
+        if self._filter is not None and not self._filter.might_hold(scope):
             return None
-        return self._reader.find_key(pool, tenant, key)
+        return self._reader.find_key(pool, tenant, key, scope)
 
     def find_submission(self, tenant: str | None, submission: str) -> TaskRecord | None:
-        scopes = self._filter
-        if scopes is not None and not scopes.might_hold(submission_scope(tenant, submission)):
+        scope = submission_scope(tenant, submission)
+        if self._filter is not None and not self._filter.might_hold(scope):
             return None
-        return self._reader.find_submission(tenant, submission)
+        return self._reader.find_submission(tenant, submission, scope)
 
     def stats(self) -> dict[str, int]:
         """What the store holds (as of the archiver's last reply) and how far it is."""

@@ -45,10 +45,11 @@ import msgspec
 from cronoq.book import TaskRecord
 from cronoq.store import results
 from cronoq.store.records import Accepted
-from cronoq.store.scopes import ScopeFilter, log2_for, record_scopes
+from cronoq.store.scopes import ScopeFilter, log2_for
 
 log = logging.getLogger("cronoq.archiver")
 
+_MASK64 = (1 << 64) - 1
 BATCH_RECORDS = 20_000
 """Records per transaction, at most: a backlog is written in pieces, each acknowledged."""
 EVICT_ROWS = 50_000
@@ -139,6 +140,7 @@ class Writer:
         self.db = results.connect(path)
         self.db.execute("PRAGMA synchronous = FULL")  # a Stored reply lets the broker drop the journal's copy
         self.db.execute("PRAGMA journal_size_limit = 8388608")
+        self.db.execute("PRAGMA cache_size = -65536")  # 64 MiB: the indexes' pages stay in memory
         self.ttl, self.max_bytes, self.now = ttl, max_bytes, now
         self.through = results.read_mark(self.db)
         self.rows, self.bytes = self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM results").fetchone()
@@ -152,18 +154,20 @@ class Writer:
         rows = [results.row(record) for record in records]
         resent = any(record.seq <= self.through for record in records)
         self.db.executemany(results.INSERT, rows)
+        self.through = max(self.through, max(record.seq for record in records))
         scopes = self.filter
-        for record in records:
-            if record.seq > self.through:
-                self.through = record.seq
-            if scopes is not None:
-                scopes.add_all(record_scopes(record.pool, record.tenant, record.key, record.submission))
+        if scopes is not None:
+            for _, _, submission, key, _, _, _ in rows:
+                if submission is not None:
+                    scopes.add(submission & _MASK64)
+                if key is not None:
+                    scopes.add(key & _MASK64)
         self.entries += len(records)
         if resent:  # rows replaced rather than added: count again
             self.rows, self.bytes = self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM results").fetchone()
         else:
             self.rows += len(rows)
-            self.bytes += sum(values[-1] for values in rows)
+            self.bytes += sum(values[5] for values in rows)
 
     def evict(self) -> bool:
         """Drop the oldest rows past result_ttl or over result_retention_bytes; True if more remain to drop."""
@@ -205,9 +209,12 @@ class Writer:
         bits = mmap.mmap(fd, size)
         new = ScopeFilter(bits, log2)
         rows = weight = 0
-        for pool, tenant, key, submission, size in self.db.execute(
-                "SELECT pool, tenant, key, submission, size FROM results"):
-            new.add_all(record_scopes(pool, tenant, key, submission))
+        add = new.add
+        for submission, key, size in self.db.execute("SELECT submission_scope, key_scope, size FROM results"):
+            if submission is not None:
+                add(submission & _MASK64)
+            if key is not None:
+                add(key & _MASK64)
             rows, weight = rows + 1, weight + size
         self.rows, self.bytes = rows, weight  # counted afresh while at it
         old, self.filter = self.filter, new

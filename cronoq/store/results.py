@@ -1,12 +1,12 @@
 """The results store: finished tasks kept on disk until retention ends, in `data_dir/results.sqlite3`.
 
 One row per finished task, numbered by `seq` (the order tasks finished,
-which is also the order retention drops them), with what `status` and
-`result` answer and the task's idempotency key and submission id. SQLite
-(the standard library's) in WAL mode: one process writes (the archiver,
-cronoq.store.archiver), the broker reads with a connection of its own and
-never waits for the writer. Indexes: the task id, (pool, tenant, key) and
-(tenant, submission), the last two only over rows that have one.
+which is also the order retention drops them): the task's record whole
+(msgpack, without the payload), its size, when it finished, and 64-bit
+hashes to find it by: its id, its submission id's scope and its key's scope
+(cronoq.store.scopes), indexed. SQLite (the standard library's) in WAL
+mode: one process writes (the archiver, cronoq.store.archiver), the broker
+reads with a connection of its own and never waits for the writer.
 
 `meta` holds `archived_through`: every task numbered up to it that finished
 was written here (some may since have been dropped by retention). The
@@ -16,10 +16,15 @@ again.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from pathlib import Path
 
+import msgspec
+
 from cronoq.book import TaskRecord
+from cronoq.store.replay import snapshot_record
+from cronoq.store.scopes import key_scope, submission_scope
 
 RESULTS = "results.sqlite3"
 """The store's file in data_dir (with SQLite's `-wal` and `-shm` beside it)."""
@@ -27,61 +32,45 @@ RESULTS = "results.sqlite3"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL,
-    pool TEXT NOT NULL,
-    tenant TEXT,
-    priority INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    submitted_at REAL NOT NULL,
-    started_at REAL,
+    id_hash INTEGER NOT NULL,
+    submission_scope INTEGER,
+    key_scope INTEGER,
     finished_at REAL NOT NULL,
-    deadline REAL,
-    key TEXT,
-    submission TEXT,
-    result BLOB,
-    error_type TEXT NOT NULL,
-    error_message TEXT NOT NULL,
-    traceback TEXT NOT NULL,
-    size INTEGER NOT NULL
+    size INTEGER NOT NULL,
+    record BLOB NOT NULL
 );
-CREATE UNIQUE INDEX IF NOT EXISTS results_id ON results (id);
-CREATE INDEX IF NOT EXISTS results_key ON results (pool, tenant, key) WHERE key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS results_submission ON results (tenant, submission) WHERE submission IS NOT NULL;
+CREATE INDEX IF NOT EXISTS results_id ON results (id_hash);
+CREATE INDEX IF NOT EXISTS results_submission ON results (submission_scope) WHERE submission_scope IS NOT NULL;
+CREATE INDEX IF NOT EXISTS results_key ON results (key_scope) WHERE key_scope IS NOT NULL;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 """
 
-COLUMNS = ("seq, id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, "
-           "key, submission, result, error_type, error_message, traceback")
-INSERT = f"INSERT OR REPLACE INTO results ({COLUMNS}, size) VALUES ({', '.join('?' * 18)})"
+INSERT = "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?)"
 
-ROW_OVERHEAD = 128
-"""Bytes a row costs in the file besides its variable-length fields: the fixed fields, the row's and its
-index entries' headers, and the slack of B-tree pages (measured with `python -m bench.retention store`)."""
+ROW_OVERHEAD = 100
+"""Bytes a row costs in the file besides its record's encoding: the fixed fields, its three index entries,
+and the slack of B-tree pages (calibrated with `python -m bench.retention store`)."""
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(TaskRecord).decode
 
 
 def row(record: TaskRecord) -> tuple:
-    """A finished record as a row of `results` (INSERT's parameters)."""
-    return (record.seq, record.id, record.pool, record.tenant, record.priority, record.state, record.attempts,
-            record.submitted_at, record.started_at, record.finished_at, record.deadline, record.key,
-            record.submission, record.result, record.error_type, record.error_message, record.traceback,
-            row_bytes(record))
+    """A finished record as a row of `results` (INSERT's parameters); the record is stored whole (msgpack),
+    found by integer hashes: a B-tree of 8-byte keys costs half what one of 32-character ids does."""
+    body = _encode(snapshot_record(record))  # a plain TaskRecord (a recovered one is an Accepted), no waiters
+    submission = None if record.submission is None else _signed(submission_scope(record.tenant, record.submission))
+    key = None if record.key is None else _signed(key_scope(record.pool, record.tenant, record.key))
+    return (record.seq, id_hash(record.id), submission, key, record.finished_at, ROW_OVERHEAD + len(body), body)
 
 
-def row_bytes(record: TaskRecord) -> int:
-    """What a row weighs against result_retention_bytes: about what it takes in the file (the id, tenant, key
-    and submission id twice: in the row and in an index)."""
-    result = record.result
-    return (ROW_OVERHEAD + (0 if result is None else len(result)) + len(record.error_type)
-            + len(record.error_message) + len(record.traceback) + len(record.pool)
-            + 2 * (len(record.id) + len(record.tenant or "") + len(record.key or "") + len(record.submission or "")))
+def id_hash(task_id: str) -> int:
+    return _signed(int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little"))
 
 
-def _record(values: tuple) -> TaskRecord:
-    (seq, task_id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, key,
-     submission, result, error_type, error_message, traceback) = values
-    return TaskRecord(task_id, pool, tenant, priority, b"", submitted_at, deadline, None, 0, key, submission, state,
-                      attempts, started_at, finished_at, result, error_type, error_message, traceback, seq)
+def _signed(scope: int) -> int:
+    """A 64-bit hash as SQLite's (signed) integer."""
+    return scope - (1 << 64) if scope >= 1 << 63 else scope
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -124,22 +113,33 @@ def read_mark(db: sqlite3.Connection) -> int:
 class ResultsReader:
     """The broker's read-only use of the store: finished tasks by id, by key and by submission id.
 
-    Each query runs to its end (fetchall), so no read transaction stays open to hold the WAL back.
+    Rows are found by hash and checked field by field (two different values can share a hash). Each query
+    runs to its end (fetchall), so no read transaction stays open to hold the WAL back.
     """
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
     def find(self, task_id: str) -> TaskRecord | None:
-        return self._one(f"SELECT {COLUMNS} FROM results WHERE id = ?", (task_id,))
+        for record in self._records("SELECT record FROM results WHERE id_hash = ?", id_hash(task_id)):
+            if record.id == task_id:
+                return record
+        return None
 
-    def find_key(self, pool: str, tenant: str | None, key: str) -> TaskRecord | None:
-        return self._one(f"SELECT {COLUMNS} FROM results WHERE key = ? AND pool = ? AND tenant IS ? "
-                         "ORDER BY seq DESC LIMIT 1", (key, pool, tenant))
+    def find_key(self, pool: str, tenant: str | None, key: str, scope: int | None = None) -> TaskRecord | None:
+        scope = key_scope(pool, tenant, key) if scope is None else scope
+        for record in self._records("SELECT record FROM results WHERE key_scope = ? ORDER BY seq DESC", _signed(scope)):
+            if record.key == key and record.pool == pool and record.tenant == tenant:
+                return record
+        return None
 
-    def find_submission(self, tenant: str | None, submission: str) -> TaskRecord | None:
-        return self._one(f"SELECT {COLUMNS} FROM results WHERE submission = ? AND tenant IS ? "
-                         "ORDER BY seq DESC LIMIT 1", (submission, tenant))
+    def find_submission(self, tenant: str | None, submission: str, scope: int | None = None) -> TaskRecord | None:
+        scope = submission_scope(tenant, submission) if scope is None else scope
+        for record in self._records("SELECT record FROM results WHERE submission_scope = ? ORDER BY seq DESC",
+                                    _signed(scope)):
+            if record.submission == submission and record.tenant == tenant:
+                return record
+        return None
 
     def mark(self) -> int:
         return read_mark(self._db)
@@ -147,6 +147,5 @@ class ResultsReader:
     def close(self) -> None:
         self._db.close()
 
-    def _one(self, query: str, parameters: tuple) -> TaskRecord | None:
-        found = self._db.execute(query, parameters).fetchall()
-        return _record(found[0]) if found else None
+    def _records(self, query: str, value: int) -> list[TaskRecord]:
+        return [_decode(body) for (body,) in self._db.execute(query, (value,)).fetchall()]

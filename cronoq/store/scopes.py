@@ -41,16 +41,6 @@ def key_scope(pool: str, tenant: str | None, key: str) -> int:
     return _hash(("k", pool, tenant, key))
 
 
-def record_scopes(pool: str, tenant: str | None, key: str | None, submission: str | None) -> list[int]:
-    """The scopes a finished task occupies."""
-    scopes = []
-    if submission is not None:
-        scopes.append(submission_scope(tenant, submission))
-    if key is not None:
-        scopes.append(key_scope(pool, tenant, key))
-    return scopes
-
-
 def _hash(scope: tuple) -> int:
     return int.from_bytes(hashlib.blake2b(_encode(scope), digest_size=8).digest(), "little")
 
