@@ -8,7 +8,8 @@ Commands (each prints its figures; docs/durability.md quotes them):
   restart [--tasks N]    restart a broker holding N queued tasks, then one holding N retained results
   store [--rows N]       the two candidate stores for retained results: SQLite (the one used) and the journal's
                          own frames in segment files with an id index in memory
-  memory [--tasks N]     what a finished record costs in memory (RECORD_MEMORY), with the embedded Scheduler
+  memory [--tasks N]     what a finished record costs in memory (RECORD_MEMORY), in a task book without a store
+  thread                 a SQLite writer thread beside a busy loop: why the archiver is a process
 """
 
 from __future__ import annotations
@@ -129,12 +130,14 @@ def soak(seconds: float, window: int, workers: int, concurrency: int, every: flo
 # --------------------------------------------------------------------- restart
 
 
-def _restart_seconds(broker: CronoqBroker, clients: str, probe_id: str) -> tuple[float, float]:
-    """(s to the ready line, s until `status` of `probe_id` answered) for a start of `broker`."""
+def _restart_seconds(broker: CronoqBroker, clients: str, probe_id: str) -> tuple[float, float, float]:
+    """(s to the ready line, s until `status` of `probe_id` answered, CPU s the broker used by then) for a start
+    of `broker`. The CPU time is what a busy machine cannot inflate much: the broker's own work."""
     import cronoq
+    from bench.common import cpu_seconds
 
     started = time.perf_counter()
-    broker.start(timeout=600)
+    proc = broker.start(timeout=600)
     ready = time.perf_counter() - started
 
     async def status() -> str:
@@ -143,8 +146,14 @@ def _restart_seconds(broker: CronoqBroker, clients: str, probe_id: str) -> tuple
 
     state = asyncio.run(status())
     serving = time.perf_counter() - started
-    print(f"    ready line {ready:.2f} s, status of {probe_id[:8]}… ({state}) answered {serving:.2f} s after start")
-    return ready, serving
+    cpu = cpu_seconds([proc.pid])
+    print(f"    ready line {ready:.2f} s, status of {probe_id[:8]}… ({state}) answered {serving:.2f} s after start; "
+          f"broker CPU {cpu:.2f} s; load average {os.getloadavg()[0]:.1f}", flush=True)
+    return ready, serving, cpu
+
+
+RETAIN_BYTES = 1 << 30
+"""The retention budget for the restart with retained results: room for all of them (the default keeps ~450,000)."""
 
 
 def restart(tasks: int, window: int, runs: int) -> dict[str, Any]:
@@ -170,6 +179,7 @@ def restart(tasks: int, window: int, runs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cronoq-restart-") as tmp:
         folder = Path(tmp)
         text, clients, workers_address = broker_config(durable=True, tokens=False, data_dir=folder / "data")
+        text = text.replace("[broker]\n", f"[broker]\nresult_retention_bytes = {RETAIN_BYTES}\n", 1)
         broker = CronoqBroker(text, folder)
         broker.start()
         worker = start_cronoq_worker(workers_address, "bench.apps:noop", 64, log_dir() / "restart-worker.log",
@@ -214,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=200_000)
     p = sub.add_parser("memory")
     p.add_argument("--tasks", type=int, default=100_000)
+    sub.add_parser("thread")
     args = parser.parse_args(argv)
     if args.command == "soak":
         soak(args.seconds, args.window, args.workers, args.concurrency, args.every)
@@ -227,6 +238,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "memory":
         from bench.retention_store import record_memory
         record_memory(args.tasks)
+    elif args.command == "thread":
+        from bench.retention_store import writer_thread
+        writer_thread()
 
 
 if __name__ == "__main__":

@@ -96,7 +96,6 @@ def _segments(folder: Path, records: list[TaskRecord]) -> dict[str, float]:
     broker's memory, a submission -> id index beside it (dedupe needs one too), a segment per 64 MiB."""
     encode = msgspec.msgpack.Encoder().encode
     decode = msgspec.msgpack.Decoder(TaskRecord).decode
-    tracemalloc.start()
     index: dict[str, tuple[int, int]] = {}
     submissions: dict[tuple[str | None, str], str] = {}
     segment, fd, size = 0, os.open(folder / "results.0", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 0
@@ -119,9 +118,18 @@ def _segments(folder: Path, records: list[TaskRecord]) -> dict[str, float]:
             segment, size = segment + 1, 0
             fd = os.open(folder / f"results.{segment}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         cpu += time.process_time() - started
+    os.close(fd)
+    # The broker's RAM per retained result: the two indexes, built again under tracemalloc (which slows the
+    # timed loop above too much to run there).
+    entries = list(index.items())
+    index.clear()
+    submissions.clear()
+    tracemalloc.start()
+    for (task_id, place), record in zip(entries, records):
+        index[task_id] = place
+        submissions[(record.tenant, record.submission)] = task_id  # type: ignore[index]
     ram = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    os.close(fd)
     readers = {n: os.open(folder / f"results.{n}", os.O_RDONLY) for n in range(segment + 1)}
     probes = random.Random(1).sample(records, min(LOOKUPS, len(records)))
     started = time.perf_counter()
@@ -159,6 +167,64 @@ def compare(rows: int, runs: int = 3) -> None:
         if name.startswith("SQLite"):
             print(f"  (SQLite, a submission id it does not hold, asked without the filter: "
                   f"{cell('submission_miss_us', '{:.1f}')} µs)")
+
+
+def writer_thread(rows: int = 20_000, seconds: float = 5.0) -> None:
+    """Why the archiver is a process: a SQLite writer thread beside a busy Python loop, as the broker's is under
+    load. Each second alternates: the loop alone, then the loop with the writer storing 20,000 rows a second in
+    batches of 2,000 (executemany, one transaction each). Reports the loop's speed with the writer against
+    without, and the rows the writer managed."""
+    import sqlite3
+    import threading
+
+    active, stop = threading.Event(), threading.Event()
+    stored = [0]
+
+    def writer(path: str) -> None:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("CREATE TABLE r (seq INTEGER PRIMARY KEY, id TEXT, submission TEXT, result BLOB)")
+        db.execute("CREATE UNIQUE INDEX r_id ON r (id)")
+        seq = 0
+        while not stop.is_set():
+            if not active.is_set():
+                time.sleep(0.01)
+                continue
+            started = time.perf_counter()
+            batch = [(seq + n, os.urandom(16).hex(), f"s{seq + n}", b"\x01") for n in range(rows // 10)]
+            seq += len(batch)
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO r VALUES (?, ?, ?, ?)", batch)
+            db.execute("COMMIT")
+            stored[0] += len(batch)
+            time.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
+        db.close()
+
+    def loop(duration: float) -> int:
+        count, end = 0, time.perf_counter() + duration
+        while time.perf_counter() < end:
+            total = 0
+            for n in range(1000):
+                total += n
+            count += 1
+        return count
+
+    with tempfile.TemporaryDirectory(prefix="cronoq-thread-") as tmp:
+        thread = threading.Thread(target=writer, args=(f"{tmp}/r.db",))
+        thread.start()
+        alone = together = rows_stored = 0
+        for _ in range(int(seconds)):
+            active.clear()
+            time.sleep(0.2)
+            alone += loop(1.0)
+            active.set()
+            before = stored[0]
+            together += loop(1.0)
+            rows_stored += stored[0] - before
+        stop.set()
+        thread.join()
+    print(f"a busy loop beside a SQLite writer thread: {together / alone:.0%} of its speed alone; the writer "
+          f"stored {rows_stored / seconds:,.0f} rows/s of the {rows:,} asked")
 
 
 def record_memory(tasks: int) -> None:

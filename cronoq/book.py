@@ -15,6 +15,8 @@ import datetime
 import math
 import random
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol, Union
 
 import msgspec
@@ -30,7 +32,6 @@ from cronoq.core import (
     SUCCEEDED,
     PoolSettings,
     SchedulerCore,
-    Task,
 )
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
 from cronoq.retention import (
@@ -51,14 +52,18 @@ RESERVED_KEY_PREFIX = "cronoq:"
 """Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""
 
 
-class TaskRecord(msgspec.Struct, array_like=True, omit_defaults=True, tag="t", gc=False):
-    """What the book knows of one task. While the task is live the core's `Task` holds its state.
+class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
+    """What the book knows of one task; while it is live, also the scheduling core's task.
 
-    A msgspec struct, so that the journal and the snapshot store a record as
-    it is and read it straight back (cronoq.store.records): the fields up to
-    `submission` are what a submit gives, and are also the journal's
-    `accepted` record. `gc=False`: records hold no cycles, and millions of
-    them must not slow every collection.
+    The core schedules any object with the attributes of `cronoq.core.Task`:
+    a record has them (`worker` and the last three are the core's own), so a
+    queued task costs one object, not two. A msgspec struct, so that the
+    journal and the snapshot read records straight back into this type
+    (cronoq.store.records): the fields up to `submission` are what a submit
+    gives (the journal's `accepted` record), those up to `seq` are what is
+    stored (`stored_form`). `gc=False`: records hold no cycles (the core's
+    `_next` links only run forward), and millions of them must not slow
+    every collection.
     """
 
     id: str
@@ -86,6 +91,19 @@ class TaskRecord(msgspec.Struct, array_like=True, omit_defaults=True, tag="t", g
     waiters: Any = None
     """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
     the task, rather than in a map of its own: a watched queued task costs ~160 bytes less). Never stored."""
+    worker: Any = None
+    _seq: int = 0
+    _ts: Any = None
+    _next: Any = None
+
+
+_STORED_FIELDS = TaskRecord.__struct_fields__.index("waiters")
+
+
+def stored_form(record: TaskRecord) -> tuple:
+    """A record as snapshots and the results store keep it: encoded, the same as a TaskRecord whose fields
+    after `seq` (the shell's and the core's, which may hold anything) are missing, and read back as such."""
+    return ("t", *msgspec.structs.astuple(record)[:_STORED_FIELDS])
 
 
 @dataclass(frozen=True)
@@ -242,10 +260,12 @@ class TaskBook:
         # Live records are kept in the order they last entered their queue (a snapshot restores that order).
         self.records: dict[str, TaskRecord] = {}
         self._keys: dict[tuple[str, str | None, str], str] = {}
-        self._submissions: dict[tuple[str | None, str], str] = {}
+        # tenant -> submission id -> task id: a dict per tenant rather than (tenant, submission) keys, which
+        # would cost every queued task a tuple (~60 bytes).
+        self._submissions: dict[str | None, dict[str, str]] = {}
         self.finished = FinishedRecords(result_ttl, result_retention_bytes)
         """The finished records in memory, in the order they finished."""
-        self.archive: ResultArchive | None = None
+        self._archive: ResultArchive | None = None
         self._unshipped: list[TaskRecord] = []
 
     # ----------------------------------------------------------------- submit
@@ -277,16 +297,16 @@ class TaskBook:
         return record, False
 
     def _by_submission(self, tenant: str | None, submission: str) -> TaskRecord | None:
-        task_id = self._submissions.get((tenant, submission))
+        task_id = self._submissions.get(tenant, _NONE).get(submission)
         if task_id is not None:
             return self.records[task_id]
-        return None if self.archive is None else self.archive.find_submission(tenant, submission)
+        return None if self._archive is None else self._archive.find_submission(tenant, submission)
 
     def _by_key(self, pool: str, tenant: str | None, key: str) -> TaskRecord | None:
         task_id = self._keys.get((pool, tenant, key))
         if task_id is not None:
             return self.records[task_id]
-        return None if self.archive is None else self.archive.find_key(pool, tenant, key)
+        return None if self._archive is None else self._archive.find_key(pool, tenant, key)
 
     def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> TaskRecord | None:
         record = self._by_key(pool, tenant, former.key)
@@ -308,13 +328,7 @@ class TaskBook:
 
     def _enter(self, record: TaskRecord, now: float) -> None:
         """Queue a record's task in the core (DELAYED until its not_before) and keep the record."""
-        task = Task(
-            record.id, record.pool, tenant=record.tenant, priority=record.priority,
-            deadline=record.deadline, not_before=record.not_before, payload=record,
-        )
-        task.attempts = record.attempts
-        self.core.submit(task, now)
-        record.state = task.state
+        self.core.submit(record, now)  # type: ignore[arg-type]  # a record is the core's task
         self._keep(record)
 
     def _keep(self, record: TaskRecord) -> None:
@@ -322,13 +336,17 @@ class TaskBook:
         if record.key is not None:
             self._keys[(record.pool, record.tenant, record.key)] = record.id
         if record.submission is not None:
-            self._submissions[(record.tenant, record.submission)] = record.id
+            submissions = self._submissions.get(record.tenant)
+            if submissions is None:
+                submissions = self._submissions[record.tenant] = {}
+            submissions[record.submission] = record.id
 
     # ----------------------------------------------------------------- recovery
 
-    def recover(self, records: Iterable[TaskRecord], paused: Iterable[str], now: float, *,
+    def recover(self, records: Iterable[TaskRecord] | dict[str, TaskRecord], paused: Iterable[str], now: float, *,
                 seq_floor: int = 0) -> dict[str, int]:
-        """Carry on from durable state: `records` in the order a journal replay gives them.
+        """Carry on from durable state: `records` in the order a journal replay gives them (a replay's dict of
+        them is taken over as it is, when the book holds nothing yet).
 
         Finished records are kept for lookups (in the order they finished;
         numbers up to `seq_floor` are taken); queued and delayed ones re-enter
@@ -337,40 +355,71 @@ class TaskBook:
         max_deliveries. Tasks of pools no longer declared fail. Returns counts
         by what happened, for the start-up log.
         """
+        core = self.core
         for pool in paused:
-            if pool in self.core.pool_names():
-                self.core.pause(pool)
+            if pool in core.pool_names():
+                core.pause(pool)
         counts = {"finished": 0, "queued": 0, "requeued": 0, "failed": 0}
-        pools = set(self.core.pool_names())
+        pools = set(core.pool_names())
         finished: list[TaskRecord] = []
+        lost: list[TaskRecord] = []
+        tasks: list[TaskRecord] = []
         self.finished.next_seq = max(self.finished.next_seq, seq_floor + 1)
-        for record in records:
+        # A million queued tasks come back through here: what can be done in bulk, at C speed, is.
+        if isinstance(records, dict) and not self.records:
+            self.records = records  # a replay's own dict, in the right order: taken as it is
+            every = list(records.values())
+        else:
+            every = list(records)
+            self.records.update(zip(map(_ID, every), every))
+        self._index(every)
+        max_deliveries, journal = self.max_deliveries, self.journal
+        for record in every:
             if record.finished_at is not None:
-                self._keep(record)
                 finished.append(record)
-                counts["finished"] += 1
-            elif record.pool not in pools:
-                self._keep(record)
+            elif record.state != RUNNING:
+                if record.pool in pools:
+                    tasks.append(record)
+                else:
+                    lost.append(record)
+            elif record.pool not in pools or record.attempts >= max_deliveries:
+                lost.append(record)
+            else:
+                record.not_before = None
+                if journal is not None:
+                    journal.requeued(record)
+                counts["requeued"] += 1
+                tasks.append(record)
+        core.restore(tasks, now)  # type: ignore[arg-type]  # a record is the core's task
+        counts["queued"] = len(tasks) - counts["requeued"]
+        counts["finished"] = len(finished)
+        self.finished.restore(finished, seq_floor)
+        for record in lost:
+            if record.pool not in pools:
                 self._finish(record, FAILED, now, error_type="NotFound",
                              error_message=f"pool {record.pool!r} is no longer declared in the broker's config")
-                counts["failed"] += 1
-            elif record.state == RUNNING and record.attempts >= self.max_deliveries:
-                self._keep(record)
-                self._fail_lost(record, now)
-                counts["failed"] += 1
             else:
-                if record.state == RUNNING:
-                    record.not_before = None
-                    if self.journal is not None:
-                        self.journal.requeued(record)
-                    counts["requeued"] += 1
-                else:
-                    counts["queued"] += 1
-                self._enter(record, now)
-        self.finished.restore(finished, seq_floor)
-        if self.archive is not None:
+                self._fail_lost(record, now)
+            counts["failed"] += 1
+        if self._archive is not None:
             self._unshipped = list(self.finished)
         return counts
+
+    def _index(self, records: list[TaskRecord]) -> None:
+        """Enter the keys and submission ids of recovered records (most often all of one tenant: in bulk)."""
+        for record in compress(records, map(_KEY, records)):
+            self._keys[(record.pool, record.tenant, record.key)] = record.id  # type: ignore[index]
+        submitted = list(compress(records, map(_SUBMISSION, records)))
+        tenants = set(map(_TENANT, submitted))
+        if len(tenants) == 1:
+            of_tenant = self._submissions.setdefault(tenants.pop(), {})
+            of_tenant.update(zip(map(_SUBMISSION, submitted), map(_ID, submitted)))
+            return
+        for record in submitted:
+            of_tenant = self._submissions.get(record.tenant)
+            if of_tenant is None:
+                of_tenant = self._submissions[record.tenant] = {}
+            of_tenant[record.submission] = record.id  # type: ignore[index]
 
     def kept(self) -> Iterator[TaskRecord]:
         """Every record in memory in the order `recover` wants them: finished ones as they finished, then live
@@ -406,20 +455,18 @@ class TaskBook:
     def dispatch(self, now: float) -> list[tuple[Hashable, TaskRecord, int]]:
         """Expire what is due, then hand out tasks: (worker id, record, attempt) for each."""
         for task in self.core.expire(now):
-            self._finish(task.payload, EXPIRED, now, error_type="DeadlineExceeded",
+            self._finish(task, EXPIRED, now, error_type="DeadlineExceeded",  # type: ignore[arg-type]
                          error_message="the task's deadline passed before it was dispatched")
         assignments: list[tuple[Hashable, TaskRecord, int]] = []
-        if self.archive is not None and len(self.finished) >= MAX_UNARCHIVED:
+        if self._archive is not None and len(self.finished) >= MAX_UNARCHIVED:
             return assignments  # the archive falls behind: let it catch up before more tasks can finish
         journal = self.journal
         for worker_id, task in self.core.dispatch(now):
-            record: TaskRecord = task.payload
-            record.state = RUNNING
-            record.attempts = task.attempts
+            record: TaskRecord = task  # type: ignore[assignment]  # the core set its state and attempts
             record.started_at = now
             if journal is not None:
                 journal.dispatched(record)
-            assignments.append((worker_id, record, task.attempts))
+            assignments.append((worker_id, record, record.attempts))
         return assignments
 
     def complete(
@@ -430,12 +477,10 @@ class TaskBook:
         task = self.core.get(task_id)
         if task is None or task.state != RUNNING or task.worker != worker_id or task.attempts != attempt:
             return None
-        record: TaskRecord = task.payload
+        record: TaskRecord = task  # type: ignore[assignment]
         if not ok and task.attempts <= record.max_retries:
             retry_at = now + self._backoff(task.attempts)
             self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
-            record.state = task.state
-            record.not_before = retry_at
             record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
             self._requeued(record)
             return record
@@ -456,12 +501,11 @@ class TaskBook:
         """A worker is gone: its tasks run again, unless they have used up max_deliveries."""
         requeued = []
         for task in self.core.remove_worker(worker_id, now):
-            record: TaskRecord = task.payload
+            record: TaskRecord = task  # type: ignore[assignment]
             if task.attempts >= self.max_deliveries:
                 self.core.cancel(task.id, now)
                 self._fail_lost(record, now)
             else:
-                record.state = task.state
                 record.not_before = None
                 self._requeued(record)
                 requeued.append(record)
@@ -485,7 +529,8 @@ class TaskBook:
         task = self.core.cancel(task_id, now)
         if task is None:
             return False
-        self._finish(task.payload, CANCELLED, now, error_type="Cancelled", error_message="the task was cancelled")
+        self._finish(task, CANCELLED, now,  # type: ignore[arg-type]
+                     error_type="Cancelled", error_message="the task was cancelled")
         return True
 
     def _finish(self, record: TaskRecord, state: str, now: float, *, error_type: str = "",
@@ -498,7 +543,7 @@ class TaskBook:
         if self.journal is not None:
             self.journal.finished(record)
         self._on_terminal(record)
-        if self.archive is not None:
+        if self._archive is not None:
             self._unshipped.append(record)
         else:  # the oldest leave as this one comes (it costs a look at the oldest, most of the time)
             self.forget_expired_records(now)
@@ -510,8 +555,8 @@ class TaskBook:
         if not isinstance(task_id, str):
             raise unknown_task(task_id)
         record = self.records.get(task_id)
-        if record is None and self.archive is not None:
-            record = self.archive.find(task_id)
+        if record is None and self._archive is not None:
+            record = self._archive.find(task_id)
         if record is None:
             raise unknown_task(task_id)
         return record
@@ -534,6 +579,16 @@ class TaskBook:
     # ----------------------------------------------------------------- retention
 
     @property
+    def archive(self) -> ResultArchive | None:
+        """Where finished records go once they leave memory (None: they stay in memory until retention ends)."""
+        return self._archive
+
+    @archive.setter
+    def archive(self, archive: ResultArchive | None) -> None:
+        self._archive = archive
+        self.finished.weigh = archive is None
+
+    @property
     def result_ttl(self) -> float:
         return self.finished.ttl
 
@@ -544,15 +599,15 @@ class TaskBook:
     def set_retention(self, ttl: float, max_bytes: int) -> None:
         """New retention limits (a reload); the archive applies them too."""
         self.finished.ttl, self.finished.max_bytes = ttl, max_bytes
-        if self.archive is not None:
-            self.archive.set_retention(ttl, max_bytes)
+        if self._archive is not None:
+            self._archive.set_retention(ttl, max_bytes)
 
     def forget_expired_records(self, now: float) -> int:
         """Without an archive: drop the oldest finished records while they are older than result_ttl or weigh
         more than the retention budget (with their idempotency keys); returns how many. With one, the archive
         does that (told the time here)."""
-        if self.archive is not None:
-            self.archive.forget_expired(now)
+        if self._archive is not None:
+            self._archive.forget_expired(now)
             return 0
         gone = self.finished.expired(now)
         for record in gone:
@@ -579,14 +634,21 @@ class TaskBook:
             if self._keys.get(key) == task_id:
                 del self._keys[key]
         if record.submission is not None:
-            submission = (record.tenant, record.submission)
-            if self._submissions.get(submission) == task_id:
-                del self._submissions[submission]
+            of_tenant = self._submissions.get(record.tenant)
+            if of_tenant is not None and of_tenant.get(record.submission) == task_id:
+                del of_tenant[record.submission]
+                if not of_tenant:
+                    del self._submissions[record.tenant]
 
     def memory_stats(self) -> dict[str, int]:
         """Records in memory: live ones, finished ones (and the bytes they weigh)."""
         return {"records": len(self.records), "live": len(self.core), "finished": len(self.finished),
                 "finished_bytes": self.finished.bytes}
+
+
+_ID, _KEY, _SUBMISSION, _TENANT = (attrgetter(name) for name in ("id", "key", "submission", "tenant"))
+_NONE: Any = {}
+"""An empty mapping (never written to) for lookups that may find no inner dict; also a tenant no task has."""
 
 
 def unknown_task(task_id: Any) -> NotFound:

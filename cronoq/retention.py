@@ -66,7 +66,10 @@ class FinishedRecords:
         self.ttl = ttl
         self.max_bytes = max_bytes
         self.bytes = 0
-        """What the held records weigh (memory_bytes)."""
+        """What the held records weigh (memory_bytes), while `weigh` is set."""
+        self.weigh = True
+        """Whether to keep `bytes`: only retention in memory needs it (not a book whose records leave for an
+        archive once stored), and it costs every finished task a few calls."""
         self.next_seq = 1
         self._records: deque[TaskRecord] = deque()
 
@@ -81,7 +84,8 @@ class FinishedRecords:
         record.seq = self.next_seq
         self.next_seq += 1
         self._records.append(record)
-        self.bytes += memory_bytes(record)
+        if self.weigh:
+            self.bytes += memory_bytes(record)
 
     def restore(self, records: Iterable[TaskRecord], seq_floor: int) -> None:
         """Hold recovered finished records. Numbers up to `seq_floor` are taken (the results store's, and
@@ -92,7 +96,8 @@ class FinishedRecords:
                 record.seq = self.next_seq
                 self.next_seq += 1
             self._records.append(record)
-            self.bytes += memory_bytes(record)
+            if self.weigh:
+                self.bytes += memory_bytes(record)
         # Numbered in finish order already, except what an older version wrote: the store relies on the order.
         self._records = deque(sorted(self._records, key=_seq))
 
@@ -111,7 +116,8 @@ class FinishedRecords:
         records, gone = self._records, []
         while records and records[0].seq <= through:
             record = records.popleft()
-            self.bytes -= memory_bytes(record)
+            if self.weigh:
+                self.bytes -= memory_bytes(record)
             gone.append(record)
         return gone
 

@@ -54,7 +54,7 @@ class World:
                              max_deliveries=3, result_ttl=ttl, result_retention_bytes=max_bytes,
                              rng=random.Random(1), journal=self.journal)
         self.book.archive = self.archive
-        self.recovered = self.book.recover(replay.records.values(), replay.paused, now,
+        self.recovered = self.book.recover(replay.records, replay.paused, now,
                                            seq_floor=max(replay.max_seq, archived_through))
         self.archive.start(now)
         self.commit()

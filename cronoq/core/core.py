@@ -58,6 +58,7 @@ from cronoq.core.task import (
     Task,
 )
 from cronoq.core.checks import check_settings, check_task, is_time, no_pool_message
+from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
 from cronoq.core.workers import Worker
 from cronoq.errors import InvalidArgument, NotFound
@@ -197,6 +198,66 @@ class SchedulerCore:
         pool.queued += 1
         ts.queued += 1
         if not pool.dispatchable:
+            self._refresh(pool)
+
+    def restore(self, tasks: list[Task], now: float) -> None:
+        """Take back tasks recovered from durable state, in the order they last entered their queues.
+
+        Each as `submit` would, without the checks a fresh submission needs
+        (they were made when it was first submitted): a broker restarting
+        with a million queued tasks spends its time here. Raises NotFound,
+        taking nothing, if a task names an unknown or draining pool, and
+        InvalidArgument if an id is already held.
+        """
+        pools = self._pools
+        for name in {task.pool for task in tasks}:
+            pool = pools.get(name)
+            if pool is None or pool.draining:
+                raise NotFound(no_pool_message(name, pool, self.pool_names()))
+        held = self._tasks
+        count = len(held)
+        seq = self._seq
+        for task in tasks:
+            pool = pools[task.pool]
+            tenant = task.tenant
+            ts = pool.tenants.get(tenant)
+            if ts is None:
+                ts = pool.tenant_stats(tenant)
+            task._ts = ts
+            held[task.id] = task
+            not_before = task.not_before
+            if not_before is not None and not_before > now:
+                self._seq = seq
+                self._delay(pool, task)
+                seq = self._seq
+                continue
+            seq += 1
+            task._seq = seq
+            task.state = QUEUED
+            cls = pool.classes[task.priority]
+            deadline = task.deadline
+            if deadline is not None:
+                entry = (deadline, seq, task)
+                heappush(cls.edf, entry)
+                self._expiry.push(entry)
+            elif cls.rest.__class__ is FifoQueue:  # Chain.append, inline: the common case, a million times
+                rest = cls.rest
+                task._next = None
+                if rest.tail is None:
+                    rest.head = task
+                else:
+                    rest.tail._next = task
+                rest.tail = task
+                rest.live += 1
+            else:
+                cls.rest.push(task)
+            cls.queued += 1
+            pool.queued += 1
+            ts.queued += 1
+        self._seq = seq
+        if len(held) != count + len(tasks):
+            raise InvalidArgument("restore() was given a task id twice, or one already held")
+        for pool in pools.values():
             self._refresh(pool)
 
     def cancel(self, task_id: str, now: float) -> Task | None:

@@ -37,7 +37,7 @@ from pathlib import Path
 import msgspec
 
 import cronoq
-from cronoq.book import TaskBook, TaskRecord
+from cronoq.book import TaskBook, TaskRecord, stored_form
 from cronoq.store import results
 from cronoq.store.archiver import FilterReady, FrameBuffer, FromArchiver, Put, Retention, Stored, Tick, frame
 from cronoq.store.reading import StoreError
@@ -175,7 +175,7 @@ class Archive:
             return
         now = max(self._now, records[-1].finished_at or 0.0)
         self._now = now
-        self._send(Put(now, records))
+        self._send(Put(now, [stored_form(record) for record in records]))  # type: ignore[misc]
         self.shipped_through = max(self.shipped_through, records[-1].seq)
         self._flush()
 

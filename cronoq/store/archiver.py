@@ -44,7 +44,6 @@ import msgspec
 
 from cronoq.book import TaskRecord
 from cronoq.store import results
-from cronoq.store.records import Accepted
 from cronoq.store.scopes import ScopeFilter, log2_for
 
 log = logging.getLogger("cronoq.archiver")
@@ -67,7 +66,7 @@ class Put(_Message, tag="put"):
     """Finished records to store (in the order they finished); `now` is the broker's clock."""
 
     now: float
-    records: list[Union[TaskRecord, Accepted]]  # a record recovered from the journal is an Accepted
+    records: list[TaskRecord]  # sent in their stored_form
 
 
 class Tick(_Message, tag="tick"):

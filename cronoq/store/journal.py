@@ -44,7 +44,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from cronoq.book import TaskRecord
+from cronoq.book import TaskRecord, stored_form
 from cronoq.store import frames
 from cronoq.store.compaction import BackgroundSnapshot
 from cronoq.store.reading import (
@@ -61,7 +61,7 @@ from cronoq.store.reading import (
 )
 from cronoq.store.records import (
     FORMAT,
-    Accepted,
+    AcceptedEntry,
     Change,
     Dispatched,
     End,
@@ -72,7 +72,7 @@ from cronoq.store.records import (
     Requeued,
     encode,
 )
-from cronoq.store.replay import Replay, snapshot_record
+from cronoq.store.replay import Replay
 
 __all__ = ["COMPACT_MIN_BYTES", "COMPACT_RATIO", "SNAPSHOT", "DamagedFile", "Journal", "StoreError", "journal_path"]
 
@@ -155,10 +155,10 @@ class Journal:
     # ----------------------------------------------------------------- changes (called by the task book)
 
     def accepted(self, r: TaskRecord) -> None:
-        self._pending.append(Accepted(
+        self._pending.append(AcceptedEntry(
             r.id, r.pool, r.tenant, r.priority, r.payload, r.submitted_at, r.deadline, r.not_before,
             r.max_retries, r.key, r.submission,
-        ))  # not the record itself: it may change before the commit, and it holds the shell's waiters
+        ))  # not the record itself: it may change before the commit
 
     def dispatched(self, r: TaskRecord) -> None:
         self._pending.append(Dispatched(r.id, r.attempts, r.started_at))  # type: ignore[arg-type]
@@ -341,7 +341,7 @@ def _snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterab
     count = 0
     chunk: list[Record] = [Paused(pool, True) for pool in paused]
     for record in kept:
-        chunk.append(snapshot_record(record))
+        chunk.append(stored_form(record))  # type: ignore[arg-type]
         if len(chunk) >= SNAPSHOT_FRAME_RECORDS:
             count += len(chunk)
             yield encode(chunk)

@@ -1,10 +1,9 @@
 """What the journal and the snapshot hold: one tagged msgspec struct per kind of change.
 
 A journal frame holds the changes of one group commit as a msgpack array of
-these records; a snapshot holds one `Kept` per task record plus `Paused`
-pools. Each record is an array `[tag, field, ...]` so the common ones cost
-a few dozen bytes; trailing fields left at their default are omitted.
-Times are Unix seconds, as in the task book.
+these records; a snapshot holds one record per task plus `Paused` pools.
+Each record is an array `[tag, field, ...]`, so the common ones cost a few
+dozen bytes. Times are Unix seconds, as in the task book.
 
 Changing a record's fields means a new `FORMAT`: a broker refuses files of a
 format it does not know instead of guessing. Format 2 (this one) stores a
@@ -41,8 +40,24 @@ class Header(_Record, tag="cronoq"):
 
 
 class Accepted(TaskRecord, tag="a"):
-    """A task was accepted: its record as submitted, the fields up to `submission` (the rest are omitted as
-    defaults, and read back as such). Replayed as the task's record itself."""
+    """A task was accepted: read back as the task's record itself, from the fields up to `submission` (the
+    rest take their defaults). Written as an AcceptedEntry."""
+
+
+class AcceptedEntry(_Record, tag="a"):
+    """An `accepted` record as the journal writes it: a submit's fields, the first ones of a TaskRecord."""
+
+    id: str
+    pool: str
+    tenant: Union[str, None]
+    priority: int
+    payload: bytes
+    submitted_at: float
+    deadline: Union[float, None] = None
+    not_before: Union[float, None] = None
+    max_retries: int = 0
+    key: Union[str, None] = None
+    submission: Union[str, None] = None
 
 
 class Dispatched(_Record, tag="d"):
@@ -121,7 +136,7 @@ class End(_Record, tag="end"):
     count: int
 
 
-Change = Union[Accepted, Dispatched, Requeued, Finished, Paused]
+Change = Union[AcceptedEntry, Dispatched, Requeued, Finished, Paused]
 Record = Union[Header, TaskRecord, Accepted, Dispatched, Requeued, Finished, Forgotten, Paused, Kept, End]
 
 encode = msgspec.msgpack.Encoder().encode

@@ -12,9 +12,14 @@ only holds what is live or not stored yet.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
+import msgspec
+
 from cronoq.book import TaskRecord
 from cronoq.core import QUEUED, RUNNING
 from cronoq.store.records import (
+    Accepted,
     Dispatched,
     End,
     Finished,
@@ -25,6 +30,10 @@ from cronoq.store.records import (
     Record,
     Requeued,
 )
+
+
+_WHOLE = {TaskRecord, Accepted}
+_ID, _SEQ = attrgetter("id"), attrgetter("seq")
 
 
 class Replay:
@@ -46,6 +55,13 @@ class Replay:
         """Apply one frame's records (the common case, whole task records, without a call each)."""
         records = self.records
         archived = self.archived_through
+        if set(map(type, batch)) <= _WHOLE:  # a frame of accepted tasks, or of a snapshot's records
+            highest = max(map(_SEQ, batch), default=0)
+            if not highest or not archived:  # and none for the results store to answer: at C speed
+                self.max_seq = max(self.max_seq, highest)
+                records.update(zip(map(_ID, batch), batch))  # type: ignore[arg-type]
+                self.applied += len(batch)
+                return
         for change in batch:
             if isinstance(change, TaskRecord):  # accepted, or a snapshot's record
                 self.applied += 1
@@ -136,10 +152,8 @@ def kept_to_record(kept: Kept) -> TaskRecord:
 
 
 def snapshot_record(record: TaskRecord) -> TaskRecord:
-    """A record as a snapshot stores it: a plain TaskRecord, without the shell's waiters."""
-    if type(record) is TaskRecord and record.waiters is None:
-        return record
-    return TaskRecord(*(getattr(record, name) for name in _STORED_FIELDS))
+    """A plain TaskRecord with a record's stored fields only (what reading its `stored_form` back gives)."""
+    return TaskRecord(*msgspec.structs.astuple(record)[:_STORED_FIELDS])
 
 
-_STORED_FIELDS = tuple(name for name in TaskRecord.__struct_fields__ if name != "waiters")
+_STORED_FIELDS = TaskRecord.__struct_fields__.index("waiters")

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from cronoq.book import TaskRecord
-from cronoq.store.replay import snapshot_record
+from cronoq.book import TaskRecord, stored_form
 from cronoq.store.scopes import key_scope, submission_scope
 
 RESULTS = "results.sqlite3"
@@ -58,7 +57,7 @@ _decode = msgspec.msgpack.Decoder(TaskRecord).decode
 def row(record: TaskRecord) -> tuple:
     """A finished record as a row of `results` (INSERT's parameters); the record is stored whole (msgpack),
     found by integer hashes: a B-tree of 8-byte keys costs half what one of 32-character ids does."""
-    body = _encode(snapshot_record(record))  # a plain TaskRecord (a recovered one is an Accepted), no waiters
+    body = _encode(stored_form(record))
     submission = None if record.submission is None else _signed(submission_scope(record.tenant, record.submission))
     key = None if record.key is None else _signed(key_scope(record.pool, record.tenant, record.key))
     return (record.seq, id_hash(record.id), submission, key, record.finished_at, ROW_OVERHEAD + len(body), body)
