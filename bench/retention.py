@@ -32,6 +32,17 @@ from bench.common import Children, child_env, log_dir, python, rss_bytes  # noqa
 from bench.stacks import TOKENS, CronoqBroker, broker_config, start_cronoq_worker  # noqa: E402
 
 
+def _children(pid: int) -> list[int]:
+    """The broker's child processes now (its archiver, and a compaction child while one runs)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
 
@@ -64,6 +75,7 @@ async def _load(address: str, seconds: float, window: int) -> None:
 async def _watch(address: str, broker_pid: int, data_dir: Path, seconds: float, every: float) -> list[dict]:
     """Sample the broker every `every` seconds, and ping it every 50 ms meanwhile (the longest wait per sample)."""
     import cronoq
+    from bench.common import cpu_seconds
 
     samples: list[dict] = []
     started = time.monotonic()
@@ -81,6 +93,7 @@ async def _watch(address: str, broker_pid: int, data_dir: Path, seconds: float, 
             finished = sum(pool["dispatched"] for pool in stats["pools"].values())
             sample = {
                 "t": round(time.monotonic() - started, 1), "rss": rss_bytes(broker_pid), "data_dir": _dir_bytes(data_dir),
+                "cpu": cpu_seconds([broker_pid]), "children_cpu": cpu_seconds(_children(broker_pid)),
                 "memory": stats.get("memory", {}), "store": stats.get("store", {}), "longest_ping": longest,
                 "rate": 0.0 if last_finished is None else (finished - last_finished) / every,
             }
@@ -89,7 +102,8 @@ async def _watch(address: str, broker_pid: int, data_dir: Path, seconds: float, 
             print(f"  t={sample['t']:6.1f}s rss={sample['rss'] / 2**20:7.1f} MiB data_dir="
                   f"{sample['data_dir'] / 2**20:6.1f} MiB in memory={sample['memory'].get('records', '?'):>6} "
                   f"stored rows={sample['store'].get('results', {}).get('rows', '?'):>8} rate={sample['rate']:8.0f}/s "
-                  f"longest ping={longest * 1000:6.1f} ms", flush=True)
+                  f"longest ping={longest * 1000:6.1f} ms cpu={sample['cpu']:.0f}+{sample['children_cpu']:.0f} s "
+                  f"load={os.getloadavg()[0]:.1f}", flush=True)
     return samples
 
 
@@ -121,6 +135,9 @@ def soak(seconds: float, window: int, workers: int, concurrency: int, every: flo
         "data_dir_max": max(s["data_dir"] for s in samples),
         "memory_records_max": max(s["memory"].get("records", 0) for s in samples),
         "longest_ping": max(s["longest_ping"] for s in samples),
+        "broker_cpu_per_task_us": (samples[-1]["cpu"] - samples[0]["cpu"]) / max(1.0, sum(rates) * every) * 1e6,
+        "archiver_cpu_per_task_us": (samples[-1]["children_cpu"] - samples[0]["children_cpu"])
+        / max(1.0, sum(rates) * every) * 1e6,
     }
     print("soak:", " ".join(f"{k}={v / 2**20:.1f}MiB" if k.startswith(("rss", "data")) else f"{k}={v:.3g}"
                            for k, v in summary.items()))

@@ -267,6 +267,8 @@ class TaskBook:
         """The finished records in memory, in the order they finished."""
         self._archive: ResultArchive | None = None
         self._unshipped: list[TaskRecord] = []
+        self.max_unarchived = MAX_UNARCHIVED
+        """Finished records waiting for the archive past which nothing more is dispatched."""
 
     # ----------------------------------------------------------------- submit
 
@@ -458,7 +460,7 @@ class TaskBook:
             self._finish(task, EXPIRED, now, error_type="DeadlineExceeded",  # type: ignore[arg-type]
                          error_message="the task's deadline passed before it was dispatched")
         assignments: list[tuple[Hashable, TaskRecord, int]] = []
-        if self._archive is not None and len(self.finished) >= MAX_UNARCHIVED:
+        if self._archive is not None and len(self.finished) >= self.max_unarchived:
             return assignments  # the archive falls behind: let it catch up before more tasks can finish
         journal = self.journal
         for worker_id, task in self.core.dispatch(now):

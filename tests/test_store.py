@@ -45,8 +45,9 @@ class World:
         self.archive = Archive(data_dir, db, archived_through, ttl=ttl, max_bytes=max_bytes)
         # Ids must not repeat across restarts: continue after the highest one the journal or the store knows.
         known = [int(task_id[1:]) for task_id in replay.records]
-        known += [int(msgspec.msgpack.decode(body, type=TaskRecord).id[1:])
-                  for (body,) in db.execute("SELECT record FROM results").fetchall()]
+        for (n,) in db.execute("SELECT n FROM partitions").fetchall():
+            known += [int(msgspec.msgpack.decode(body, type=TaskRecord).id[1:])
+                      for (body,) in db.execute(f"SELECT record FROM results_{n}").fetchall()]
         self.next_id = max(known, default=-1) + 1
         self.core = SchedulerCore(POOLS)
         self.finished: list[str] = []
@@ -605,7 +606,7 @@ def test_the_store_drops_the_oldest_past_result_ttl_and_over_the_byte_budget(tmp
     world.settle()
     known = [_known(world, task_id) for task_id in order]
     assert known == [False] * 50 + [True] * 50, "exactly those older than result_ttl are gone"
-    world.book.set_retention(1e9, 20 * (world.archive.bytes // 50))  # room for about 20 of the 50
+    world.book.set_retention(1e9, 20 * (world.archive.bytes // world.archive.rows))  # room for about 20
     world.settle()
     known = [_known(world, task_id) for task_id in order]
     kept = sum(known)

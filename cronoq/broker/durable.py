@@ -19,16 +19,16 @@ journals are still whole.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from cronoq.book import TaskBook
 from cronoq.config import BrokerConfig
 from cronoq.metrics import BrokerMetrics
-from cronoq.retention import MAX_UNARCHIVED
 from cronoq.store import results
 from cronoq.store.archive import Archive, open_store
 from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError
@@ -42,6 +42,8 @@ COMPACTION_RETRY = 60.0
 # For tests only: compact at a smaller journal and ratio than a broker would, and retry sooner, to reach the code
 # paths quickly: "MIN_BYTES[,RATIO[,RETRY_SECONDS]]".
 COMPACTION_ENV = "CRONOQ_TEST_COMPACTION"
+# For tests only: how many finished tasks may wait for the results store before dispatching waits.
+UNARCHIVED_ENV = "CRONOQ_TEST_MAX_UNARCHIVED"
 
 
 class DataDir:
@@ -81,6 +83,8 @@ class DataDir:
             self.journal = self._book.journal = journal
             try:
                 db, archived_through = open_store(data_dir)
+                if os.environ.get(UNARCHIVED_ENV):
+                    self._book.max_unarchived = int(os.environ[UNARCHIVED_ENV])
                 self.archive = self._book.archive = Archive(
                     data_dir, db, archived_through, ttl=self._config.result_ttl,
                     max_bytes=self._config.result_retention_bytes,
@@ -114,6 +118,17 @@ class DataDir:
         if self.archive is not None:
             self.archive.exchange(self._book)
 
+    def watch(self, loop: asyncio.AbstractEventLoop, pump: Callable[[], None]) -> None:
+        """Wake the broker's loop when the archiver replies: the finished tasks it stored leave memory at once,
+        and dispatching that waited for it (max_unarchived) goes on."""
+        if self.archive is not None:
+            def on_reply() -> None:
+                if self.archive is not None:
+                    self.archive.exchange(self._book, listen=True)
+                    pump()
+
+            self.archive.watch(loop, on_reply)
+
     def sync(self) -> None:
         """fdatasync the journal. Raises OSError."""
         if self.journal is not None:
@@ -130,7 +145,7 @@ class DataDir:
             return
         if self.archive is not None:
             self.archive.exchange(self._book, listen=True)
-            if len(self._book.finished) >= MAX_UNARCHIVED:
+            if len(self._book.finished) >= self._book.max_unarchived:
                 log.warning("%d finished tasks wait for the results store (%s): dispatching waits until it catches "
                             "up", len(self._book.finished), self.archive.path)
         now = time.monotonic()

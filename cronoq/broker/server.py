@@ -198,6 +198,7 @@ class Broker:
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         if self._data.syncs_in_background:
             self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
+        self._data.watch(loop, self._pump)
         self._pump()
         await self._stopped.wait()
         for sock in self._watched_sockets():

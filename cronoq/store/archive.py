@@ -24,6 +24,7 @@ in the next snapshot until a `Stored` reply covers them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mmap
 import os
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 
@@ -80,6 +82,7 @@ class Archive:
         self._sent = 0  # messages sent to this archiver
         self._handled = 0  # of which it has handled (its last reply says)
         self._reader = results.ResultsReader(db)
+        self._reader.ttl = ttl
         self._filter: ScopeFilter | None = None
         self._filter_map: mmap.mmap | None = None
         self._decode = msgspec.msgpack.Decoder(FromArchiver).decode
@@ -93,12 +96,14 @@ class Archive:
         self._warned = False
         self.needs_resend = False
         """The archiver was started again: the book's finished records must all be shipped again."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_reply: Callable[[], None] | None = None
 
     # ----------------------------------------------------------------- the process
 
     def start(self, now: float) -> None:
         """Start the archiver process. Raises OSError."""
-        self._now = now
+        self._now = self._reader.now = max(self._now, now)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
         root = str(Path(cronoq.__file__).resolve().parent.parent)
@@ -118,8 +123,21 @@ class Archive:
             theirs.close()
         ours.setblocking(False)
         self._sock = ours
+        if self._loop is not None and self._on_reply is not None:
+            self._loop.add_reader(ours.fileno(), self._on_reply)
         self._sent = self._handled = 0
         self._next_spawn = time.monotonic() + RESPAWN_INTERVAL
+
+    def watch(self, loop: asyncio.AbstractEventLoop, on_reply: Callable[[], None]) -> None:
+        """Call `on_reply` from `loop` whenever the archiver has something to say (and from each new one)."""
+        self._loop, self._on_reply = loop, on_reply
+        if self._sock is not None:
+            loop.add_reader(self._sock.fileno(), on_reply)
+
+    def unwatch(self) -> None:
+        if self._loop is not None and self._sock is not None:
+            self._loop.remove_reader(self._sock.fileno())
+        self._loop = self._on_reply = None
 
     @property
     def pid(self) -> int | None:
@@ -127,6 +145,7 @@ class Archive:
 
     def close(self, timeout: float = 5.0) -> None:
         """Let the archiver finish what it was sent and exit (killed after `timeout` seconds)."""
+        self.unwatch()
         sock, process = self._sock, self._process
         self._sock = self._process = None
         if sock is not None:
@@ -174,18 +193,19 @@ class Archive:
         if not records:
             return
         now = max(self._now, records[-1].finished_at or 0.0)
-        self._now = now
+        self._now = self._reader.now = now
         self._send(Put(now, [stored_form(record) for record in records]))  # type: ignore[misc]
         self.shipped_through = max(self.shipped_through, records[-1].seq)
         self._flush()
 
     def forget_expired(self, now: float) -> None:
         """Tell the archiver the time, so that it applies result_ttl while no task finishes."""
-        self._now = max(self._now, now)
+        self._now = self._reader.now = max(self._now, now)
         self._send(Tick(self._now))
 
     def set_retention(self, ttl: float, max_bytes: int) -> None:
         self.ttl, self.max_bytes = ttl, max_bytes
+        self._reader.ttl = ttl
         self._send(Retention(ttl, max_bytes))
 
     def catch_up(self, timeout: float = 30.0) -> int:
@@ -264,6 +284,8 @@ class Archive:
             process.kill()
             code = process.wait()
         if self._sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
         self._sock = self._process = None
         self._outgoing.clear()

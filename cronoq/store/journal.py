@@ -81,7 +81,7 @@ log = logging.getLogger("cronoq.store")
 SNAPSHOT_FRAME_RECORDS = 1024
 """Records per snapshot frame: big enough to encode fast, small enough to read back in pieces."""
 
-COMPACT_MIN_BYTES = 64 << 20
+COMPACT_MIN_BYTES = 32 << 20
 """A journal smaller than this is never compacted: replaying it takes well under a second."""
 COMPACT_RATIO = 4
 """Compact when the journal holds this many times more records than there are records in memory."""
