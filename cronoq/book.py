@@ -392,7 +392,8 @@ class TaskBook:
                     journal.requeued(record)
                 counts["requeued"] += 1
                 tasks.append(record)
-        core.restore(tasks, now)  # type: ignore[arg-type]  # a record is the core's task
+        # A record is the core's task; and the book's map of records can serve as the core's map of its tasks.
+        core.restore(tasks, now, index=self.records if not len(core) else None)  # type: ignore[arg-type]
         counts["queued"] = len(tasks) - counts["requeued"]
         counts["finished"] = len(finished)
         self.finished.restore(finished, seq_floor)

@@ -34,7 +34,7 @@ MAX_UNARCHIVED = 50_000
 nothing more until the archiver catches up, so that a slow (or restarting) archiver costs throughput, never
 unbounded memory."""
 
-RECORD_MEMORY = 600
+RECORD_MEMORY = 520
 """Bytes a finished record costs in memory besides its result and error texts (the record, its id, its
 entries in the book's maps), as measured with `python -m bench.retention memory`."""
 

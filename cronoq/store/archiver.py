@@ -1,22 +1,26 @@
 """The archiver: a process of its own that writes finished tasks to the results store and applies retention.
 
 The broker (cronoq.store.archive) starts it with one end of a Unix socket
-pair and sends it finished records once they are in the journal. For each
-batch it receives the archiver
+pair and sends it finished records once they are in the journal. It gathers
+what comes for up to GATHER_SECONDS, then, for each batch,
 
-1. inserts the rows, and sets their scopes' bits in the shared filter
-   (cronoq.store.scopes);
-2. drops the oldest rows while they are older than `result_ttl` or the rows
-   weigh more than `result_retention_bytes` (the broker's clock: every
-   message carries its time);
+1. inserts the rows (cronoq.store.results.Writer), and sets their scopes'
+   bits in the filter it shares with the broker (cronoq.store.scopes);
+2. drops the oldest tables while the rows weigh more than
+   `result_retention_bytes`, or a table's rows are all past `result_ttl`
+   (by the broker's clock: every message carries its time);
 3. commits, fsynced (SQLite WAL, synchronous=FULL), with `archived_through`;
 4. tells the broker `Stored(through)`: the broker may now let the records go
    from memory, and leave them out of its next snapshot.
 
+It rebuilds the filter when retention has dropped as many tasks as it holds
+(a Bloom filter cannot forget), and hands the broker each new one, in new
+shared memory, with the descriptor passed over the socket.
+
 Why a process and not a thread: the broker's loop holds the GIL almost all
 the time under load, and SQLite's module releases and takes it back around
-every row; a writer thread got a few thousand rows a second and slowed the
-loop by a third (docs/durability.md has the measurements).
+every row; a writer thread managed about half the rows asked of it and
+slowed a busy loop by a sixth (`python -m bench.retention thread`).
 
 When the broker goes (the socket closes, or on Linux PR_SET_PDEATHSIG), the
 archiver finishes its batch and exits; it ignores SIGINT, which a terminal

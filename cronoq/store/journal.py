@@ -3,7 +3,7 @@
 Layout of `data_dir`:
 
     lock                 held (flock) by the one broker using the directory
-    snapshot             every kept record at some moment, then `End`; names generation g
+    snapshot             every record in memory at some moment, then `End`; names generation g
     journal.<g>          the changes since that snapshot, one frame per group commit
     journal.<g+1> ...    (only after a compaction was cut short: replayed in order)
 

@@ -51,13 +51,33 @@ def _run(core: SchedulerCore) -> list[tuple]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(task_specs)
-def test_restore_schedules_as_submitting_one_by_one_would(specs):
+@given(task_specs, st.booleans())
+def test_restore_schedules_as_submitting_one_by_one_would(specs, indexed):
     one_by_one, bulk = SchedulerCore(POOLS), SchedulerCore(POOLS)
     for task in _tasks(specs):
         one_by_one.submit(task, 0.0)
-    bulk.restore(_tasks(specs), 0.0)
+    restored = _tasks(specs)
+    # With an index, the caller's map (here holding one more task the core never had) serves as the core's.
+    index = {task.id: task for task in restored + [Task("stranger", "fifo")]} if indexed else None
+    bulk.restore(restored, 0.0, index=index)
+    assert len(bulk) == len(one_by_one) and sorted(t.id for t in bulk.tasks()) == sorted(t.id for t in one_by_one.tasks())
+    assert "stranger" not in bulk and bulk.get("stranger") is None
+    if specs:
+        assert bulk.get("t0") is restored[0] and "t0" in bulk
     assert _run(bulk) == _run(one_by_one)
+    assert len(bulk) == len(one_by_one) and list(bulk.tasks()) == [] == list(one_by_one.tasks())
+
+
+def test_a_core_restored_with_an_index_takes_submits_and_refuses_a_held_id():
+    core = SchedulerCore(POOLS)
+    restored = [Task("a", "fifo"), Task("b", "fifo")]
+    core.restore(restored, 0.0, index={task.id: task for task in restored})
+    with pytest.raises(InvalidArgument, match="already queued or running"):
+        core.submit(Task("a", "fifo"), 0.0)
+    core.submit(Task("c", "fifo"), 0.0)
+    assert len(core) == 3 and core.cancel("a", 0.0) is restored[0] and len(core) == 2 and "a" not in core
+    core.add_worker("w", ["fifo"], 5)
+    assert [task.id for _, task in core.dispatch(0.0)] == ["b", "c"]
 
 
 def test_restore_refuses_an_unknown_pool_or_a_held_id_and_takes_nothing_on_an_unknown_pool():
