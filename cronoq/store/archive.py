@@ -194,9 +194,9 @@ class Archive:
             return
         now = max(self._now, records[-1].finished_at or 0.0)
         self._now = self._reader.now = now
-        self._send(Put(now, [stored_form(record) for record in records]))  # type: ignore[misc]
-        self.shipped_through = max(self.shipped_through, records[-1].seq)
-        self._flush()
+        if self._sock is not None:
+            self._send(Put(now, [stored_form(record) for record in records]))  # type: ignore[misc]
+            self.shipped_through = max(self.shipped_through, records[-1].seq)
 
     def forget_expired(self, now: float) -> None:
         """Tell the archiver the time, so that it applies result_ttl while no task finishes."""
@@ -257,6 +257,8 @@ class Archive:
             self._install_filter(self._fds.pop(0), message.log2)
 
     def _send(self, message: Put | Tick | Retention) -> None:
+        if self._sock is None:  # no archiver now: the next one gets every finished record in memory anyway
+            return
         self._outgoing += frame(message)
         self._sent += 1
         self._flush()
