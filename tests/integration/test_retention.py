@@ -294,3 +294,24 @@ async def test_a_killed_compaction_child_or_archiver_changes_nothing_and_the_bro
     broker = _restart(broker, restarted, env={})
     async with cronoq.connect(broker.clients) as client:
         assert [await client.result(h.id, timeout=WAIT) for h in done + more] == list(range(150))
+
+
+async def test_the_embedded_scheduler_keeps_results_in_memory_within_both_limits():
+    from cronoq.retention import RECORD_MEMORY
+
+    pool = cronoq.Pool("default", _echo)
+    async with cronoq.Scheduler(pool, concurrency=1, result_retention_bytes=20 * (RECORD_MEMORY + 10)) as sched:
+        handles = []
+        for n in range(100):
+            handle = await sched.submit(n)
+            assert await handle.result(timeout=WAIT) == n
+            handles.append(handle)
+        kept = []
+        for handle in handles:
+            try:
+                kept.append((await sched.status(handle.id)).state == "succeeded")
+            except cronoq.NotFound:
+                kept.append(False)
+    assert 15 <= sum(kept) <= 20 and kept == [False] * (100 - sum(kept)) + [True] * sum(kept), "oldest first"
+    with pytest.raises(cronoq.InvalidArgument, match="result_retention_bytes must be a positive integer"):
+        cronoq.Scheduler(pool, result_retention_bytes=0)
