@@ -178,10 +178,9 @@ class SchedulerCore:
             check_task(task)
         if task._seq:
             raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
-        if self._tasks.setdefault(task_id, task) is not task or (  # one lookup both checks and inserts
-                self._index is not None and self._in_index(task_id) is not None):
-            if self._tasks.get(task_id) is task:
-                del self._tasks[task_id]
+        if self._index is not None and self._in_index(task_id) is not None:  # restored, and live
+            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+        if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
             raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
         ts = pool.tenants.get(tenant)
         if ts is None:
