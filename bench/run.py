@@ -122,7 +122,7 @@ def run_sections(s: BenchSettings, sections: list[str], log: Callable[[str], Non
         "cronoq": lambda: rows.extend(throughput.cronoq_rows(s, log)),
         "peers": lambda: rows.extend(peers.peer_rows(s, log)),
         "scale": lambda: rows.extend([*scale.dispatch_rows(s, log), scale.memory_row(s, log),
-                                      scale.recovery_row(s, log)]),
+                                      scale.recovery_row(s, log), scale.retained_row(s, log)]),
         "fairness": lambda: _fairness(rows, sequence, s, log),
     }
     for name in sections:

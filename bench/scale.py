@@ -1,5 +1,5 @@
 """Scale rows: dispatch cost as the backlog and the tenants grow, broker memory per queued task,
-and the time a broker takes to come back with a large backlog.
+and the time a broker takes to come back with a large backlog, or with as many retained results.
 
 Dispatch cost is measured on cronoq.core directly (the same core the broker
 drives), so it shows the algorithm without the sockets: one cycle is one
@@ -182,6 +182,51 @@ def recovery_row(s: BenchSettings, log: Callable[[str], None]) -> dict[str, Any]
         return {"name": name, "kind": "recovery", "value": f"lost tasks: the last of {s.recovery_tasks:,} is unknown",
                 "note": "FAILED: a queued task was lost over the restart"}
     log(f"  recovery: ready after {ready:.2f} s, serving (status answered) after {serving:.2f} s")
+    return {"name": name, "kind": "recovery", "tasks": s.recovery_tasks, "ready_s": ready, "serving_s": serving,
+            "graceful_stop_s": stop_seconds, "state_after": state,
+            "value": f"{serving:.2f} s to serving again (ready line {ready:.2f} s; graceful stop {stop_seconds:.2f} s)"}
+
+
+def retained_row(s: BenchSettings, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run `recovery_tasks` noop tasks through a durable broker (two workers), so that as many finished tasks
+    are retained (in the results store), then restart it: seconds until `status` of the first one answers."""
+    from bench.common import Children, log_dir
+    from bench.load import drive_cronoq
+    from bench.stacks import start_cronoq_worker
+
+    name = f"restart with {s.recovery_tasks:,} retained"
+    with tempfile.TemporaryDirectory(prefix="cronoq-bench-ret-") as tmp:
+        text, clients, workers = broker_config(durable=True, tokens=False, data_dir=Path(tmp) / "data")
+        # Room for every one of them: the default budget (128 MiB) keeps about 450,000 noop results.
+        text = text.replace("[broker]\n", f"[broker]\nresult_retention_bytes = {1 << 30}\n", 1)
+        broker = CronoqBroker(text, Path(tmp))
+        procs = []
+        try:
+            broker.start()
+            for i in range(s.workers):
+                procs.append(start_cronoq_worker(workers, "bench.apps:noop", s.concurrency,
+                                                 log_dir() / f"retained-worker-{i}.log", tokens=False))
+            first = _run(submit_many(clients, 1, 1))[0]
+            _run(drive_cronoq(clients, s.recovery_tasks, s.window, timeout=7_200))
+            for proc in procs:
+                Children.stop(proc)
+            procs = []
+            stop_started = time.perf_counter()
+            broker.stop(grace=600)
+            stop_seconds = time.perf_counter() - stop_started
+            started = time.perf_counter()
+            broker.start(timeout=600)
+            ready = time.perf_counter() - started
+            state = _run(_status_state(clients, first))
+            serving = time.perf_counter() - started
+        finally:
+            for proc in procs:
+                Children.stop(proc)
+            broker.stop()
+    if state != "succeeded":
+        return {"name": name, "kind": "recovery", "value": f"lost: the first task is {state}",
+                "note": "FAILED: a retained result was lost over the restart"}
+    log(f"  recovery with retained results: ready after {ready:.2f} s, serving after {serving:.2f} s")
     return {"name": name, "kind": "recovery", "tasks": s.recovery_tasks, "ready_s": ready, "serving_s": serving,
             "graceful_stop_s": stop_seconds, "state_after": state,
             "value": f"{serving:.2f} s to serving again (ready line {ready:.2f} s; graceful stop {stop_seconds:.2f} s)"}

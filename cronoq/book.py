@@ -11,12 +11,15 @@ sends the messages; the optional journal makes the changes durable.
 
 from __future__ import annotations
 
+import datetime
 import math
 import random
-from collections import deque
-import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol
+from itertools import compress
+from operator import attrgetter
+from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol, Union
+
+import msgspec
 
 from cronoq.core import (
     CANCELLED,
@@ -29,10 +32,16 @@ from cronoq.core import (
     SUCCEEDED,
     PoolSettings,
     SchedulerCore,
-    Task,
 )
 from cronoq.core.checks import tenant_problem
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
+from cronoq.retention import (
+    DEFAULT_RESULT_TTL,
+    DEFAULT_RETENTION_BYTES,
+    MAX_UNARCHIVED,
+    FinishedRecords,
+    ResultArchive,
+)
 
 RETRY_BACKOFF_BASE = 0.5
 """Seconds before the first retry; each further retry waits twice as long (with jitter)."""
@@ -44,42 +53,58 @@ RESERVED_KEY_PREFIX = "cronoq:"
 """Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""
 
 
-class TaskRecord:
-    """What the book knows of one task. While the task is live the core's `Task` holds its state."""
+class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
+    """What the book knows of one task; while it is live, also the scheduling core's task.
 
-    __slots__ = (
-        "id", "pool", "tenant", "priority", "payload", "key", "submission", "max_retries", "deadline",
-        "not_before", "submitted_at", "started_at", "finished_at", "state", "attempts", "result",
-        "error_type", "error_message", "traceback", "waiters",
-    )
+    The core schedules any object with the attributes of `cronoq.core.Task`:
+    a record has them (`worker` and the last three are the core's own), so a
+    queued task costs one object, not two. A msgspec struct, so that the
+    journal and the snapshot read records straight back into this type
+    (cronoq.store.records): the fields up to `submission` are what a submit
+    gives (the journal's `accepted` record), those up to `seq` are what is
+    stored (`stored_form`). `gc=False`: records hold no cycles (the core's
+    `_next` links only run forward), and millions of them must not slow
+    every collection.
+    """
 
-    def __init__(
-        self, id: str, pool: str, tenant: str | None, priority: int, payload: bytes, *,
-        key: str | None, max_retries: int, deadline: float | None, submitted_at: float,
-        submission: str | None = None, not_before: float | None = None,
-    ) -> None:
-        self.id = id
-        self.pool = pool
-        self.tenant = tenant
-        self.priority = priority
-        self.payload = payload
-        self.key = key
-        self.submission = submission
-        self.max_retries = max_retries
-        self.deadline = deadline
-        self.not_before = not_before  # when it may run next (delay, retry backoff); kept for recovery
-        self.submitted_at = submitted_at
-        self.started_at: float | None = None
-        self.finished_at: float | None = None
-        self.state = QUEUED
-        self.attempts = 0
-        self.result: bytes | None = None
-        self.error_type = ""
-        self.error_message = ""
-        self.traceback = ""
-        self.waiters: Any = None
-        """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
-        the task, rather than in a map of its own: a watched queued task costs ~160 bytes less)."""
+    id: str
+    pool: str
+    tenant: Union[str, None]
+    priority: int
+    payload: bytes = b""
+    submitted_at: float = 0.0
+    deadline: Union[float, None] = None
+    not_before: Union[float, None] = None  # when it may run next (delay, retry backoff); kept for recovery
+    max_retries: int = 0
+    key: Union[str, None] = None
+    submission: Union[str, None] = None
+    state: str = QUEUED
+    attempts: int = 0
+    started_at: Union[float, None] = None
+    finished_at: Union[float, None] = None
+    result: Union[bytes, None] = None
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    seq: int = 0
+    """The task's place in the order tasks finished (from 1; 0 while it is live): retention forgets the oldest
+    first, and the results store says up to which one it holds them."""
+    waiters: Any = None
+    """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
+    the task, rather than in a map of its own: a watched queued task costs ~160 bytes less). Never stored."""
+    worker: Any = None
+    _seq: int = 0
+    _ts: Any = None
+    _next: Any = None
+
+
+_STORED_FIELDS = TaskRecord.__struct_fields__.index("waiters")
+
+
+def stored_form(record: TaskRecord) -> tuple:
+    """A record as snapshots and the results store keep it: encoded, the same as a TaskRecord whose fields
+    after `seq` (the shell's and the core's, which may hold anything) are missing, and read back as such."""
+    return ("t", *msgspec.structs.astuple(record)[:_STORED_FIELDS])
 
 
 @dataclass(frozen=True)
@@ -146,7 +171,6 @@ class ChangeLog(Protocol):
     def dispatched(self, record: TaskRecord) -> None: ...
     def requeued(self, record: TaskRecord) -> None: ...
     def finished(self, record: TaskRecord) -> None: ...
-    def forgotten(self, record: TaskRecord) -> None: ...
     def paused(self, pool: str, paused: bool) -> None: ...
 
 
@@ -212,6 +236,12 @@ class TaskBook:
     (tenant, submission): a duplicate is only ever found among the
     submitting tenant's own tasks (tasks without a tenant are a scope of
     their own), so no tenant can claim, or learn of, another's names.
+
+    `records` holds every live task, and the finished ones still in memory:
+    all retained ones without an `archive`; with one, only those the archive
+    does not hold yet (the shell ships them with `take_finished` and lets
+    them go with `release_archived`). Lookups ask memory first, then the
+    archive (cronoq.retention).
     """
 
     def __init__(
@@ -222,7 +252,8 @@ class TaskBook:
         on_terminal: Callable[[TaskRecord], None],
         max_payload_bytes: int = 1 << 20,
         max_deliveries: int = 5,
-        result_ttl: float = 86400.0,
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        result_retention_bytes: int = DEFAULT_RETENTION_BYTES,
         limits: Callable[[str], tuple[int | None, int | None]] = lambda pool: (None, None),
         rng: random.Random | None = None,
         journal: ChangeLog | None = None,
@@ -232,7 +263,6 @@ class TaskBook:
         self._on_terminal = on_terminal
         self.max_payload_bytes = max_payload_bytes
         self.max_deliveries = max_deliveries
-        self.result_ttl = result_ttl
         self._limits = limits
         self._rng = rng or random.Random()
         self.journal = journal
@@ -240,8 +270,15 @@ class TaskBook:
         # Live records are kept in the order they last entered their queue (a snapshot restores that order).
         self.records: dict[str, TaskRecord] = {}
         self._keys: dict[tuple[str, str | None, str], str] = {}
-        self._submissions: dict[tuple[str | None, str], str] = {}
-        self._finished: deque[tuple[float, str]] = deque()
+        # tenant -> submission id -> task id: a dict per tenant rather than (tenant, submission) keys, which
+        # would cost every queued task a tuple (~60 bytes).
+        self._submissions: dict[str | None, dict[str, str]] = {}
+        self.finished = FinishedRecords(result_ttl, result_retention_bytes)
+        """The finished records in memory, in the order they finished."""
+        self._archive: ResultArchive | None = None
+        self._unshipped: list[TaskRecord] = []
+        self.max_unarchived = MAX_UNARCHIVED
+        """Finished records waiting for the archive past which nothing more is dispatched."""
 
     # ----------------------------------------------------------------- submit
 
@@ -250,32 +287,44 @@ class TaskBook:
         same key (in the same pool) or submission id."""
         priority = validate_submit(request, self._accepting, self.max_payload_bytes)
         if request.submission is not None:
-            existing = self._submissions.get((request.tenant, request.submission))
+            existing = self._by_submission(request.tenant, request.submission)
             if existing is not None:
-                return self.records[existing], True
+                return existing, True
         if request.key is not None:
-            existing = self._keys.get((request.pool, request.tenant, request.key))
+            existing = self._by_key(request.pool, request.tenant, request.key)
             if existing is None and request.former_key is not None:
                 existing = self._under_former_key(request.pool, request.tenant, request.former_key)
             if existing is not None:
-                return self.records[existing], True
+                return existing, True
         self._check_backlog(request.pool, request.tenant)
         deadline = None if request.deadline is None else now + request.deadline
         record = TaskRecord(
-            self._new_id(), request.pool, request.tenant, priority, request.payload,
-            key=request.key, max_retries=request.max_retries, deadline=deadline, submitted_at=now,
-            submission=request.submission, not_before=None if not request.delay else now + request.delay,
+            self._new_id(), request.pool, request.tenant, priority, request.payload, now, deadline,
+            None if not request.delay else now + request.delay, request.max_retries, request.key,
+            request.submission,
         )
         self._enter(record, now)
         if self.journal is not None:
             self.journal.accepted(record)
         return record, False
 
-    def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> str | None:
-        task_id = self._keys.get((pool, tenant, former.key))
-        if task_id is None or not former.since <= self.records[task_id].submitted_at < former.until:
+    def _by_submission(self, tenant: str | None, submission: str) -> TaskRecord | None:
+        task_id = self._submissions.get(tenant, _NONE).get(submission)
+        if task_id is not None:
+            return self.records[task_id]
+        return None if self._archive is None else self._archive.find_submission(tenant, submission)
+
+    def _by_key(self, pool: str, tenant: str | None, key: str) -> TaskRecord | None:
+        task_id = self._keys.get((pool, tenant, key))
+        if task_id is not None:
+            return self.records[task_id]
+        return None if self._archive is None else self._archive.find_key(pool, tenant, key)
+
+    def _under_former_key(self, pool: str, tenant: str | None, former: FormerKey) -> TaskRecord | None:
+        record = self._by_key(pool, tenant, former.key)
+        if record is None or not former.since <= record.submitted_at < former.until:
             return None
-        return task_id
+        return record
 
     def _check_backlog(self, pool: str, tenant: str | None) -> None:
         max_backlog, max_tenant_backlog = self._limits(pool)
@@ -291,13 +340,7 @@ class TaskBook:
 
     def _enter(self, record: TaskRecord, now: float) -> None:
         """Queue a record's task in the core (DELAYED until its not_before) and keep the record."""
-        task = Task(
-            record.id, record.pool, tenant=record.tenant, priority=record.priority,
-            deadline=record.deadline, not_before=record.not_before, payload=record,
-        )
-        task.attempts = record.attempts
-        self.core.submit(task, now)
-        record.state = task.state
+        self.core.submit(record, now)  # type: ignore[arg-type]  # a record is the core's task
         self._keep(record)
 
     def _keep(self, record: TaskRecord) -> None:
@@ -305,57 +348,97 @@ class TaskBook:
         if record.key is not None:
             self._keys[(record.pool, record.tenant, record.key)] = record.id
         if record.submission is not None:
-            self._submissions[(record.tenant, record.submission)] = record.id
+            submissions = self._submissions.get(record.tenant)
+            if submissions is None:
+                submissions = self._submissions[record.tenant] = {}
+            submissions[record.submission] = record.id
 
     # ----------------------------------------------------------------- recovery
 
-    def recover(self, records: Iterable[TaskRecord], paused: Iterable[str], now: float) -> dict[str, int]:
-        """Carry on from durable state: `records` in the order a journal replay gives them.
+    def recover(self, records: Iterable[TaskRecord] | dict[str, TaskRecord], paused: Iterable[str], now: float, *,
+                seq_floor: int = 0) -> dict[str, int]:
+        """Carry on from durable state: `records` in the order a journal replay gives them (a replay's dict of
+        them is taken over as it is, when the book holds nothing yet).
 
-        Finished records are kept for lookups (in the order they finished);
-        queued and delayed ones re-enter their class; ones that were running
-        when the broker stopped were lost with their worker: they run again,
-        unless they have used up max_deliveries. Tasks of pools no longer
-        declared fail. Returns counts by what happened, for the start-up log.
+        Finished records are kept for lookups (in the order they finished;
+        numbers up to `seq_floor` are taken); queued and delayed ones re-enter
+        their class; ones that were running when the broker stopped were lost
+        with their worker: they run again, unless they have used up
+        max_deliveries. Tasks of pools no longer declared fail. Returns counts
+        by what happened, for the start-up log.
         """
+        core = self.core
         for pool in paused:
-            if pool in self.core.pool_names():
-                self.core.pause(pool)
+            if pool in core.pool_names():
+                core.pause(pool)
         counts = {"finished": 0, "queued": 0, "requeued": 0, "failed": 0}
-        pools = set(self.core.pool_names())
-        for record in records:
+        pools = set(core.pool_names())
+        finished: list[TaskRecord] = []
+        lost: list[TaskRecord] = []
+        tasks: list[TaskRecord] = []
+        self.finished.next_seq = max(self.finished.next_seq, seq_floor + 1)
+        # A million queued tasks come back through here: what can be done in bulk, at C speed, is.
+        if isinstance(records, dict) and not self.records:
+            self.records = records  # a replay's own dict, in the right order: taken as it is
+            every = list(records.values())
+        else:
+            every = list(records)
+            self.records.update(zip(map(_ID, every), every))
+        self._index(every)
+        max_deliveries, journal = self.max_deliveries, self.journal
+        for record in every:
             if record.finished_at is not None:
-                self._keep(record)
-                self._finished.append((record.finished_at, record.id))
-                counts["finished"] += 1
-            elif record.pool not in pools:
-                self._keep(record)
+                finished.append(record)
+            elif record.state != RUNNING:
+                if record.pool in pools:
+                    tasks.append(record)
+                else:
+                    lost.append(record)
+            elif record.pool not in pools or record.attempts >= max_deliveries:
+                lost.append(record)
+            else:
+                record.not_before = None
+                if journal is not None:
+                    journal.requeued(record)
+                counts["requeued"] += 1
+                tasks.append(record)
+        # A record is the core's task; and the book's map of records can serve as the core's map of its tasks.
+        core.restore(tasks, now, index=self.records if not len(core) else None)  # type: ignore[arg-type]
+        counts["queued"] = len(tasks) - counts["requeued"]
+        counts["finished"] = len(finished)
+        self.finished.restore(finished, seq_floor)
+        for record in lost:
+            if record.pool not in pools:
                 self._finish(record, FAILED, now, error_type="NotFound",
                              error_message=f"pool {record.pool!r} is no longer declared in the broker's config")
-                counts["failed"] += 1
-            elif record.state == RUNNING and record.attempts >= self.max_deliveries:
-                self._keep(record)
-                self._fail_lost(record, now)
-                counts["failed"] += 1
             else:
-                if record.state == RUNNING:
-                    record.not_before = None
-                    if self.journal is not None:
-                        self.journal.requeued(record)
-                    counts["requeued"] += 1
-                else:
-                    counts["queued"] += 1
-                self._enter(record, now)
+                self._fail_lost(record, now)
+            counts["failed"] += 1
+        if self._archive is not None:
+            self._unshipped = list(self.finished)
         return counts
 
+    def _index(self, records: list[TaskRecord]) -> None:
+        """Enter the keys and submission ids of recovered records (most often all of one tenant: in bulk)."""
+        for record in compress(records, map(_KEY, records)):
+            self._keys[(record.pool, record.tenant, record.key)] = record.id  # type: ignore[index]
+        submitted = list(compress(records, map(_SUBMISSION, records)))
+        tenants = set(map(_TENANT, submitted))
+        if len(tenants) == 1:
+            of_tenant = self._submissions.setdefault(tenants.pop(), {})
+            of_tenant.update(zip(map(_SUBMISSION, submitted), map(_ID, submitted)))
+            return
+        for record in submitted:
+            of_tenant = self._submissions.get(record.tenant)
+            if of_tenant is None:
+                of_tenant = self._submissions[record.tenant] = {}
+            of_tenant[record.submission] = record.id  # type: ignore[index]
+
     def kept(self) -> Iterator[TaskRecord]:
-        """Every kept record in the order `recover` wants them: finished ones as they finished, then live ones."""
-        records = self.records
-        for _, task_id in self._finished:
-            record = records.get(task_id)
-            if record is not None:
-                yield record
-        for record in list(records.values()):
+        """Every record in memory in the order `recover` wants them: finished ones as they finished, then live
+        ones in the order they last entered their queue."""
+        yield from self.finished
+        for record in list(self.records.values()):
             if record.finished_at is None:
                 yield record
 
@@ -385,18 +468,18 @@ class TaskBook:
     def dispatch(self, now: float) -> list[tuple[Hashable, TaskRecord, int]]:
         """Expire what is due, then hand out tasks: (worker id, record, attempt) for each."""
         for task in self.core.expire(now):
-            self._finish(task.payload, EXPIRED, now, error_type="DeadlineExceeded",
+            self._finish(task, EXPIRED, now, error_type="DeadlineExceeded",  # type: ignore[arg-type]
                          error_message="the task's deadline passed before it was dispatched")
-        assignments = []
+        assignments: list[tuple[Hashable, TaskRecord, int]] = []
+        if self._archive is not None and len(self.finished) >= self.max_unarchived:
+            return assignments  # the archive falls behind: let it catch up before more tasks can finish
         journal = self.journal
         for worker_id, task in self.core.dispatch(now):
-            record: TaskRecord = task.payload
-            record.state = RUNNING
-            record.attempts = task.attempts
+            record: TaskRecord = task  # type: ignore[assignment]  # the core set its state and attempts
             record.started_at = now
             if journal is not None:
                 journal.dispatched(record)
-            assignments.append((worker_id, record, task.attempts))
+            assignments.append((worker_id, record, record.attempts))
         return assignments
 
     def complete(
@@ -407,12 +490,10 @@ class TaskBook:
         task = self.core.get(task_id)
         if task is None or task.state != RUNNING or task.worker != worker_id or task.attempts != attempt:
             return None
-        record: TaskRecord = task.payload
+        record: TaskRecord = task  # type: ignore[assignment]
         if not ok and task.attempts <= record.max_retries:
             retry_at = now + self._backoff(task.attempts)
             self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
-            record.state = task.state
-            record.not_before = retry_at
             record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
             self._requeued(record)
             return record
@@ -433,12 +514,11 @@ class TaskBook:
         """A worker is gone: its tasks run again, unless they have used up max_deliveries."""
         requeued = []
         for task in self.core.remove_worker(worker_id, now):
-            record: TaskRecord = task.payload
+            record: TaskRecord = task  # type: ignore[assignment]
             if task.attempts >= self.max_deliveries:
                 self.core.cancel(task.id, now)
                 self._fail_lost(record, now)
             else:
-                record.state = task.state
                 record.not_before = None
                 self._requeued(record)
                 requeued.append(record)
@@ -462,7 +542,8 @@ class TaskBook:
         task = self.core.cancel(task_id, now)
         if task is None:
             return False
-        self._finish(task.payload, CANCELLED, now, error_type="Cancelled", error_message="the task was cancelled")
+        self._finish(task, CANCELLED, now,  # type: ignore[arg-type]
+                     error_type="Cancelled", error_message="the task was cancelled")
         return True
 
     def _finish(self, record: TaskRecord, state: str, now: float, *, error_type: str = "",
@@ -471,16 +552,24 @@ class TaskBook:
         record.finished_at = now
         record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
         record.payload = b""  # a finished task's payload is never needed again
-        self._finished.append((now, record.id))
+        self.finished.add(record)
         if self.journal is not None:
             self.journal.finished(record)
         self._on_terminal(record)
+        if self._archive is not None:
+            self._unshipped.append(record)
+        else:  # the oldest leave as this one comes (it costs a look at the oldest, most of the time)
+            self.forget_expired_records(now)
 
     # ----------------------------------------------------------------- lookups
 
     def get(self, task_id: str) -> TaskRecord:
-        """The record of a task, or NotFound."""
-        record = self.records.get(task_id) if isinstance(task_id, str) else None
+        """The record of a task (from memory, else from the archive), or NotFound."""
+        if not isinstance(task_id, str):
+            raise unknown_task(task_id)
+        record = self.records.get(task_id)
+        if record is None and self._archive is not None:
+            record = self._archive.find(task_id)
         if record is None:
             raise unknown_task(task_id)
         return record
@@ -500,24 +589,79 @@ class TaskBook:
     def next_wakeup(self) -> float | None:
         return self.core.next_wakeup()
 
+    # ----------------------------------------------------------------- retention
+
+    @property
+    def archive(self) -> ResultArchive | None:
+        """Where finished records go once they leave memory (None: they stay in memory until retention ends)."""
+        return self._archive
+
+    @archive.setter
+    def archive(self, archive: ResultArchive | None) -> None:
+        self._archive = archive
+        self.finished.weigh = archive is None
+
+    @property
+    def result_ttl(self) -> float:
+        return self.finished.ttl
+
+    @result_ttl.setter
+    def result_ttl(self, ttl: float) -> None:
+        self.set_retention(ttl, self.finished.max_bytes)
+
+    def set_retention(self, ttl: float, max_bytes: int) -> None:
+        """New retention limits (a reload); the archive applies them too."""
+        self.finished.ttl, self.finished.max_bytes = ttl, max_bytes
+        if self._archive is not None:
+            self._archive.set_retention(ttl, max_bytes)
+
     def forget_expired_records(self, now: float) -> int:
-        """Drop finished records older than result_ttl (and their idempotency keys)."""
-        dropped = 0
-        while self._finished and self._finished[0][0] + self.result_ttl <= now:
-            _, task_id = self._finished.popleft()
-            record = self.records.pop(task_id, None)
-            if record is None:
-                continue
+        """Without an archive: drop the oldest finished records while they are older than result_ttl or weigh
+        more than the retention budget (with their idempotency keys); returns how many. With one, the archive
+        does that (told the time here)."""
+        if self._archive is not None:
+            self._archive.forget_expired(now)
+            return 0
+        gone = self.finished.expired(now)
+        for record in gone:
+            self._forget(record)
+        return len(gone)
+
+    def take_finished(self) -> list[TaskRecord]:
+        """The records that finished since the last call, for the archive (once their journal commit is done)."""
+        taken, self._unshipped = self._unshipped, []
+        return taken
+
+    def release_archived(self, through: int) -> list[TaskRecord]:
+        """The archive holds every finished record numbered up to `through`: let them go from memory."""
+        gone = self.finished.release(through)
+        for record in gone:
+            self._forget(record)
+        return gone
+
+    def _forget(self, record: TaskRecord) -> None:
+        task_id = record.id
+        self.records.pop(task_id, None)
+        if record.key is not None:
             key = (record.pool, record.tenant, record.key)
-            if record.key is not None and self._keys.get(key) == task_id:
+            if self._keys.get(key) == task_id:
                 del self._keys[key]
-            submission = (record.tenant, record.submission)
-            if record.submission is not None and self._submissions.get(submission) == task_id:
-                del self._submissions[submission]
-            if self.journal is not None:
-                self.journal.forgotten(record)
-            dropped += 1
-        return dropped
+        if record.submission is not None:
+            of_tenant = self._submissions.get(record.tenant)
+            if of_tenant is not None and of_tenant.get(record.submission) == task_id:
+                del of_tenant[record.submission]
+                if not of_tenant:
+                    del self._submissions[record.tenant]
+
+    def memory_stats(self) -> dict[str, int]:
+        """Records in memory: live ones, finished ones (and the bytes they weigh)."""
+        return {"records": len(self.records), "live": len(self.core), "finished": len(self.finished),
+                "finished_bytes": self.finished.bytes}
+
+
+_ID, _KEY, _SUBMISSION, _TENANT = (attrgetter(name) for name in ("id", "key", "submission", "tenant"))
+_NONE: Any = {}
+"""An empty mapping (never written to) for lookups that may find no inner dict; also a tenant no task has."""
 
 
 def unknown_task(task_id: Any) -> NotFound:

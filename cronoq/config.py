@@ -29,6 +29,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
 
 from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
+from cronoq.retention import DEFAULT_RETENTION_BYTES
 from cronoq.schedules import Schedule, ScheduleError
 
 __all__ = [
@@ -110,6 +111,7 @@ class BrokerConfig:
     max_payload_bytes: int = 1048576
     max_deliveries: int = 5
     result_ttl: float = 86400.0
+    result_retention_bytes: int = DEFAULT_RETENTION_BYTES
     auth_timeout: float = 5.0
     max_connections: int | None = None
     """None: as many as the open-file limit leaves room for, at most DEFAULT_MAX_CONNECTIONS."""
@@ -173,8 +175,8 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, enviro
 
 _BROKER_KEYS = (
     "clients", "workers", "data_dir", "durability", "metrics", "heartbeat_interval", "liveness",
-    "max_payload_bytes", "max_deliveries", "result_ttl", "curve_secret_key_file", "auth_timeout",
-    "max_connections", "connection_buffer_bytes",
+    "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "curve_secret_key_file",
+    "auth_timeout", "max_connections", "connection_buffer_bytes",
 )  # fmt: skip
 _POOL_KEYS = (
     "name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog",
@@ -197,6 +199,7 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "max_payload_bytes": s.get("max_payload_bytes", _positive_int, 1048576),
         "max_deliveries": s.get("max_deliveries", _positive_int, 5),
         "result_ttl": s.get("result_ttl", _positive_number, 86400.0),
+        "result_retention_bytes": s.get("result_retention_bytes", _positive_int, DEFAULT_RETENTION_BYTES),
         "auth_timeout": s.get("auth_timeout", _positive_number, 5.0),
         "max_connections": s.get("max_connections", _positive_int, None),
         "connection_buffer_bytes": s.get("connection_buffer_bytes", _positive_int, 4 * 1048576),

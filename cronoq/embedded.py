@@ -8,6 +8,7 @@ would over the wire, so code that works here works against a broker.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import traceback
 import uuid
@@ -19,6 +20,7 @@ from cronoq.errors import FailedPrecondition, InvalidArgument
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.pool import Pool
 from cronoq.protocol import decode_body, encode_body
+from cronoq.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES
 
 LOCAL_WORKER = "local"
 
@@ -27,7 +29,9 @@ class Scheduler:
     """Schedules and runs tasks of `pools` in this process, `concurrency` at a time.
 
     Use as `async with cronoq.Scheduler([pool], concurrency=4) as sched:`;
-    leaving the block lets running tasks finish.
+    leaving the block lets running tasks finish. Finished tasks stay in
+    memory for `result_ttl` seconds, or until they weigh more than
+    `result_retention_bytes` (the oldest go first).
     """
 
     def __init__(
@@ -36,13 +40,19 @@ class Scheduler:
         *,
         concurrency: int = 4,
         max_payload_bytes: int = 1 << 20,
-        result_ttl: float = 86400.0,
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        result_retention_bytes: int = DEFAULT_RETENTION_BYTES,
     ) -> None:
         pool_list = [pools] if isinstance(pools, Pool) else list(pools)
         if not pool_list:
             raise InvalidArgument("Scheduler needs at least one cronoq.Pool")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency must be a positive integer, got {concurrency!r}")
+        if isinstance(result_ttl, bool) or not isinstance(result_ttl, (int, float)) or not 0 < result_ttl < math.inf:
+            raise InvalidArgument(f"result_ttl must be a positive number of seconds, got {result_ttl!r}")
+        if (isinstance(result_retention_bytes, bool) or not isinstance(result_retention_bytes, int)
+                or result_retention_bytes < 1):
+            raise InvalidArgument(f"result_retention_bytes must be a positive integer, got {result_retention_bytes!r}")
         self._pools: dict[str, Pool] = {}
         for pool in pool_list:
             if not isinstance(pool, Pool):
@@ -56,7 +66,7 @@ class Scheduler:
         self._core = SchedulerCore(pool.settings() for pool in pool_list)
         self._book = TaskBook(
             self._core, new_id=lambda: uuid.uuid4().hex, on_terminal=self._on_terminal,
-            max_payload_bytes=max_payload_bytes, result_ttl=result_ttl,
+            max_payload_bytes=max_payload_bytes, result_ttl=result_ttl, result_retention_bytes=result_retention_bytes,
         )
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._running: set[asyncio.Task[None]] = set()

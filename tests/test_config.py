@@ -83,7 +83,7 @@ def test_default_config_matches_the_contract(tmp_path: Path) -> None:
     assert c.durability == "sync"
     assert c.metrics is None
     assert (c.heartbeat_interval, c.liveness, c.max_payload_bytes) == (1.0, 3, 1048576)
-    assert (c.max_deliveries, c.result_ttl) == (5, 86400.0)
+    assert (c.max_deliveries, c.result_ttl, c.result_retention_bytes) == (5, 86400.0, 128 << 20)
     assert c.pools == (PoolSettings("default"),)
     assert dict(c.limits) == {"default": PoolLimits(None, None)}
     assert c.tokens == () and not c.auth_enabled
@@ -138,6 +138,7 @@ def test_all_extensions(tmp_path: Path) -> None:
         workers = "inproc://workers"
         max_deliveries = 2
         result_ttl = 60
+        result_retention_bytes = 1000000
         heartbeat_interval = 2
         curve_secret_key_file = "keys/broker.key"
         [[pools]]
@@ -166,6 +167,7 @@ def test_all_extensions(tmp_path: Path) -> None:
     assert (c.clients, c.workers) == ("ipc:///tmp/c.sock", "inproc://workers")
     assert c.max_deliveries == 2
     assert c.result_ttl == 60.0 and isinstance(c.result_ttl, float)
+    assert c.result_retention_bytes == 1000000
     assert c.heartbeat_interval == 2.0 and isinstance(c.heartbeat_interval, float)
     assert c.curve_secret_key_file == tmp_path / "keys" / "broker.key"
     assert c.pools == (PoolSettings("q.1-x_y"),)
@@ -279,6 +281,9 @@ CASES = [
     ("[broker]\nmax_payload_bytes = 0", ["[broker] max_payload_bytes", "positive integer"]),
     ("[broker]\nmax_deliveries = -1", ["[broker] max_deliveries", "positive integer"]),
     ("[broker]\nresult_ttl = false", ["[broker] result_ttl", "positive number"]),
+    ("[broker]\nresult_retention_bytes = 0", ["[broker] result_retention_bytes", "positive integer"]),
+    ("[broker]\nresult_retention_bytes = 1.5e8", ["[broker] result_retention_bytes", "positive integer"]),
+    ("[broker]\nresult_retention_bytes = \"128MiB\"", ["[broker] result_retention_bytes", "positive integer"]),
     ("[broker]\ncurve_secret_key_file = 1", ["[broker] curve_secret_key_file", "string"]),
     ("[pools]\nname = 'x'", ["pools", "array of tables ([[pools]])"]),
     ("pools = [1]", ["[[pools]] #1", "expected a table"]),

@@ -1,8 +1,10 @@
-"""The journal and snapshots: what a task book wrote comes back after a crash, whatever was cut off.
+"""The journal, snapshots and the results store: what a task book wrote comes back after a crash.
 
-These drive a real TaskBook and a real Journal on real files with a fake
-clock; a "crash" drops the journal without committing what was pending,
-exactly what kill -9 between two passes of the broker's loop leaves behind.
+These drive a real TaskBook, a real Journal on real files and a real
+archiver process with a fake clock, in the broker's order (commit the
+journal, then ship what finished); a "crash" drops the journal without
+committing what was pending and kills the archiver wherever it is, exactly
+what kill -9 between two passes of the broker's loop leaves behind.
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from cronoq.book import SubmitRequest, TaskBook
+from cronoq.book import SubmitRequest, TaskBook, TaskRecord
 from cronoq.core import PoolSettings, SchedulerCore
-from cronoq.store import frames
+from cronoq.errors import NotFound
+from cronoq.store import frames, results
+from cronoq.store.archive import Archive, open_store
 from cronoq.store.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path
 from cronoq.store.replay import Replay
 from tests.support import peer
@@ -26,33 +33,71 @@ TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 
 class World:
-    """A book with a journal in `data_dir`, a fake clock and one fake worker."""
+    """A book with a journal and a results store in `data_dir`, a fake clock and one fake worker."""
 
-    def __init__(self, data_dir: Path, now: float = 1000.0, **journal_options: object) -> None:
+    def __init__(self, data_dir: Path, now: float = 1000.0, *, ttl: float = 100.0, max_bytes: int = 1 << 30,
+                 **journal_options: object) -> None:
         self.data_dir = data_dir
         self.now = now
-        self.journal, replay = Journal.open(data_dir, **journal_options)  # type: ignore[arg-type]
-        self.ids = (f"t{n}" for n in range(10**9))
+        self.journal, replay = Journal.open(  # type: ignore[arg-type]
+            data_dir, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS), **journal_options)
+        db, archived_through = open_store(data_dir)
+        self.archive = Archive(data_dir, db, archived_through, ttl=ttl, max_bytes=max_bytes)
+        # Ids must not repeat across restarts: continue after the highest one the journal or the store knows.
+        known = [int(task_id[1:]) for task_id in replay.records]
+        for (n,) in db.execute("SELECT n FROM partitions").fetchall():
+            known += [int(msgspec.msgpack.decode(body, type=TaskRecord).id[1:])
+                      for (body,) in db.execute(f"SELECT record FROM results_{n}").fetchall()]
+        self.next_id = max(known, default=-1) + 1
         self.core = SchedulerCore(POOLS)
         self.finished: list[str] = []
-        self.book = TaskBook(self.core, new_id=lambda: next(self.ids), on_terminal=lambda r: self.finished.append(r.id),
-                             max_deliveries=3, result_ttl=100.0, rng=random.Random(1), journal=self.journal)
-        # Ids must not repeat across restarts: continue after the highest recovered one.
-        known = [int(task_id[1:]) for task_id in replay.records]
-        self.ids = (f"t{n}" for n in range(max(known, default=-1) + 1, 10**9))
-        self.recovered = self.book.recover(replay.records.values(), replay.paused, now)
+        self.book = TaskBook(self.core, new_id=self._new_id, on_terminal=lambda r: self.finished.append(r.id),
+                             max_deliveries=3, result_ttl=ttl, result_retention_bytes=max_bytes,
+                             rng=random.Random(1), journal=self.journal)
+        self.book.archive = self.archive
+        self.recovered = self.book.recover(replay.records, replay.paused, now,
+                                           seq_floor=max(replay.max_seq, archived_through))
+        self.archive.start(now)
+        self.commit()
+
+    def _new_id(self) -> str:
+        self.next_id += 1
+        return f"t{self.next_id - 1}"
+
+    def commit(self) -> None:
+        """The broker's group commit: the journal first, then what finished goes to the archiver."""
         self.journal.commit()
+        self.archive.exchange(self.book)
+
+    def settle(self) -> None:
+        """Wait until the archiver has stored (and, by retention, dropped) everything sent to it."""
+        self.archive.forget_expired(self.now)
+        self.archive.catch_up()
+        self.archive.exchange(self.book, listen=True)
+
+    def ids(self) -> list[str]:
+        return [f"t{n}" for n in range(self.next_id)]
 
     def crash(self) -> None:
         """Like kill -9 between two passes: what was committed stays, the rest is gone."""
+        self.archive.kill()
+        self.archive.close()
         self.journal.abandon()
 
+    def close(self) -> None:
+        self.archive.close()
+        self.journal.close()
 
-def picture(book: TaskBook) -> dict[str, tuple]:
-    """What a user can observe of every kept task (running ones come back queued, attempt counted)."""
+
+def picture(world: World) -> dict[str, tuple]:
+    """What a user can observe of every task (running ones come back queued, attempt counted)."""
+    book = world.book
     out = {}
-    for task_id, record in book.records.items():
-        info = book.info(task_id)
+    for task_id in world.ids():
+        try:
+            record, info = book.get(task_id), book.info(task_id)
+        except NotFound:
+            continue
         state, error, payload = info.state, info.error, record.payload
         if state == "running" and info.attempts >= book.max_deliveries:
             state, payload = "failed", b""
@@ -102,34 +147,44 @@ def random_workload(world: World, rng: random.Random, steps: int, *, commit: boo
         elif op < 0.97:
             if core.workers():
                 book.lose_worker(rng.choice(core.workers()), world.now)
-        else:
-            book.forget_expired_records(world.now)
+        elif commit:  # retention moves on with the clock, not with commits: only while committing, so that
+            book.forget_expired_records(world.now)  # what a crash test compares is what was committed
         if rng.random() < 0.5 and commit:
-            world.journal.commit()
+            world.commit()
     book.dispatch(world.now)
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_a_crash_loses_nothing_committed(tmp_path, seed):
     rng = random.Random(seed)
-    world = World(tmp_path, fsync_each_commit=seed % 2 == 0)
+    # One run in three crashes while the archiver may still be storing what it was sent: then nothing expires,
+    # so that what it stored before it was killed cannot matter. The others crash with it caught up.
+    in_flight = seed % 3 == 0
+    ttl = 1e9 if in_flight else 100.0
+    world = World(tmp_path, fsync_each_commit=seed % 2 == 0, ttl=ttl)
     random_workload(world, rng, 300)
-    world.journal.commit()
-    before = picture(world.book)
+    world.commit()
+    if not in_flight:
+        world.settle()
+    crashed_at = world.now
+    before = picture(world)
     paused = world.book.paused_pools()
     random_workload(world, rng, 5, commit=False)  # changes never committed: as if the broker died before writing them
     world.crash()
 
-    after = World(tmp_path, now=world.now)
-    assert picture(after.book) == before
+    after = World(tmp_path, now=crashed_at, ttl=ttl)
+    after.settle()
+    assert picture(after) == before
     assert after.book.paused_pools() == paused
-    # Idempotency keys and submission ids still point at their tasks, each within its tenant.
-    for record in after.book.records.values():
+    # Idempotency keys and submission ids still point at their tasks, each within its tenant, whether the task
+    # is in memory or only in the results store.
+    for task_id in before:
+        record = after.book.get(task_id)
         for dedup in ({"key": record.key} if record.key else {}), {"submission": record.submission}:
             if dedup.get("key") or dedup.get("submission"):
                 again, duplicate = after.book.submit(
                     SubmitRequest(b"x", pool=record.pool, tenant=record.tenant, **dedup), after.now)
-                assert duplicate and again is record
+                assert duplicate and again.id == record.id
 
 
 def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
@@ -138,7 +193,7 @@ def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
     first, _ = book.submit(SubmitRequest(b"1", pool="a"), world.now)
     core.add_worker("w", ["a"], 1)
     book.dispatch(world.now)
-    world.journal.commit()
+    world.commit()
     world.crash()
     # Each restart finds it running (its worker is gone with the broker): it runs again, attempt counted.
     for attempt in (2, 3):
@@ -147,7 +202,7 @@ def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
         assert world.book.info(first.id).state == "queued"
         world.core.add_worker("w", ["a"], 1)
         assert [r.attempts for _, r, _ in world.book.dispatch(world.now)] == [attempt]
-        world.journal.commit()
+        world.commit()
         world.crash()
     world = World(tmp_path, now=world.now + 1)
     info = world.book.info(first.id)
@@ -158,7 +213,7 @@ def test_deadlines_that_passed_while_down_expire_and_delays_hold(tmp_path):
     world = World(tmp_path)
     late, _ = world.book.submit(SubmitRequest(b"x", pool="a", deadline=5.0), world.now)
     later, _ = world.book.submit(SubmitRequest(b"y", pool="a", delay=60.0), world.now)
-    world.journal.commit()
+    world.commit()
     world.crash()
     world = World(tmp_path, now=world.now + 10)
     world.book.dispatch(world.now)
@@ -169,11 +224,11 @@ def test_deadlines_that_passed_while_down_expire_and_delays_hold(tmp_path):
 
 def _committed_world(tmp_path: Path, commits: int) -> tuple[World, list[dict]]:
     world = World(tmp_path)
-    pictures = [picture(world.book)]
+    pictures = [picture(world)]
     for n in range(commits):
         world.book.submit(SubmitRequest(bytes([n]) * 20, pool="a", key=f"k{n}"), world.now)
-        world.journal.commit()
-        pictures.append(picture(world.book))
+        world.commit()
+        pictures.append(picture(world))
     world.crash()
     return world, pictures
 
@@ -188,10 +243,15 @@ def test_a_torn_tail_is_reported_and_cut_at_every_offset(tmp_path, caplog):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="cronoq.store"):
             again = World(tmp_path)
-        assert picture(again.book) == pictures[2]
+        assert picture(again) == pictures[2]
         assert f"{path}: torn tail at offset {last_frame_at}" in caplog.text
         assert path.stat().st_size == last_frame_at
         again.crash()
+
+
+def _journal_files(data_dir: Path) -> list[str]:
+    """The names of the files in data_dir, but the results store's."""
+    return sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(results.RESULTS))
 
 
 def _files(data_dir: Path) -> dict[str, bytes]:
@@ -220,22 +280,22 @@ def test_a_corrupt_frame_followed_by_intact_ones_refuses_to_start_and_changes_no
 def test_compaction_keeps_the_state_and_drops_old_journals(tmp_path):
     world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
     random_workload(world, random.Random(7), 400)
-    world.journal.commit()
+    world.commit()
     assert world.journal.wants_compaction(len(world.book.records))
     world.journal.compact(world.book.kept(), world.book.paused_pools())
     random_workload(world, random.Random(8), 50)
-    world.journal.commit()
-    expected = picture(world.book)
+    world.commit()
+    expected = picture(world)
     world.crash()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.00000002", "lock", SNAPSHOT]
+    assert _journal_files(tmp_path) == ["journal.00000002", "lock", SNAPSHOT]
     again = World(tmp_path, now=world.now)
-    assert picture(again.book) == expected
+    assert picture(again) == expected
 
 
 def test_a_compaction_cut_short_leaves_a_recoverable_directory(tmp_path, monkeypatch):
     world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
     random_workload(world, random.Random(3), 200)
-    world.journal.commit()
+    world.commit()
     world.journal.compact(world.book.kept(), world.book.paused_pools())  # snapshot generation 2
     random_workload(world, random.Random(4), 100)
 
@@ -248,12 +308,12 @@ def test_a_compaction_cut_short_leaves_a_recoverable_directory(tmp_path, monkeyp
         world.journal.compact(world.book.kept(), world.book.paused_pools())
     # The old snapshot, journal 2 and the new journal 3 together still hold everything.
     random_workload(world, random.Random(5), 50)
-    world.journal.commit()
-    expected = picture(world.book)
+    world.commit()
+    expected = picture(world)
     world.crash()
     monkeypatch.undo()
     again = World(tmp_path, now=world.now)
-    assert picture(again.book) == expected
+    assert picture(again) == expected
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -329,21 +389,258 @@ def test_the_broker_compacts_a_journal_grown_much_larger_than_its_state(tmp_path
                           environ={})
     broker = Broker(config, clock=lambda: 1000.0)
     broker.open()
-    for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records for 200 kept tasks
+    ids = []
+    for rid in range(1, 201):  # 200 tasks accepted and cancelled: 400 records, none left in memory
         broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Submit(1, rid)), b"\xc0"], 1000.0)
         [(_, accepted, _)] = broker._to_clients.items()
         broker._to_clients.clear()
-        task_id = accepted.id
-        broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Cancel(1, rid, task_id))], 1000.0)
+        ids.append(accepted.id)
+        broker._requests.on_message(peer(b"c"), [b"c", b"", protocol.encode(protocol.Cancel(1, rid, accepted.id))],
+                                    1000.0)
         broker._to_clients.clear()
     assert broker._commit()
     broker._to_clients.clear()
     journal = broker._data.journal
     journal.compact_min_bytes, journal.compact_ratio = 1, 1.5
     broker._compact_if_worthwhile()
-    assert journal.generation == 2 and journal.records == 0
+    assert journal.generation == 2 and journal.compacting is not None, "a child writes the snapshot"
+    while journal.compacting is not None:  # each tick looks in on the child; the one after it is done installs
+        time.sleep(0.01)
+        broker._compact_if_worthwhile()
+    assert journal.records == 0 and broker._data.compactions == 1
     broker.close()
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["journal.00000002", "lock", SNAPSHOT]
+    assert _journal_files(tmp_path / "data") == ["journal.00000002", "lock", SNAPSHOT]
     again = Broker(config, clock=lambda: 1000.0)
-    assert again.open() == {"finished": 200, "queued": 0, "requeued": 0, "failed": 0}
+    again.open()
+    assert {again._book.info(task_id).state for task_id in ids} == {"cancelled"}
     again.close()
+
+
+# --------------------------------------------------------------------- compaction in a forked child
+
+
+def _hold_compaction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Make the next compaction child stop after its snapshot's first frame until the returned file is gone."""
+    from cronoq.store.compaction import HOLD_ENV
+
+    hold = tmp_path.parent / f"{tmp_path.name}-hold"
+    monkeypatch.setenv(HOLD_ENV, str(hold))
+    return hold
+
+
+def _wait_for(path: Path) -> int:
+    end = time.monotonic() + 30
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
+def _busy_world(tmp_path: Path, seed: int) -> World:
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=1, ttl=1e9)
+    random_workload(world, random.Random(seed), 300)
+    world.commit()
+    return world
+
+
+def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path):
+    world = _busy_world(tmp_path, 21)
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    assert world.journal.generation == 2
+    random_workload(world, random.Random(22), 100)  # meanwhile, into journal 2
+    world.commit()
+    end = time.monotonic() + 30
+    while world.journal.poll_compaction() is None:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    assert world.journal.compacting is None
+    assert _journal_files(tmp_path) == ["journal.00000002", "lock", SNAPSHOT]
+    expected = picture(world)
+    world.crash()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected
+
+
+@pytest.mark.parametrize("when", ["child writing", "child done, not installed", "installed, old journal left"])
+def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path, monkeypatch, when):
+    hold = _hold_compaction(monkeypatch, tmp_path) if when == "child writing" else None
+    world = _busy_world(tmp_path, 23)
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    running = world.journal.compacting
+    assert running is not None
+    random_workload(world, random.Random(24), 50)
+    world.commit()
+    if hold is not None:
+        _wait_for(hold)
+        assert (tmp_path / "snapshot.tmp").exists()
+    elif when == "child done, not installed":
+        while not running.poll():  # the child is done; the broker dies before its next tick installs it
+            time.sleep(0.01)
+        world.journal.compacting = None
+        assert (tmp_path / "snapshot.tmp").exists()
+    else:
+        from cronoq.store import journal as journal_module
+
+        def die(data_dir, generation):
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(journal_module, "_delete_journals_before", die)
+        while True:
+            try:
+                if world.journal.poll_compaction() is not None:
+                    break
+            except OSError:
+                break
+            time.sleep(0.01)
+        assert (tmp_path / "journal.00000001").exists() and not (tmp_path / "snapshot.tmp").exists()
+        monkeypatch.undo()
+    expected = picture(world)
+    paused = world.book.paused_pools()
+    world.crash()  # like kill -9: on Linux the child dies with the broker (PR_SET_PDEATHSIG)
+    if hold is not None:
+        hold.unlink()
+        monkeypatch.undo()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected and again.book.paused_pools() == paused
+    assert not (tmp_path / "snapshot.tmp").exists()
+
+
+def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_path, monkeypatch):
+    hold = _hold_compaction(monkeypatch, tmp_path)
+    world = _busy_world(tmp_path, 25)
+    before = _files(tmp_path)
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    child = _wait_for(hold)
+    os.kill(child, 9)
+    hold.unlink()
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="killed by signal 9"):
+        while world.journal.poll_compaction() is None:
+            time.sleep(0.01)
+    assert not (tmp_path / "snapshot.tmp").exists()
+    after = _files(tmp_path)
+    assert {name: data for name, data in after.items() if name in before and name.startswith("journal")} == \
+        {name: data for name, data in before.items() if name.startswith("journal")}, "the old journal is untouched"
+    random_workload(world, random.Random(26), 50)
+    world.commit()
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    while world.journal.poll_compaction() is None:
+        time.sleep(0.01)
+    assert _journal_files(tmp_path) == ["journal.00000003", "lock", SNAPSHOT]
+    expected = picture(world)
+    world.crash()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected
+
+
+# --------------------------------------------------------------------- the results store and its archiver
+
+
+def test_a_killed_archiver_is_replaced_and_given_everything_still_in_memory(tmp_path, monkeypatch):
+    from cronoq.store import archive as archive_module
+
+    monkeypatch.setattr(archive_module, "RESPAWN_INTERVAL", 0.0)
+    world = World(tmp_path, ttl=1e9)
+    random_workload(world, random.Random(31), 200)
+    world.commit()
+    world.settle()
+    assert world.archive.pid is not None
+    os.kill(world.archive.pid, signal.SIGSTOP)  # it reads nothing more...
+    random_workload(world, random.Random(32), 200)
+    world.commit()
+    unstored = [record.id for record in world.book.finished]
+    assert unstored
+    before = picture(world)
+    world.archive.kill()  # ...and dies with those tasks sent but not stored
+    random_workload(world, random.Random(33), 100)
+    world.commit()
+    end = time.monotonic() + 30
+    while world.archive.respawns == 0:
+        assert time.monotonic() < end
+        world.commit()
+        time.sleep(0.01)
+    world.settle()
+    assert len(world.book.finished) == 0, "everything finished is in the store now"
+    expected = picture(world)
+    assert {task_id: expected.get(task_id) for task_id in unstored} == {task_id: before[task_id] for task_id in unstored}
+    world.crash()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected
+
+
+def test_finished_records_leave_memory_once_stored_and_answer_from_the_store(tmp_path):
+    world = World(tmp_path, ttl=1e9)
+    world.core.add_worker("w", ["a"], 1000)
+    handles = [world.book.submit(SubmitRequest(bytes([n]), pool="a", key=f"k{n}", submission=f"s{n}"), world.now)[0]
+               for n in range(100)]
+    for _, record, attempt in world.book.dispatch(world.now):
+        world.book.complete("w", record.id, attempt, world.now, ok=True, result=record.payload)
+    world.commit()
+    world.settle()
+    assert world.book.records == {} and world.archive.rows == 100
+    for n, record in enumerate(handles):
+        stored = world.book.get(record.id)
+        assert stored is not record and (stored.state, stored.result, stored.key) == ("succeeded", bytes([n]), f"k{n}")
+        assert world.book.submit(SubmitRequest(b"x", pool="a", key=f"k{n}"), world.now) == (stored, True)
+        again, duplicate = world.book.submit(SubmitRequest(b"x", pool="a", submission=f"s{n}"), world.now)
+        assert duplicate and again.id == record.id
+    fresh, duplicate = world.book.submit(SubmitRequest(b"x", pool="a", key="k100"), world.now)
+    assert not duplicate and fresh.id not in {r.id for r in handles}
+
+
+def test_the_store_drops_the_oldest_past_result_ttl_and_over_the_byte_budget(tmp_path):
+    world = World(tmp_path, ttl=50.0, max_bytes=1 << 30)
+    world.core.add_worker("w", ["a"], 1000)
+    order = []
+    for step in range(100):  # one task finishes each second
+        world.now += 1.0
+        record, _ = world.book.submit(SubmitRequest(b"x", pool="a", key=f"k{step}"), world.now)
+        [(_, dispatched, attempt)] = world.book.dispatch(world.now)
+        world.book.complete("w", dispatched.id, attempt, world.now, ok=True, result=b"r" * 100)
+        world.commit()
+        order.append(record.id)
+    world.settle()
+    known = [_known(world, task_id) for task_id in order]
+    assert known == [False] * 50 + [True] * 50, "exactly those older than result_ttl are gone"
+    world.book.set_retention(1e9, 20 * (world.archive.bytes // world.archive.rows))  # room for about 20
+    world.settle()
+    known = [_known(world, task_id) for task_id in order]
+    kept = sum(known)
+    assert 15 <= kept <= 21 and known == [False] * (100 - kept) + [True] * kept, "the oldest go first"
+    again, duplicate = world.book.submit(SubmitRequest(b"x", pool="a", key=f"k{99 - kept}"), world.now)
+    assert not duplicate, "a forgotten task's key is free again"
+
+
+def _known(world: World, task_id: str) -> bool:
+    try:
+        world.book.get(task_id)
+    except NotFound:
+        return False
+    return True
+
+
+def test_a_format_1_data_dir_is_read_and_its_finished_tasks_go_to_the_store(tmp_path):
+    from cronoq.store.records import Accepted, Finished, Header, Kept, Paused, encode
+
+    fd = os.open(tmp_path / "journal.00000001", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    frames.append(fd, encode([Header("journal", 1, 1)]))
+    frames.append(fd, encode([Accepted("t0", "a", "acme", 1, b"p0", 1000.0, key="k0", submission="s0"),
+                              Accepted("t1", "a", None, 2, b"p1", 1000.0)]))
+    frames.append(fd, encode([Finished("t0", "succeeded", 1001.0, b"r0"), Paused("b", True)]))
+    os.close(fd)
+    # A format 1 snapshot of generation 1 would come first; the journal alone is a valid start as well. Add one.
+    snapshot = [encode([Header("snapshot", 1, 1)]),
+                encode([Kept("t2", "b", "globex", 0, "queued", 999.0, payload=b"p2", submission="s2")]),
+                encode([msgspec.defstruct("End", [("count", int)], tag="end", array_like=True)(1)])]
+    frames.write_atomically(tmp_path / SNAPSHOT, snapshot)
+    world = World(tmp_path, ttl=1e9)
+    world.settle()
+    assert world.book.info("t0").state == "succeeded" and world.book.get("t0").result == b"r0"
+    assert world.book.info("t1").state == "queued" and world.book.info("t2").state == "queued"
+    assert world.book.get("t2").payload == b"p2" and world.book.paused_pools() == ["b"]
+    assert "t0" not in world.book.records, "numbered and moved to the results store"
+    assert world.book.submit(SubmitRequest(b"x", pool="a", tenant="acme", key="k0"), world.now)[1]

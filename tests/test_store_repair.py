@@ -18,8 +18,8 @@ from cronoq.store import frames, journal as journal_module
 from cronoq.store.journal import SNAPSHOT, DamagedFile, Journal, journal_path
 from cronoq.store.records import decode_batch
 from cronoq.store.repair import repair
-from cronoq.store.replay import Replay, record_to_kept
-from tests.test_store import World, random_workload
+from cronoq.store.replay import Replay, snapshot_record
+from tests.test_store import World, _journal_files, random_workload
 
 
 def _files(data_dir: Path) -> dict[str, bytes]:
@@ -44,7 +44,7 @@ def _replay_without(paths: list[Path], lost: dict[Path, set[int]]) -> Replay:
 
 
 def _state(replay: Replay) -> tuple[list, set[str]]:
-    return [record_to_kept(r) for r in replay.records.values()], replay.paused
+    return [snapshot_record(r) for r in replay.records.values()], replay.paused
 
 
 def _repair(data_dir: Path) -> tuple[int, str]:
@@ -93,7 +93,7 @@ def test_a_damaged_journal_is_repaired_from_every_intact_frame_with_a_copy_kept(
     shown = report.split("(the payload is gone): ")[1].splitlines()[0]
     assert set(shown.split(", ")) == expected.orphan_ids
     assert "wrote a snapshot of" in report and "the broker can start" in report
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["lock", SNAPSHOT, "journal.00000002", copy.name])
+    assert _journal_files(tmp_path) == sorted(["lock", SNAPSHOT, "journal.00000002", copy.name])
 
     journal, replay = Journal.open(tmp_path)
     assert _state(replay) == _state(expected)

@@ -1,22 +1,37 @@
-"""The broker's durable state in its data_dir: recovery at start, group commits, syncs and compaction.
+"""The broker's durable state in its data_dir: recovery at start, group commits, syncs, compaction, retention.
 
 The journal format and crash safety live in cronoq.store; this module is the
-broker's use of it. Write failures surface as OSError to the broker, which
-stops without confirming anything (a reply for a change that is not on disk
-would be a lie); a failed compaction is only logged, as the old snapshot and
+broker's use of it:
+
+- after each group commit, the tasks that finished in the pass go to the
+  results store's archiver, and the finished records it has confirmed leave
+  memory (cronoq.store.archive);
+- about once a second, a compaction is started when the journal has grown
+  well past the records in memory: a forked child writes the snapshot while
+  the broker carries on (cronoq.store.compaction), and the next ticks install
+  it once the child succeeded.
+
+Write failures of the journal surface as OSError to the broker, which stops
+without confirming anything (a reply for a change that is not on disk would
+be a lie); a failed compaction is only logged, as the old snapshot and
 journals are still whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import os
 import time
+from typing import Any, Callable
 
 from cronoq.book import TaskBook
 from cronoq.config import BrokerConfig
 from cronoq.metrics import BrokerMetrics
-from cronoq.store.journal import Journal, StoreError
+from cronoq.store import results
+from cronoq.store.archive import Archive, open_store
+from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError
 
 log = logging.getLogger("cronoq.broker")
 
@@ -24,17 +39,25 @@ log = logging.getLogger("cronoq.broker")
 SYNC_INTERVAL = 1.0
 # Seconds before trying again after a compaction failed (a full disk, say).
 COMPACTION_RETRY = 60.0
+# For tests only: compact at a smaller journal and ratio than a broker would, and retry sooner, to reach the code
+# paths quickly: "MIN_BYTES[,RATIO[,RETRY_SECONDS]]".
+COMPACTION_ENV = "CRONOQ_TEST_COMPACTION"
+# For tests only: how many finished tasks may wait for the results store before dispatching waits.
+UNARCHIVED_ENV = "CRONOQ_TEST_MAX_UNARCHIVED"
 
 
 class DataDir:
-    """One broker's journal, between `open()` and `close()`; inert when the config has no data_dir."""
+    """One broker's journal and results store, between `open()` and `close()`; inert without a data_dir."""
 
     def __init__(self, config: BrokerConfig, book: TaskBook, metrics: BrokerMetrics) -> None:
         self._config = config
         self._book = book
         self._metrics = metrics
         self.journal: Journal | None = None
+        self.archive: Archive | None = None
         self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
+        self.compactions = 0
+        self._min_bytes, self._ratio, self._retry = _compaction_settings()
 
     @property
     def syncs_in_background(self) -> bool:
@@ -53,12 +76,25 @@ class DataDir:
         # (3x the time). Afterwards they go to the permanent generation, out of every later collection's way.
         gc.disable()
         try:
-            journal, replay = Journal.open(data_dir, fsync_each_commit=self._config.durability == "fsync")
+            journal, replay = Journal.open(
+                data_dir, fsync_each_commit=self._config.durability == "fsync", compact_min_bytes=self._min_bytes,
+                compact_ratio=self._ratio, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS),
+            )
             self.journal = self._book.journal = journal
             try:
-                counts = self._book.recover(replay.records.values(), replay.paused, now)
+                db, archived_through = open_store(data_dir)
+                if os.environ.get(UNARCHIVED_ENV):
+                    self._book.max_unarchived = int(os.environ[UNARCHIVED_ENV])
+                self.archive = self._book.archive = Archive(
+                    data_dir, db, archived_through, ttl=self._config.result_ttl,
+                    max_bytes=self._config.result_retention_bytes,
+                )
+                counts = self._book.recover(replay.records, replay.paused, now,
+                                            seq_floor=max(replay.max_seq, archived_through))
                 journal.commit()  # what recovery decided (requeued, failed) before anything else happens
                 del replay
+                self.archive.start(now)
+                self.archive.exchange(self._book)
                 self.compact_if_worthwhile()
             except OSError as exc:
                 self.close(failed=False)
@@ -72,12 +108,26 @@ class DataDir:
         return counts
 
     def commit(self) -> None:
-        """Group commit: what the book changed since the last commit reaches the journal. Raises OSError."""
+        """Group commit: what the book changed since the last commit reaches the journal; then the tasks that
+        finished go to the results store. Raises OSError."""
         journal = self.journal
         if journal is not None and journal.dirty:
             started = time.perf_counter()
             journal.commit()
             self._metrics.commit_took(time.perf_counter() - started)
+        if self.archive is not None:
+            self.archive.exchange(self._book)
+
+    def watch(self, loop: asyncio.AbstractEventLoop, pump: Callable[[], None]) -> None:
+        """Wake the broker's loop when the archiver replies: the finished tasks it stored leave memory at once,
+        and dispatching that waited for it (max_unarchived) goes on."""
+        if self.archive is not None:
+            def on_reply() -> None:
+                if self.archive is not None:
+                    self.archive.exchange(self._book, listen=True)
+                    pump()
+
+            self.archive.watch(loop, on_reply)
 
     def sync(self) -> None:
         """fdatasync the journal. Raises OSError."""
@@ -85,29 +135,68 @@ class DataDir:
             self.journal.sync()
 
     def compact_if_worthwhile(self) -> None:
-        """Snapshot the kept records and start a fresh journal once the journal has grown well past them.
+        """The broker's tick: hear the archiver, install a finished compaction, and start one once the journal
+        has grown well past the records in memory.
 
-        Raises OSError only when the commit before the snapshot fails (that is fatal; a failed snapshot is not).
+        Raises OSError only when the commit before a compaction fails (that is fatal; a failed snapshot is not).
         """
         journal = self.journal
-        started = time.monotonic()
-        if journal is None or started < self._next_compaction or not journal.wants_compaction(len(self._book.records)):
+        if journal is None:
+            return
+        if self.archive is not None:
+            self.archive.exchange(self._book, listen=True)
+            if len(self._book.finished) >= self._book.max_unarchived:
+                log.warning("%d finished tasks wait for the results store (%s): dispatching waits until it catches "
+                            "up", len(self._book.finished), self.archive.path)
+        now = time.monotonic()
+        self._install_compaction(journal, now)
+        if now < self._next_compaction or not journal.wants_compaction(len(self._book.records)):
             return
         self.commit()
         try:
-            size = journal.compact(self._book.kept(), self._book.paused_pools())
-        except OSError as exc:  # the old snapshot and journals are still whole: carry on, try again later
-            log.error("could not compact the journal in %s: %s; trying again in %g s",
-                      self._config.data_dir, exc, COMPACTION_RETRY)
-            self._next_compaction = started + COMPACTION_RETRY
+            book = self._book
+            journal.start_compaction(book.kept, book.paused_pools())
+        except OSError as exc:
+            self._compaction_failed(exc, now)
             return
-        log.info("compacted the journal: a snapshot of %d records (%d bytes) in %.3f s",
-                 len(self._book.records), size, time.monotonic() - started)
+        log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d",
+                 len(self._book.records), journal.bytes, journal.compacting.pid)  # type: ignore[union-attr]
+
+    def _install_compaction(self, journal: Journal, now: float) -> None:
+        running = journal.compacting
+        if running is None:
+            return
+        try:
+            size = journal.poll_compaction()
+        except OSError as exc:
+            self._compaction_failed(exc, now)
+            return
+        if size is not None:
+            self.compactions += 1
+            log.info("compacted the journal: a snapshot of %d bytes, written in %.3f s while serving",
+                     size, now - running.started)
+
+    def _compaction_failed(self, exc: OSError, now: float) -> None:
+        # The old snapshot and journals are still whole: carry on, try again later.
+        log.error("could not compact the journal in %s: %s; trying again in %g s",
+                  self._config.data_dir, exc.strerror or exc, self._retry)
+        self._next_compaction = now + self._retry
+
+    def stats(self) -> dict[str, Any]:
+        """What the results store holds and how compaction goes (empty without a data_dir)."""
+        if self.journal is None or self.archive is None:
+            return {}
+        return {"results": self.archive.stats(), "journal_bytes": self.journal.bytes,
+                "compactions": self.compactions, "compacting": self.journal.compacting is not None}
 
     def close(self, *, failed: bool) -> None:
         """Release data_dir: commit and fsync what is left, or, after a failure, nothing. Idempotent."""
         journal, self.journal = self.journal, None
+        archive, self.archive = self.archive, None
         self._book.journal = None
+        self._book.archive = None
+        if archive is not None:
+            archive.close()
         if journal is None:
             return
         try:
@@ -117,3 +206,11 @@ class DataDir:
                 journal.close()
         except OSError as exc:
             log.error("could not close the journal in %s: %s", self._config.data_dir, exc)
+
+
+def _compaction_settings() -> tuple[int, float, float]:
+    """(journal bytes, journal records per record in memory) before a compaction, and seconds before a retry."""
+    parts = os.environ.get(COMPACTION_ENV, "").split(",")
+    defaults = (COMPACT_MIN_BYTES, COMPACT_RATIO, COMPACTION_RETRY)
+    values = [part or default for part, default in zip(parts + [""] * 3, defaults)]
+    return int(values[0]), float(values[1]), float(values[2])

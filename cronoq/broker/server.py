@@ -101,7 +101,8 @@ class Broker:
         self._book = TaskBook(
             self._core, new_id=_task_ids(), on_terminal=self._on_terminal,
             max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
-            result_ttl=config.result_ttl, limits=self._pool_limits,
+            result_ttl=config.result_ttl, result_retention_bytes=config.result_retention_bytes,
+            limits=self._pool_limits,
         )
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
@@ -215,6 +216,7 @@ class Broker:
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         if self._data.syncs_in_background:
             self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
+        self._data.watch(loop, self._pump)
         self._pump()
         await self._stopped.wait()
         for sock in self._watched_sockets():
@@ -543,7 +545,7 @@ class Broker:
         weights_changed = _weight_changes(self.config.pools, new.pools)
         self._book.configure(new.pools)
         self._book.max_deliveries = new.max_deliveries
-        self._book.result_ttl = new.result_ttl
+        self._book.set_retention(new.result_ttl, new.result_retention_bytes)
         self._auth = Authenticator(new.tokens)
         if new.schedules or self._cron is not None:
             if self._cron is None:
@@ -572,7 +574,8 @@ class Broker:
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
         return {"pools": pools, "workers": len(self._workers),
-                "schedules": {} if self._cron is None else self._cron.describe()}
+                "schedules": {} if self._cron is None else self._cron.describe(),
+                "memory": self._book.memory_stats(), "store": self._data.stats()}
 
     # ----------------------------------------------------------------- workers
 

@@ -4,7 +4,8 @@ How the pieces fit (the rules are in docs/api.md, "Scheduling rules";
 docs/scheduling.md explains them at length):
 
     SchedulerCore
-      _tasks    id -> Task, every live task (queued, delayed, running)
+      _tasks    id -> Task, every live task (queued, delayed, running), but those restored with an
+                `index`: the caller's own map of them, which the core reads instead of copying
       _timers   heap of delayed tasks by min(not_before, deadline)
       _expiry   heap of queued tasks that have a deadline, by deadline
       _ready    workers with a free slot, least recently ready first
@@ -62,10 +63,12 @@ from cronoq.core.task import (
     FAILED,
     QUEUED,
     RUNNING,
+    LIVE_STATES,
     SUCCEEDED,
     Task,
 )
 from cronoq.core.checks import check_settings, check_task, is_time, no_pool_message
+from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
 from cronoq.core.workers import Worker
 from cronoq.errors import InvalidArgument, NotFound
@@ -86,6 +89,8 @@ class SchedulerCore:
     def __init__(self, pools: Iterable[PoolSettings]) -> None:
         self._pools: dict[str, Pool] = {}
         self._tasks: dict[str, Task] = {}
+        self._index: Mapping[str, Task] | None = None
+        self._indexed = 0  # live tasks found through _index rather than _tasks
         self._workers: dict[Hashable, Worker] = {}
         self._ready: OrderedDict[Hashable, Worker] = OrderedDict()
         self._timers = TimerHeap(DELAYED)
@@ -184,6 +189,8 @@ class SchedulerCore:
             check_task(task)
         if task._seq:
             raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
+        if self._index is not None and self._in_index(task_id) is not None:  # restored, and live
+            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
         if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
             raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
         ts = pool.tenants.get(tenant)
@@ -214,9 +221,81 @@ class SchedulerCore:
             pool.stuck = False
             self._refresh(pool)
 
+    def restore(self, tasks: list[Task], now: float, *, index: Mapping[str, Task] | None = None) -> None:
+        """Take back tasks recovered from durable state, in the order they last entered their queues.
+
+        Each as `submit` would, without the checks a fresh submission needs
+        (they were made when it was first submitted): a broker restarting
+        with a million queued tasks spends its time here. With `index`, a
+        mapping by id that holds every one of `tasks` (and may hold others,
+        which the core ignores) and that the caller keeps, into a core that
+        holds nothing yet, the core reads that mapping instead of building a
+        map of its own: the caller must not take out of it a task the core
+        still holds. Raises NotFound, taking nothing, if a task names an
+        unknown or draining pool, and InvalidArgument if an id is already
+        held.
+        """
+        pools = self._pools
+        for name in {task.pool for task in tasks}:
+            pool = pools.get(name)
+            if pool is None or pool.draining:
+                raise NotFound(no_pool_message(name, pool, self.pool_names()))
+        if index is not None:
+            if self._tasks or self._index is not None:
+                raise InvalidArgument("restore() with an index is for a core that holds no task yet")
+            self._index, self._indexed = index, len(tasks)
+            held: dict[str, Task] | None = None
+        else:
+            held = self._tasks
+        count = 0 if held is None else len(held)
+        seq = self._seq
+        for task in tasks:
+            pool = pools[task.pool]
+            tenant = task.tenant
+            ts = pool.tenants.get(tenant)
+            if ts is None:
+                ts = pool.tenant_stats(tenant)
+            task._ts = ts
+            if held is not None:
+                held[task.id] = task
+            not_before = task.not_before
+            if not_before is not None and not_before > now:
+                self._seq = seq
+                self._delay(pool, task)
+                seq = self._seq
+                continue
+            seq += 1
+            task._seq = seq
+            task.state = QUEUED
+            cls = pool.classes[task.priority]
+            deadline = task.deadline
+            if deadline is not None:
+                entry = (deadline, seq, task)
+                heappush(cls.edf, entry)
+                self._expiry.push(entry)
+            elif cls.rest.__class__ is FifoQueue:  # Chain.append, inline: the common case, a million times
+                rest = cls.rest
+                task._next = None
+                if rest.tail is None:
+                    rest.head = task
+                else:
+                    rest.tail._next = task
+                rest.tail = task
+                rest.live += 1
+            else:
+                cls.rest.push(task)
+            cls.queued += 1
+            pool.queued += 1
+            ts.queued += 1
+        self._seq = seq
+        if held is not None and len(held) != count + len(tasks):
+            raise InvalidArgument("restore() was given a task id twice, or one already held")
+        for pool in pools.values():
+            self._refresh(pool)
+
     def cancel(self, task_id: str, now: float) -> Task | None:
         """Cancel a queued or delayed task and return it; None if it is running or unknown."""
-        task = self._tasks.get(task_id)
+        task = self.get(task_id)
         if task is None or task.state is RUNNING:
             return None
         pool = self._pools[task.pool]
@@ -272,17 +351,30 @@ class SchedulerCore:
 
     def get(self, task_id: str) -> Task | None:
         """The live (queued, delayed or running) task with this id, or None."""
-        return self._tasks.get(task_id)
+        task = self._tasks.get(task_id)
+        if task is None and self._index is not None:
+            return self._in_index(task_id)
+        return task
 
     def tasks(self) -> Iterator[Task]:
         """Every live task, in no particular order."""
-        return iter(list(self._tasks.values()))
+        found = list(self._tasks.values())
+        if self._index is not None:
+            found += [task for task in self._index.values() if task._ts is not None and task.state in LIVE_STATES]
+        return iter(found)
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + self._indexed
 
     def __contains__(self, task_id: object) -> bool:
-        return task_id in self._tasks
+        return isinstance(task_id, str) and self.get(task_id) is not None
+
+    def _in_index(self, task_id: str) -> Task | None:
+        """A live task restored with an index (the index also holds tasks this core never had, or let go)."""
+        task = self._index.get(task_id)  # type: ignore[union-attr]
+        if task is None or task._ts is None or task.state not in LIVE_STATES:
+            return None
+        return task
 
     # -- workers -----------------------------------------------------------
 
@@ -613,11 +705,12 @@ class SchedulerCore:
     def _forget(self, task: Task, state: str) -> None:
         task.state = state
         task.worker = None
-        del self._tasks[task.id]
+        if self._tasks.pop(task.id, None) is None:
+            self._indexed -= 1  # it was found through the index, which its owner keeps
 
     def _lease(self, task_id: str, worker_id: Hashable, attempt: int) -> Task | None:
         """The running task if (task_id, attempt) is a current lease of worker_id, else None."""
-        task = self._tasks.get(task_id)
+        task = self.get(task_id)
         if task is None or task.state is not RUNNING or task.attempts != attempt or task.worker != worker_id:
             return None
         return task

@@ -296,14 +296,25 @@ def write_atomically(path: Path, bodies: Iterable[bytes]) -> int:
     fsyncs the directory. Returns the size written.
     """
     temporary = path.with_name(path.name + ".tmp")
+    size = write_durably(temporary, bodies)
+    install(temporary, path)
+    return size
+
+
+def write_durably(path: Path, bodies: Iterable[bytes]) -> int:
+    """Write frames to a new file at `path` (replacing any) and fsync it; returns the size written."""
     size = 0
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
         for body in bodies:
             size += append(fd, body)
         os.fsync(fd)
     finally:
         os.close(fd)
+    return size
+
+
+def install(temporary: Path, path: Path) -> None:
+    """Rename a durably written file over `path`, and make the rename durable."""
     os.replace(temporary, path)
     fsync_dir(path.parent)
-    return size

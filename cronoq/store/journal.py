@@ -3,7 +3,7 @@
 Layout of `data_dir`:
 
     lock                 held (flock) by the one broker using the directory
-    snapshot             every kept record at some moment, then `End`; names generation g
+    snapshot             every record in memory at some moment, then `End`; names generation g
     journal.<g>          the changes since that snapshot, one frame per group commit
     journal.<g+1> ...    (only after a compaction was cut short: replayed in order)
 
@@ -20,11 +20,17 @@ With `fsync_each_commit` the frame is also fdatasync'ed before the replies
 any crash of the broker process, and the broker calls `sync()` about once a
 second to bound what a power loss could take.
 
-Compaction, when the journal grows much larger than the live state: commit,
-start journal g+1, write the snapshot (generation g+1) to a temporary file,
-fsync, rename it over the old one, then delete the journals before g+1. A
-crash at any point leaves an old snapshot with all the journals after it, or
-the new snapshot with the new journal; recovery replays whichever it finds.
+Compaction, when the journal grows much larger than the records in memory:
+commit, start journal g+1, write the snapshot (generation g+1) to a
+temporary file and fsync it, rename it over the old one, then delete the
+journals before g+1. The broker writes the snapshot in a forked child
+(`start_compaction`, cronoq.store.compaction) and renames it once the child
+succeeded (`poll_compaction`); `compact` does it all at once. A crash at any
+point leaves an old snapshot with all the journals after it, or the new
+snapshot with the new journal; recovery replays whichever it finds.
+
+Finished tasks leave the snapshot (and memory) once the results store holds
+them: opening with `archived_through` leaves out those it holds.
 
 Opening reads every file first, changing nothing (cronoq.store.reading: a
 torn tail is fine, damage is refused); only then does it tidy up — cut torn
@@ -36,10 +42,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from cronoq.book import TaskRecord
+from cronoq.book import TaskRecord, stored_form
 from cronoq.store import frames
+from cronoq.store.compaction import BackgroundSnapshot
 from cronoq.store.reading import (
     SNAPSHOT,
     DamagedFile,
@@ -54,19 +61,18 @@ from cronoq.store.reading import (
 )
 from cronoq.store.records import (
     FORMAT,
-    Accepted,
+    AcceptedEntry,
     Change,
     Dispatched,
     End,
     Finished,
-    Forgotten,
     Header,
     Paused,
     Record,
     Requeued,
     encode,
 )
-from cronoq.store.replay import Replay, record_to_kept
+from cronoq.store.replay import Replay
 
 __all__ = ["COMPACT_MIN_BYTES", "COMPACT_RATIO", "SNAPSHOT", "DamagedFile", "Journal", "StoreError", "journal_path"]
 
@@ -75,10 +81,10 @@ log = logging.getLogger("cronoq.store")
 SNAPSHOT_FRAME_RECORDS = 1024
 """Records per snapshot frame: big enough to encode fast, small enough to read back in pieces."""
 
-COMPACT_MIN_BYTES = 64 << 20
+COMPACT_MIN_BYTES = 32 << 20
 """A journal smaller than this is never compacted: replaying it takes well under a second."""
 COMPACT_RATIO = 4
-"""Compact when the journal holds this many times more records than there are kept tasks."""
+"""Compact when the journal holds this many times more records than there are records in memory."""
 
 
 class Journal:
@@ -95,6 +101,8 @@ class Journal:
         """Journal bytes since the last snapshot (all journal files)."""
         self.records = 0
         """Journal records since the last snapshot."""
+        self.compacting: BackgroundSnapshot | None = None
+        self._covered = (0, 0)  # (bytes, records) of the journals the running compaction replaces
         self._lock_fd = lock_fd
         self._fd = fd
         self._pending: list[Change] = []
@@ -104,8 +112,11 @@ class Journal:
 
     @classmethod
     def open(cls, data_dir: Path, *, fsync_each_commit: bool = False, compact_min_bytes: int = COMPACT_MIN_BYTES,
-             compact_ratio: float = COMPACT_RATIO) -> tuple["Journal", Replay]:
-        """Lock `data_dir`, read back its state, and return the journal ready to append, with what it read.
+             compact_ratio: float = COMPACT_RATIO, archived_through: Callable[[], int] = lambda: 0) \
+            -> tuple["Journal", Replay]:
+        """Lock `data_dir`, read back its state, and return the journal ready to append, with what it read
+        (leaving out the finished tasks numbered up to `archived_through()`, asked once the directory is
+        locked: the results store holds them).
 
         A torn tail of a journal is reported (file, offset) and cut off.
         Raises StoreError when the directory is in use or unreadable, and
@@ -118,7 +129,7 @@ class Journal:
         except OSError as exc:
             raise StoreError(f"cannot use data_dir {data_dir}: {exc.strerror or exc}") from None
         try:
-            state = read_state(data_dir)
+            state = read_state(data_dir, archived_through())
         except OSError as exc:
             release(data_dir, lock_fd, created)
             raise StoreError(f"cannot read data_dir {data_dir}: {exc.strerror or exc} ({exc.filename or ''})") from None
@@ -144,10 +155,10 @@ class Journal:
     # ----------------------------------------------------------------- changes (called by the task book)
 
     def accepted(self, r: TaskRecord) -> None:
-        self._pending.append(Accepted(
+        self._pending.append(AcceptedEntry(
             r.id, r.pool, r.tenant, r.priority, r.payload, r.submitted_at, r.deadline, r.not_before,
             r.max_retries, r.key, r.submission,
-        ))
+        ))  # not the record itself: it may change before the commit
 
     def dispatched(self, r: TaskRecord) -> None:
         self._pending.append(Dispatched(r.id, r.attempts, r.started_at))  # type: ignore[arg-type]
@@ -158,10 +169,8 @@ class Journal:
     def finished(self, r: TaskRecord) -> None:
         self._pending.append(Finished(
             r.id, r.state, r.finished_at, r.result, r.error_type, r.error_message, r.traceback,  # type: ignore[arg-type]
+            r.seq,
         ))
-
-    def forgotten(self, r: TaskRecord) -> None:
-        self._pending.append(Forgotten(r.id))
 
     def paused(self, pool: str, paused: bool) -> None:
         self._pending.append(Paused(pool, paused))
@@ -194,20 +203,66 @@ class Journal:
             os.fdatasync(self._fd)
 
     def wants_compaction(self, kept: int) -> bool:
-        """Whether the journal has grown much larger than the `kept` task records it describes."""
-        return self.bytes >= self.compact_min_bytes and self.records > self.compact_ratio * max(kept, 1)
+        """Whether the journal has grown much larger than the `kept` task records it describes (and no
+        compaction runs)."""
+        return (self.compacting is None and self.bytes >= self.compact_min_bytes
+                and self.records > self.compact_ratio * max(kept, 1))
 
     def compact(self, kept: Iterable[TaskRecord], paused: Iterable[str]) -> int:
-        """Replace the snapshot and the journals with a snapshot of `kept` and a fresh journal; returns its size."""
+        """Replace the snapshot and the journals with a snapshot of `kept` and a fresh journal, here and now;
+        returns the snapshot's size."""
+        self._next_generation()
+        size = install_snapshot(self.data_dir, self.generation, kept, paused)
+        self.bytes = self.records = 0
+        return size
+
+    def start_compaction(self, kept: Callable[[], Iterable[TaskRecord]], paused: list[str]) -> None:
+        """Start journal g+1, and fork a child that writes the snapshot of generation g+1 from its copy of
+        memory: `kept()` runs in the child, and must give the records as they are now. The journal carries
+        on meanwhile; `poll_compaction` installs the snapshot once it is written. Raises OSError."""
+        self._next_generation()
+        self._covered = (self.bytes, self.records)
+        generation = self.generation
+        self.compacting = BackgroundSnapshot.start(
+            generation, _temporary(self.data_dir), lambda: _snapshot_frames(generation, kept(), paused),
+            close_in_child=[self._lock_fd, self._fd],
+        )
+
+    def poll_compaction(self) -> int | None:
+        """If the running compaction's child is done: install its snapshot and delete the journals it
+        replaces; returns the snapshot's size. None while it runs (or when none runs). Raises OSError when it
+        failed: nothing was changed, and the journals since the last snapshot are all still there."""
+        running = self.compacting
+        if running is None:
+            return None
+        try:
+            if not running.poll():
+                return None
+        except OSError:
+            self.compacting = None
+            raise
+        self.compacting = None
+        frames.install(running.temporary, self.data_dir / SNAPSHOT)
+        _delete_journals_before(self.data_dir, running.generation)
+        covered_bytes, covered_records = self._covered
+        self.bytes -= covered_bytes
+        self.records -= covered_records
+        return running.size
+
+    def cancel_compaction(self) -> None:
+        """Stop a running compaction's child, changing nothing (a broker that stops does not wait for it)."""
+        if self.compacting is not None:
+            self.compacting.cancel()
+            self.compacting = None
+
+    def _next_generation(self) -> None:
+        """Commit, then append to a new journal file from now on."""
         self.commit()
         generation = self.generation + 1
         fd = create_journal(self.data_dir, generation)
         os.close(self._fd)
         self._fd, self.generation = fd, generation
         self._unsynced = False
-        size = install_snapshot(self.data_dir, generation, kept, paused)
-        self.bytes = self.records = 0
-        return size
 
     def close(self) -> None:
         """Commit, make everything durable, and release the directory."""
@@ -219,6 +274,7 @@ class Journal:
 
     def abandon(self) -> None:
         """Release the directory without writing what is pending (after a write failed; or a test's crash)."""
+        self.cancel_compaction()
         self._pending = []
         for fd in (self._fd, self._lock_fd):
             try:
@@ -265,11 +321,19 @@ def install_snapshot(data_dir: Path, generation: int, kept: Iterable[TaskRecord]
     """Replace the snapshot atomically with one of `kept` naming `generation`, then delete the journals before
     it (journal `generation` must exist already). Returns the snapshot's size."""
     size = frames.write_atomically(data_dir / SNAPSHOT, _snapshot_frames(generation, kept, paused))
+    _delete_journals_before(data_dir, generation)
+    return size
+
+
+def _delete_journals_before(data_dir: Path, generation: int) -> None:
     for old in journal_generations(data_dir):
         if old < generation:
             journal_path(data_dir, old).unlink()
     frames.fsync_dir(data_dir)
-    return size
+
+
+def _temporary(data_dir: Path) -> Path:
+    return data_dir / (SNAPSHOT + ".tmp")
 
 
 def _snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> Iterator[bytes]:
@@ -277,7 +341,7 @@ def _snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterab
     count = 0
     chunk: list[Record] = [Paused(pool, True) for pool in paused]
     for record in kept:
-        chunk.append(record_to_kept(record))
+        chunk.append(stored_form(record))  # type: ignore[arg-type]
         if len(chunk) >= SNAPSHOT_FRAME_RECORDS:
             count += len(chunk)
             yield encode(chunk)

@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from cronoq.store import frames
-from cronoq.store.records import FORMAT, End, Header, Record, batch_starts, decode_batch
+from cronoq.store.records import READABLE_FORMATS, End, Header, Record, batch_starts, decode_batch
 from cronoq.store.replay import Replay
 
 SNAPSHOT = "snapshot"
@@ -136,12 +136,10 @@ def read_file(path: Path, kind: str, replay: Replay, *, skip_damage: bool = Fals
         if offset == 0:
             read.header = _check_header(path, batch, kind)
             batch = batch[1:]
-        for record in batch:
-            if isinstance(record, End):
-                read.expected = record.count
-            elif not isinstance(record, Header):
-                read.records += 1
-                replay.apply(record)
+        if batch and isinstance(batch[-1], End):  # a snapshot's last frame
+            read.expected = batch.pop().count
+        read.records += len(batch)
+        replay.apply_batch(batch)
     read.size, read.end, read.gaps = reader.size, reader.end, reader.gaps
     return read
 
@@ -168,8 +166,9 @@ def _check_header(path: Path, batch: list[Record], kind: str) -> Header:
     header = batch[0] if batch else None
     if not isinstance(header, Header) or header.kind != kind:
         raise StoreError(f"{path}: not a cronoq {kind} file (its first frame is no {kind} header)")
-    if header.format != FORMAT:
-        raise StoreError(f"{path}: format {header.format}, but this version of cronoq reads format {FORMAT}")
+    if header.format not in READABLE_FORMATS:
+        raise StoreError(f"{path}: format {header.format}, but this version of cronoq reads formats "
+                         f"{', '.join(map(str, READABLE_FORMATS))}")
     return header
 
 
@@ -195,9 +194,10 @@ class State:
     """Generations whose journal is missing, or was torn before its header was whole: to create."""
 
 
-def read_state(data_dir: Path) -> State:
-    """Read the snapshot and the journals after it. Raises DamagedFile (or StoreError) and changes nothing."""
-    replay = Replay()
+def read_state(data_dir: Path, archived_through: int = 0) -> State:
+    """Read the snapshot and the journals after it, leaving out the finished tasks numbered up to
+    `archived_through` (the results store holds them). Raises DamagedFile (or StoreError), changing nothing."""
+    replay = Replay(archived_through)
     snapshot = data_dir / SNAPSHOT
     first = 1
     if snapshot.exists():

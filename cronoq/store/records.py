@@ -1,13 +1,15 @@
 """What the journal and the snapshot hold: one tagged msgspec struct per kind of change.
 
 A journal frame holds the changes of one group commit as a msgpack array of
-these records; a snapshot holds one `Kept` per task record plus `Paused`
-pools. Each record is an array `[tag, field, ...]` so the common ones cost
-a few dozen bytes; trailing fields left at their default are omitted.
-Times are Unix seconds, as in the task book.
+these records; a snapshot holds one record per task plus `Paused` pools.
+Each record is an array `[tag, field, ...]`, so the common ones cost a few
+dozen bytes. Times are Unix seconds, as in the task book.
 
 Changing a record's fields means a new `FORMAT`: a broker refuses files of a
-format it does not know instead of guessing.
+format it does not know instead of guessing. Format 2 (this one) stores a
+task record as the book's own `TaskRecord` (`t`; an `accepted` record is the
+first fields of one), and numbers finished tasks (`Finished.seq`); format 1
+files (with `Kept` snapshot records) are still read.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from typing import Iterator, Union
 
 import msgspec
 
-FORMAT = 1
-"""Version of the on-disk format, in every file's header."""
+from cronoq.book import TaskRecord
+
+FORMAT = 2
+"""Version of the on-disk format written, in every file's header."""
+READABLE_FORMATS = (1, 2)
 
 
 class _Record(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -34,8 +39,13 @@ class Header(_Record, tag="cronoq"):
     generation: int
 
 
-class Accepted(_Record, tag="a"):
-    """A task was accepted: everything needed to queue it again."""
+class Accepted(TaskRecord, tag="a"):
+    """A task was accepted: read back as the task's record itself, from the fields up to `submission` (the
+    rest take their defaults). Written as an AcceptedEntry."""
+
+
+class AcceptedEntry(_Record, tag="a"):
+    """An `accepted` record as the journal writes it: a submit's fields, the first ones of a TaskRecord."""
 
     id: str
     pool: str
@@ -78,10 +88,13 @@ class Finished(_Record, tag="f"):
     error_type: str = ""
     error_message: str = ""
     traceback: str = ""
+    seq: int = 0
+    """The task's number in the order tasks finished (format 2; 0 in format 1)."""
 
 
 class Forgotten(_Record, tag="x"):
-    """A finished task's record passed result_ttl and was dropped."""
+    """A finished task's record passed result_ttl and was dropped (format 1 only: the results store forgets
+    now)."""
 
     id: str
 
@@ -94,7 +107,7 @@ class Paused(_Record, tag="p"):
 
 
 class Kept(_Record, tag="k"):
-    """A whole task record, as a snapshot holds it."""
+    """A whole task record, as a format 1 snapshot holds it (format 2 stores the TaskRecord itself)."""
 
     id: str
     pool: str
@@ -123,8 +136,8 @@ class End(_Record, tag="end"):
     count: int
 
 
-Change = Union[Accepted, Dispatched, Requeued, Finished, Forgotten, Paused]
-Record = Union[Header, Accepted, Dispatched, Requeued, Finished, Forgotten, Paused, Kept, End]
+Change = Union[AcceptedEntry, Dispatched, Requeued, Finished, Paused]
+Record = Union[Header, TaskRecord, Accepted, Dispatched, Requeued, Finished, Forgotten, Paused, Kept, End]
 
 encode = msgspec.msgpack.Encoder().encode
 _decoder = msgspec.msgpack.Decoder(list[Record])
@@ -139,7 +152,7 @@ def decode_batch(body: bytes) -> list[Record]:
 # array (fixarray, array16 or array32) whose first item is a record, itself an array (fixarray or array16)
 # whose first item is one of the tags above as a short string. Searching for the tags runs at C speed; the
 # bytes before each are then checked for the two array headers.
-_TAG = re.compile(rb"\xa1[adrfxpk]|\xa3end|\xa6cronoq")
+_TAG = re.compile(rb"\xa1[adrfxpkt]|\xa3end|\xa6cronoq")
 _FIXARRAY = range(0x91, 0xA0)
 
 

@@ -1,0 +1,319 @@
+"""The results store: finished tasks kept on disk until retention ends, in `data_dir/results.sqlite3`.
+
+One row per finished task, numbered by `seq` (the order tasks finished,
+which is also the order retention drops them): the task's record whole
+(msgpack, without the payload), when it finished, and 64-bit hashes to find
+it by: its id, its submission id's scope and its key's scope
+(cronoq.store.scopes), indexed. SQLite (the standard library's) in WAL
+mode: one process writes (the archiver, cronoq.store.archiver, with
+`Writer`), the broker reads with a connection of its own (`ResultsReader`)
+and never waits for the writer.
+
+**Partitions.** Rows go to tables `results_<n>` of about a sixteenth of
+`result_retention_bytes` each, listed in `partitions`; retention drops
+whole tables, oldest first: when the rows' bytes exceed the budget, or when
+a table's newest row is past `result_ttl`. Deleting rows one by one would
+cost as much as inserting them (every index entry is at a random place),
+and one big table's indexes spread each batch's writes over all their pages:
+small tables cost a quarter of the CPU (docs/durability.md has the figures).
+Readers skip rows past `result_ttl`, so that a result is never answered
+longer than that; the byte budget is kept by the table, so the store holds
+between 15/16 of the budget and all of it, its oldest results going first.
+
+`meta` holds `archived_through`: every task numbered up to it that finished
+was written here (some may since have been dropped by retention). The
+journal's replay leaves those out; the others it hands to the archiver
+again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import msgspec
+
+from cronoq.book import TaskRecord, stored_form
+from cronoq.store.scopes import key_scope, submission_scope
+
+RESULTS = "results.sqlite3"
+"""The store's file in data_dir (with SQLite's `-wal` and `-shm` beside it)."""
+
+PARTITIONS = 16
+"""Tables the byte budget is cut into: the store gives up at most one sixteenth of it early."""
+MIN_PARTITION_BYTES = 4096
+
+ROW_OVERHEAD = 100
+"""Bytes a row costs in the file besides its record's encoding: the fixed fields, its three index entries,
+and the slack of B-tree pages (calibrated with `python -m bench.retention store`)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS partitions (
+    n INTEGER PRIMARY KEY,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    rows INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    newest REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(TaskRecord).decode
+
+
+def row(record: TaskRecord) -> tuple:
+    """A finished record as a row of a partition (INSERT's parameters), and its weight last: the record is
+    stored whole (msgpack), found by integer hashes (a B-tree of 8-byte keys costs half what one of
+    32-character ids does)."""
+    body = _encode(stored_form(record))
+    submission = None if record.submission is None else _signed(submission_scope(record.tenant, record.submission))
+    key = None if record.key is None else _signed(key_scope(record.pool, record.tenant, record.key))
+    return (record.seq, id_hash(record.id), submission, key, record.finished_at, body, ROW_OVERHEAD + len(body))
+
+
+def id_hash(task_id: str) -> int:
+    return _signed(int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little"))
+
+
+def _signed(scope: int) -> int:
+    """A 64-bit hash as SQLite's (signed) integer."""
+    return scope - (1 << 64) if scope >= 1 << 63 else scope
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating if need be) the store in WAL mode, with its tables. Raises sqlite3.Error."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA busy_timeout = 5000")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.executescript(_SCHEMA)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def peek_mark(path: Path) -> int:
+    """`archived_through` as the store's main file has it, changing nothing (no lock, no -wal or -shm file
+    created): at most the true value, which is always safe to use (a task numbered after it is merely sent to
+    the archiver again). 0 when there is no store yet."""
+    if not path.exists():
+        return 0
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        return read_mark(db)
+    except sqlite3.Error:  # not created in the main file yet (only in the write-ahead log)
+        return 0
+    finally:
+        db.close()
+
+
+def read_mark(db: sqlite3.Connection) -> int:
+    """`archived_through`: every task numbered up to it that finished was written to the store."""
+    found = db.execute("SELECT value FROM meta WHERE name = 'archived_through'").fetchall()
+    return found[0][0] if found else 0
+
+
+# --------------------------------------------------------------------- reading (the broker)
+
+
+class ResultsReader:
+    """The broker's read-only use of the store: finished tasks by id, by key and by submission id.
+
+    Rows are found by hash and checked field by field (two different values can share a hash); rows past
+    `result_ttl` (by the broker's clock, `now`) are not answered even before their table is dropped. Each
+    lookup is one read transaction over the partitions, newest first.
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self.ttl = float("inf")
+        self.now = 0.0
+
+    def find(self, task_id: str) -> TaskRecord | None:
+        for record in self._records("id_hash", id_hash(task_id)):
+            if record.id == task_id:
+                return record
+        return None
+
+    def find_key(self, pool: str, tenant: str | None, key: str, scope: int | None = None) -> TaskRecord | None:
+        scope = key_scope(pool, tenant, key) if scope is None else scope
+        for record in self._records("key_scope", _signed(scope)):
+            if record.key == key and record.pool == pool and record.tenant == tenant:
+                return record
+        return None
+
+    def find_submission(self, tenant: str | None, submission: str, scope: int | None = None) -> TaskRecord | None:
+        scope = submission_scope(tenant, submission) if scope is None else scope
+        for record in self._records("submission_scope", _signed(scope)):
+            if record.submission == submission and record.tenant == tenant:
+                return record
+        return None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _records(self, column: str, value: int) -> Iterator[TaskRecord]:
+        """The records whose `column` is `value`, newest first, not past result_ttl."""
+        db, cutoff = self._db, self.now - self.ttl
+        for _ in range(3):
+            tables = tuple(n for (n,) in db.execute("SELECT n FROM partitions ORDER BY n DESC").fetchall())
+            if not tables:
+                return iter(())
+            # One statement over every table (SQLite caches it while the tables stay the same): a table the
+            # archiver drops between the two statements makes it fail, and the lookup starts again.
+            query = " UNION ALL ".join(f"SELECT seq, record FROM results_{n} WHERE {column} = ?1 AND finished_at > ?2"
+                                       for n in tables)
+            try:
+                found = db.execute(query, (value, cutoff)).fetchall()
+            except sqlite3.OperationalError:
+                continue
+            found.sort(reverse=True)
+            return (_decode(body) for _, body in found)
+        return iter(())
+
+
+# --------------------------------------------------------------------- writing (the archiver)
+
+
+@dataclass
+class Partition:
+    """One table of rows, and what the archiver knows of it."""
+
+    n: int
+    first_seq: int = 0
+    last_seq: int = 0
+    rows: int = 0
+    bytes: int = 0
+    newest: float = 0.0
+
+
+class Writer:
+    """Writes batches of finished records to the store and applies retention (the archiver's state).
+
+    `store` and `evict` run inside a transaction (`begin` ... `commit`).
+    """
+
+    def __init__(self, path: Path, ttl: float, max_bytes: int, now: float) -> None:
+        self.db = connect(path)
+        self.db.execute("PRAGMA synchronous = FULL")  # a Stored reply lets the broker drop the journal's copy
+        self.db.execute("PRAGMA journal_size_limit = 8388608")
+        self.db.execute("PRAGMA cache_size = -65536")  # 64 MiB: the newest tables' indexes stay in memory
+        self.ttl, self.max_bytes, self.now = ttl, max_bytes, now
+        self.through = read_mark(self.db)
+        self.partitions = [Partition(*values) for values in self.db.execute(
+            "SELECT n, first_seq, last_seq, rows, bytes, newest FROM partitions ORDER BY n")]
+        found = self.db.execute("SELECT value FROM meta WHERE name = 'last_partition'").fetchall()
+        self.last_n = max([found[0][0]] if found else [0] + [p.n for p in self.partitions])
+        self._touched: set[int] = set()
+
+    @property
+    def rows(self) -> int:
+        return sum(partition.rows for partition in self.partitions)
+
+    @property
+    def bytes(self) -> int:
+        return sum(partition.bytes for partition in self.partitions)
+
+    def store(self, records: list[TaskRecord]) -> list[tuple]:
+        """Insert (or replace: a record sent again after a restart) records; returns their rows."""
+        rows = [row(record) for record in records]
+        at = 0
+        while at < len(rows):
+            partition = self._current()
+            room = max(1, (self._partition_bytes() - partition.bytes) // max(1, rows[at][-1]))
+            chunk = rows[at:at + room]
+            self.db.executemany(f"INSERT OR REPLACE INTO results_{partition.n} VALUES (?, ?, ?, ?, ?, ?)",
+                                [values[:-1] for values in chunk])
+            partition.first_seq = partition.first_seq or chunk[0][0]
+            partition.last_seq = max(partition.last_seq, max(values[0] for values in chunk))
+            partition.rows += len(chunk)
+            partition.bytes += sum(values[-1] for values in chunk)
+            partition.newest = max(partition.newest, max(values[4] for values in chunk))
+            self._touched.add(partition.n)
+            at += len(chunk)
+        self.through = max(self.through, max(record.seq for record in records))
+        return rows
+
+    def evict(self) -> int:
+        """Drop the oldest tables while all of a table's rows are past result_ttl, or the rows weigh more than
+        the budget; returns how many rows went. A table much bigger than what must go (the budget was cut) loses
+        only its oldest rows."""
+        cutoff, dropped = self.now - self.ttl, 0
+        while self.partitions:
+            oldest, excess = self.partitions[0], self.bytes - self.max_bytes
+            if oldest.newest > cutoff and excess <= 0:
+                break
+            if oldest.newest > cutoff and oldest.bytes > excess + self._partition_bytes():
+                return dropped + self._trim(oldest, excess)
+            self.partitions.pop(0)
+            self.db.execute(f"DROP TABLE IF EXISTS results_{oldest.n}")
+            self.db.execute("DELETE FROM partitions WHERE n = ?", (oldest.n,))
+            self._touched.discard(oldest.n)
+            dropped += oldest.rows
+        return dropped
+
+    def _trim(self, partition: Partition, excess: int) -> int:
+        """Delete a table's oldest rows, weighing at least `excess`; returns how many."""
+        last, freed, count = None, 0, 0
+        for seq, length in self.db.execute(f"SELECT seq, length(record) FROM results_{partition.n} ORDER BY seq"):
+            if freed >= excess:
+                break
+            last, freed, count = seq, freed + ROW_OVERHEAD + length, count + 1
+        if last is not None:
+            self.db.execute(f"DELETE FROM results_{partition.n} WHERE seq <= ?", (last,))
+            partition.first_seq, partition.rows, partition.bytes = last + 1, partition.rows - count, partition.bytes - freed
+            self._touched.add(partition.n)
+        return count
+
+    def begin(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        for partition in self.partitions:
+            if partition.n in self._touched:
+                self.db.execute("INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?)",
+                                (partition.n, partition.first_seq, partition.last_seq, partition.rows,
+                                 partition.bytes, partition.newest))
+        self._touched.clear()
+        self.db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                            [("archived_through", self.through), ("last_partition", self.last_n)])
+        self.db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        """End a transaction that changed nothing (no table was created in it)."""
+        self.db.execute("ROLLBACK")
+
+    def scopes(self) -> Iterator[tuple[int | None, int | None]]:
+        """(submission scope, key scope) of every row, as stored (signed)."""
+        for partition in list(self.partitions):
+            yield from self.db.execute(f"SELECT submission_scope, key_scope FROM results_{partition.n}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _partition_bytes(self) -> int:
+        return max(MIN_PARTITION_BYTES, self.max_bytes // PARTITIONS)
+
+    def _current(self) -> Partition:
+        """The table new rows go to: the newest, or a new one once it holds its share of the budget."""
+        if self.partitions and self.partitions[-1].bytes < self._partition_bytes():
+            return self.partitions[-1]
+        self.last_n = n = self.last_n + 1
+        self.db.execute(f"CREATE TABLE results_{n} (seq INTEGER PRIMARY KEY, id_hash INTEGER NOT NULL, "
+                        "submission_scope INTEGER, key_scope INTEGER, finished_at REAL NOT NULL, record BLOB NOT NULL)")
+        self.db.execute(f"CREATE INDEX results_{n}_id ON results_{n} (id_hash)")
+        self.db.execute(f"CREATE INDEX results_{n}_submission ON results_{n} (submission_scope) "
+                        "WHERE submission_scope IS NOT NULL")
+        self.db.execute(f"CREATE INDEX results_{n}_key ON results_{n} (key_scope) WHERE key_scope IS NOT NULL")
+        partition = Partition(n)
+        self.partitions.append(partition)
+        return partition

@@ -1,0 +1,90 @@
+"""`SchedulerCore.restore`: tasks recovered in bulk are scheduled exactly as if each had been submitted."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cronoq.core import PoolSettings, SchedulerCore, Task
+from cronoq.errors import InvalidArgument, NotFound
+
+POOLS = [PoolSettings("fifo"), PoolSettings("fair", tenant_weights={"a": 3, "b": 1})]
+
+task_specs = st.lists(
+    st.tuples(
+        st.sampled_from(["fifo", "fair"]),
+        st.sampled_from([None, "a", "b", "c"]),
+        st.integers(0, 3),
+        st.sampled_from([None, None, 5.0, 20.0, 200.0]),  # deadline
+        st.sampled_from([None, None, None, 50.0, 150.0]),  # not_before
+        st.integers(0, 3),  # attempts so far
+    ),
+    max_size=60,
+)
+
+
+def _tasks(specs: list[tuple]) -> list[Task]:
+    tasks = []
+    for n, (pool, tenant, priority, deadline, not_before, attempts) in enumerate(specs):
+        task = Task(f"t{n}", pool, tenant=tenant, priority=priority, deadline=deadline, not_before=not_before)
+        task.attempts = attempts
+        tasks.append(task)
+    return tasks
+
+
+def _run(core: SchedulerCore) -> list[tuple]:
+    """Everything that happens over time: expiries and dispatches, in order, with the stats at the end."""
+    core.add_worker("w", ["fifo", "fair"], 2)
+    events: list[tuple] = []
+    for now in (10.0, 30.0, 60.0, 100.0, 160.0, 250.0):
+        events += [("expired", task.id) for task in core.expire(now)]
+        while True:
+            got = core.dispatch(now)
+            if not got:
+                break
+            for worker, task in got:
+                events.append(("ran", task.id, task.attempts))
+                core.finish(task.id, now, worker_id=worker, attempt=task.attempts, state="succeeded")
+                core.grant(worker)
+    return events + [("stats", repr(core.stats()))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(task_specs, st.booleans())
+def test_restore_schedules_as_submitting_one_by_one_would(specs, indexed):
+    one_by_one, bulk = SchedulerCore(POOLS), SchedulerCore(POOLS)
+    for task in _tasks(specs):
+        one_by_one.submit(task, 0.0)
+    restored = _tasks(specs)
+    # With an index, the caller's map (here holding one more task the core never had) serves as the core's.
+    index = {task.id: task for task in restored + [Task("stranger", "fifo")]} if indexed else None
+    bulk.restore(restored, 0.0, index=index)
+    assert len(bulk) == len(one_by_one) and sorted(t.id for t in bulk.tasks()) == sorted(t.id for t in one_by_one.tasks())
+    assert "stranger" not in bulk and bulk.get("stranger") is None
+    if specs:
+        assert bulk.get("t0") is restored[0] and "t0" in bulk
+    assert _run(bulk) == _run(one_by_one)
+    assert len(bulk) == len(one_by_one) and list(bulk.tasks()) == [] == list(one_by_one.tasks())
+
+
+def test_a_core_restored_with_an_index_takes_submits_and_refuses_a_held_id():
+    core = SchedulerCore(POOLS)
+    restored = [Task("a", "fifo"), Task("b", "fifo")]
+    core.restore(restored, 0.0, index={task.id: task for task in restored})
+    with pytest.raises(InvalidArgument, match="already queued or running"):
+        core.submit(Task("a", "fifo"), 0.0)
+    core.submit(Task("c", "fifo"), 0.0)
+    assert len(core) == 3 and core.cancel("a", 0.0) is restored[0] and len(core) == 2 and "a" not in core
+    core.add_worker("w", ["fifo"], 5)
+    assert [task.id for _, task in core.dispatch(0.0)] == ["b", "c"]
+
+
+def test_restore_refuses_an_unknown_pool_or_a_held_id_and_takes_nothing_on_an_unknown_pool():
+    core = SchedulerCore(POOLS)
+    with pytest.raises(NotFound, match="nope"):
+        core.restore([Task("x", "fifo"), Task("y", "nope")], 0.0)
+    assert len(core) == 0
+    core.submit(Task("x", "fifo"), 0.0)
+    with pytest.raises(InvalidArgument, match="twice"):
+        core.restore([Task("x", "fifo")], 0.0)
