@@ -167,7 +167,7 @@ def misdirected(wire: list) -> bool:
     """Whether a client batch is a worker's: its first item has a worker's tag, and none reads as a request."""
     worker_tags = {kind.__struct_config__.tag for kind in typing.get_args(protocol.WorkerMessage)}
     first = wire[0][0] if wire and isinstance(wire[0], list) and wire[0] and isinstance(wire[0][0], list) else None
-    if not first or first[0] not in worker_tags:
+    if not first or not isinstance(first[0], str) or first[0] not in worker_tags:
         return False
     refused = protocol.read_client_requests(msgspec.msgpack.encode(["batch", V, wire]), None)
     return all(isinstance(request, protocol.Refused) for request, _ in refused)
