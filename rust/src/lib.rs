@@ -30,4 +30,4 @@ pub use handler::Failure;
 pub use pool::{Fairness, PoolConfig};
 pub use rmpv::Value;
 pub use task::{encode, Payload, Priority, Task, TaskInfo, TaskState, MAX_NAME_LENGTH};
-pub use worker::Worker;
+pub use worker::{Stopper, Worker};
