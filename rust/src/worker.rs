@@ -43,7 +43,7 @@ const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(32);
 ///         Ok::<_, cronoq::Error>(prompt.to_uppercase())
 ///     });
 /// let stopper = worker.stopper();
-/// tokio::spawn(async move { tokio::signal::ctrl_c().await.ok(); stopper.stop().await });
+/// tokio::spawn(async move { tokio::time::sleep(std::time::Duration::from_secs(3600)).await; stopper.stop().await });
 /// worker.run().await?; // until stopped: running tasks finish first
 /// # Ok(()) }
 /// ```
