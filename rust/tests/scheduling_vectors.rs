@@ -80,7 +80,7 @@ fn replay(vector: &Json) -> Vec<String> {
             }
             "dispatch" => {
                 let limit = step["limit"].as_u64().map(|l| l as usize);
-                Some(json!(core.dispatch(now, limit).iter().map(|a| json!([a.worker, a.task.to_string()])).collect::<Vec<_>>()))
+                Some(json!(core.dispatch(now, limit).iter().map(|a| json!([a.worker.to_string(), a.task.to_string()])).collect::<Vec<_>>()))
             }
             "expire" => {
                 let mut ids: Vec<String> = core.expire(now).iter().map(|t| t.id.to_string()).collect();

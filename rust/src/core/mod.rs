@@ -128,7 +128,7 @@ impl Pool {
 
 #[derive(Debug)]
 struct Worker {
-    id: String,
+    id: Arc<str>,
     pools: Vec<usize>,
     free: u32,
     running: Vec<usize>,
@@ -140,7 +140,7 @@ struct Worker {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     /// The worker's id.
-    pub worker: String,
+    pub worker: Arc<str>,
     /// The task's id.
     pub task: Arc<str>,
     /// The lease's attempt number.
@@ -443,7 +443,7 @@ impl Core {
         let at = match self.worker_index.get(id) {
             Some(&at) => at,
             None => {
-                self.workers.push(Some(Worker { id: id.to_string(), pools: Vec::new(), free: 0, running: Vec::new(), rr: 0, ready: false }));
+                self.workers.push(Some(Worker { id: Arc::from(id), pools: Vec::new(), free: 0, running: Vec::new(), rr: 0, ready: false }));
                 self.worker_index.insert(id.to_string(), self.workers.len() - 1);
                 self.workers.len() - 1
             }
@@ -556,10 +556,11 @@ impl Core {
     /// deadline; ties go round-robin, starting after the pool taken last.
     fn choose_pool(&mut self, w: usize, now: f64) -> Option<usize> {
         let worker = self.workers[w].as_ref().expect("known");
-        let (pools, rr) = (worker.pools.clone(), worker.rr);
-        if pools.len() == 1 {
-            return self.pools[pools[0]].dispatchable().then_some(pools[0]);
+        if worker.pools.len() == 1 {
+            let p = worker.pools[0];
+            return self.pools[p].dispatchable().then_some(p);
         }
+        let (pools, rr) = (worker.pools.clone(), worker.rr);
         let n = pools.len();
         let mut best: Option<((usize, f64), usize, usize)> = None;
         for i in 0..n {
