@@ -110,12 +110,17 @@ def dispatch(binary: Path, quick: bool) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one run each")
+    parser.add_argument("--only", choices=["clients", "dispatch"], help="run one part only")
     args = parser.parse_args()
     binary = build()
-    print("clients on one broker (durability none, 2 workers x 64 slots):", flush=True)
-    client_rows = clients(binary, args.quick)
-    print("dispatch cost, submit + dispatch per pair (CPU ns, best of 3):", flush=True)
-    core_rows = dispatch(binary, args.quick)
+    client_rows: list[dict[str, Any]] = []
+    core_rows: list[dict[str, Any]] = []
+    if args.only != "dispatch":
+        print("clients on one broker (durability none, 2 workers x 64 slots):", flush=True)
+        client_rows = clients(binary, args.quick)
+    if args.only != "clients":
+        print("dispatch cost, submit + dispatch per pair (CPU ns, best of 3):", flush=True)
+        core_rows = dispatch(binary, args.quick)
 
     print("\n| client | in flight | tasks/s | p50 ms | p99 ms | client CPU µs/task | broker CPU µs/task |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

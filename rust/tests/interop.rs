@@ -259,3 +259,39 @@ async fn the_client_resends_after_the_broker_restarts() {
     assert_eq!((first.echo.n, second.echo.n), (1, 2));
     assert!(sched.reconnects() >= 1, "the monitor saw the new connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curve_encrypts_client_and_worker() {
+    let dir = Scratch::new("f");
+    let keys = dir.0.join("keys");
+    let mut keygen = support::Proc::spawn(
+        &["-m", "cronoq.cli", "keygen", "--dir", keys.to_str().unwrap()],
+        &dir.0.join("keygen.log"),
+        &[],
+    );
+    keygen.finish(LONG);
+    let secret = keys.join("broker.key_secret");
+    let public = keys.join("broker.key");
+    let broker = Broker::start(
+        &dir.0,
+        "[[pools]]\nname = \"work\"\n",
+        &format!("durability = \"none\"\ncurve_secret_key_file = \"{}\"", secret.display()),
+        &[],
+    );
+    let worker = Worker::new(&broker.workers)
+        .curve_server_key(public.to_str().unwrap())
+        .heartbeat(Duration::from_millis(200), 5)
+        .pool(PoolConfig::new("work"), |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) });
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).curve_server_key(public.to_str().unwrap()).await.unwrap();
+    let task = sched.submit(Task::new("secret").pool("work")).await.unwrap();
+    assert_eq!(task.result_timeout::<String>(LONG).await.unwrap(), "SECRET");
+
+    // Without the key the handshake never completes: the request times out, nothing is sent in clear.
+    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_millis(800)).await.unwrap();
+    assert!(matches!(plain.ping().await, Err(Error::Unavailable(_))));
+    assert!(matches!(cronoq::connect(&broker.clients).curve_server_key("not a key").await, Err(Error::InvalidArgument(_))));
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
