@@ -36,6 +36,8 @@ pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
 /// How often a `wait` for an unfinished watched task is sent again without a handshake seen
 /// (docs/protocol.md, "Without a socket monitor"); with the monitor this is only a safety net.
 const REWAIT_INTERVAL: Duration = Duration::from_secs(10);
+/// How long after a refused token new requests fail at once (docs/protocol.md, "Bad tokens").
+const REFUSAL_WINDOW: Duration = Duration::from_secs(1);
 
 /// Start connecting to the broker's client endpoint at `address`; set options on the returned
 /// [`Connect`], then `.await` it.
@@ -109,6 +111,7 @@ impl Connect {
                 connections: 0,
                 reconnects: 0,
                 closed: false,
+                refused: None,
             }),
         });
         let client = Client { inner: inner.clone() };
@@ -183,6 +186,10 @@ struct State {
     connections: usize,
     reconnects: usize,
     closed: bool,
+    /// When the broker last refused this connection's token, and how. A broker answers a connection
+    /// whose token it never took at most once a second and drops the rest unanswered, so requests
+    /// made within that second fail at once with the same error instead of going unanswered.
+    refused: Option<(Instant, Error)>,
 }
 
 impl State {
@@ -223,6 +230,11 @@ impl Client {
     fn send(&self, state: &mut State, rid: i64, header: Vec<u8>, body: Option<Vec<u8>>, resend: bool, expires: bool) -> Result<oneshot::Receiver<Reply>> {
         if state.closed {
             return Err(unavailable_closed());
+        }
+        if let Some((at, error)) = &state.refused {
+            if at.elapsed() < REFUSAL_WINDOW {
+                return Err(error.clone());
+            }
         }
         let (tx, rx) = oneshot::channel();
         state.pending.insert(rid, Pending {
@@ -499,6 +511,7 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
         // The broker answers a message with a bad token once, whatever it held: every request sent
         // with this token shares its fate.
         let error = Error::from_code("UNAUTHENTICATED", header.str("message"));
+        state.refused = Some((Instant::now(), error.clone()));
         for (rid, mut p) in state.pending.drain() {
             state.watches.remove(&rid);
             if let Some(tx) = p.reply.take() {
@@ -545,6 +558,7 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
 fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<(i64, Vec<u8>, Option<Vec<u8>>)>) -> bool {
     let first = state.connections == 0;
     state.connections += handshakes;
+    state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
     if !first || handshakes > 1 {
         state.reconnects += 1;
         for (rid, p) in &state.pending {
@@ -602,7 +616,12 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
     let mut ticked = false;
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        // Receive everything waiting, then note handshakes.
+        // Handshakes first: a connection's handshake comes before any reply on it.
+        let handshakes = dealer.handshakes();
+        if handshakes > 0 {
+            connected(&mut inner.state.lock().unwrap(), handshakes, &mut posted);
+            Client { inner: inner.clone() }.ask_rules(); // posts through the channel: taken below
+        }
         while let Some(frames) = dealer.try_recv() {
             let (header, body) = match frames.as_slice() {
                 [h] => (h.as_slice(), None),
@@ -614,11 +633,6 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
             for (h, b) in items.into_iter().flatten() {
                 take_reply(&inner, &mut state, h, b);
             }
-        }
-        let handshakes = dealer.handshakes();
-        if handshakes > 0 {
-            connected(&mut inner.state.lock().unwrap(), handshakes, &mut posted);
-            Client { inner: inner.clone() }.ask_rules(); // posts through the channel: taken below
         }
         if std::mem::take(&mut ticked) {
             let mut state = inner.state.lock().unwrap();

@@ -238,7 +238,11 @@ async fn a_pinned_token_naming_another_tenant_is_refused() {
     assert!(matches!(sched.pause("work").await, Err(Error::PermissionDenied(_))));
 
     let stranger = cronoq::connect(&broker.clients).token("nobody").request_timeout(Duration::from_secs(10)).await.unwrap();
+    // The broker answers an unknown connection once a second: the refusal of its `hello` fails the
+    // submit at once, not after the request timeout.
+    let t0 = std::time::Instant::now();
     assert!(matches!(stranger.submit(Task::new("x").pool("work")).await, Err(Error::Unauthenticated(_))));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
