@@ -299,3 +299,46 @@ async fn curve_encrypts_client_and_worker() {
     stopper.stop().await;
     running.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_are_checked_where_they_are_made() {
+    let dir = Scratch::new("g");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"\nmax_payload_bytes = 4096", &[]);
+    let worker = Worker::new(&broker.workers).heartbeat(Duration::from_millis(200), 5).pool(PoolConfig::new("work"), |p: Payload| async move {
+        match p.decode::<String>().map_err(|e| Refused(e.to_string()))?.as_str() {
+            "big result" => Ok("r".repeat(10_000)),
+            "long failure" => Err(Refused("e".repeat(100_000))),
+            other => Ok(other.to_string()),
+        }
+    });
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+
+    // The client refuses a payload over the broker's limit itself, naming both sizes.
+    let refused = sched.submit(Task::new("p".repeat(5000)).pool("work")).await;
+    assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("4096")), "{refused:?}");
+    // The worker does not send a result over it: that task fails, and the connection stays.
+    let big = sched.submit(Task::new("big result").pool("work")).await.unwrap();
+    match big.result::<String>().await {
+        Err(Error::TaskFailed { r#type, message, .. }) => {
+            assert_eq!(r#type, "InvalidArgument");
+            assert!(message.contains("max_payload_bytes = 4096"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A failure's text is cut to a bounded size, keeping its start and end.
+    let long = sched.submit(Task::new("long failure").pool("work")).await.unwrap();
+    match long.result::<String>().await {
+        Err(Error::TaskFailed { message, .. }) => {
+            assert!(message.len() <= 8 * 1024 && message.contains("bytes cut"), "{}", message.len());
+        }
+        other => panic!("{other:?}"),
+    }
+    // The worker still serves, and another connection reads a result by id.
+    let fine = sched.submit(Task::new("fine").pool("work")).await.unwrap();
+    let other = cronoq::connect(&broker.clients).await.unwrap();
+    assert_eq!(other.result::<String>(fine.id()).await.unwrap(), "fine");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
