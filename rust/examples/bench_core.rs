@@ -32,7 +32,15 @@ impl Rng {
 }
 
 fn task(id: String, tenant: &str) -> NewTask {
-    NewTask { id, pool: "p".into(), tenant: Some(tenant.to_string()), priority: 2, deadline: None, not_before: None, attempts: 0 }
+    NewTask {
+        id,
+        pool: "p".into(),
+        tenant: Some(tenant.to_string()),
+        priority: 2,
+        deadline: None,
+        not_before: None,
+        attempts: 0,
+    }
 }
 
 fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool) -> f64 {

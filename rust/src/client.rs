@@ -169,6 +169,9 @@ impl Watch {
     }
 }
 
+/// A message waiting to leave: the rid it answers to (0 for none), its header and its body.
+type Posted = (i64, Vec<u8>, Option<Vec<u8>>);
+
 enum Cmd {
     Send { rid: i64, header: Vec<u8>, body: Option<Vec<u8>> },
     Close,
@@ -227,7 +230,15 @@ impl Client {
     // ------------------------------------------------------------------ requests
 
     /// Register a request and post it; the receiver gets its reply.
-    fn send(&self, state: &mut State, rid: i64, header: Vec<u8>, body: Option<Vec<u8>>, resend: bool, expires: bool) -> Result<oneshot::Receiver<Reply>> {
+    fn send(
+        &self,
+        state: &mut State,
+        rid: i64,
+        header: Vec<u8>,
+        body: Option<Vec<u8>>,
+        resend: bool,
+        expires: bool,
+    ) -> Result<oneshot::Receiver<Reply>> {
         if state.closed {
             return Err(unavailable_closed());
         }
@@ -237,18 +248,27 @@ impl Client {
             }
         }
         let (tx, rx) = oneshot::channel();
-        state.pending.insert(rid, Pending {
-            reply: Some(tx),
-            header: header.clone(),
-            body: body.clone(),
-            resend,
-            expires: expires.then(|| Instant::now() + self.inner.request_timeout),
-        });
+        state.pending.insert(
+            rid,
+            Pending {
+                reply: Some(tx),
+                header: header.clone(),
+                body: body.clone(),
+                resend,
+                expires: expires.then(|| Instant::now() + self.inner.request_timeout),
+            },
+        );
         let _ = self.inner.outbox.send(Cmd::Send { rid, header, body });
         Ok(rx)
     }
 
-    async fn request(&self, tag: &str, fields: impl FnOnce(i64) -> Vec<Value>, body: Option<Vec<u8>>, resend: bool) -> Reply {
+    async fn request(
+        &self,
+        tag: &str,
+        fields: impl FnOnce(i64) -> Vec<Value>,
+        body: Option<Vec<u8>>,
+        resend: bool,
+    ) -> Reply {
         let rx = {
             let mut state = self.inner.state.lock().unwrap();
             let rid = state.rid();
@@ -324,18 +344,21 @@ impl Client {
             state.next_submission += 1;
             let submission = format!("{}-{:x}", state.prefix, state.next_submission);
             let seconds = |d: Option<Duration>| d.map_or(Value::Nil, |d| Value::F64(d.as_secs_f64()));
-            let header = wire::encode_header("submit", vec![
-                Value::from(rid),
-                Value::from(task.pool.as_str()),
-                task.tenant.as_deref().map_or(Value::Nil, Value::from),
-                Value::from(task.priority.as_str()),
-                seconds(task.deadline),
-                seconds(task.delay),
-                task.key.as_deref().map_or(Value::Nil, Value::from),
-                Value::from(task.max_retries),
-                Value::from(submission),
-                Value::Boolean(true),
-            ]);
+            let header = wire::encode_header(
+                "submit",
+                vec![
+                    Value::from(rid),
+                    Value::from(task.pool.as_str()),
+                    task.tenant.as_deref().map_or(Value::Nil, Value::from),
+                    Value::from(task.priority.as_str()),
+                    seconds(task.deadline),
+                    seconds(task.delay),
+                    task.key.as_deref().map_or(Value::Nil, Value::from),
+                    Value::from(task.max_retries),
+                    Value::from(submission),
+                    Value::Boolean(true),
+                ],
+            );
             // Watch from the start: the outcome may come right behind the `accepted`.
             state.watches.insert(rid, watch.clone());
             (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
@@ -366,7 +389,12 @@ impl Client {
         self.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
     }
 
-    pub(crate) async fn wait_ended(&self, task_id: &str, watch: Option<&Arc<Watch>>, timeout: Option<Duration>) -> Result<Ended> {
+    pub(crate) async fn wait_ended(
+        &self,
+        task_id: &str,
+        watch: Option<&Arc<Watch>>,
+        timeout: Option<Duration>,
+    ) -> Result<Ended> {
         let give_up = timeout.map(|t| Instant::now() + t);
         if let Some(watch) = watch {
             let mut rx = watch.ended.subscribe();
@@ -503,7 +531,11 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
         let has_id = watch.task_id.lock().unwrap().is_some();
         if header.tag == "outcome" || has_id {
             state.watches.remove(&rid);
-            watch.settle(if header.tag == "outcome" { WatchEnd::Outcome(ended_of(&header, body)) } else { WatchEnd::Gone });
+            watch.settle(if header.tag == "outcome" {
+                WatchEnd::Outcome(ended_of(&header, body))
+            } else {
+                WatchEnd::Gone
+            });
             return;
         }
     }
@@ -555,7 +587,7 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
 }
 
 /// A handshake completed: after the first, re-send what is outstanding, and ask the rules again.
-fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<(i64, Vec<u8>, Option<Vec<u8>>)>) -> bool {
+fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>) {
     let first = state.connections == 0;
     state.connections += handshakes;
     state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
@@ -568,12 +600,11 @@ fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<(i64, Vec<u8
         }
         rewait(state, posted, None);
     }
-    true
 }
 
 /// Send a `wait` under each watched submit's rid whose outcome has not come (all of them, or those
 /// not asked for since `older_than`).
-fn rewait(state: &State, posted: &mut Vec<(i64, Vec<u8>, Option<Vec<u8>>)>, older_than: Option<Instant>) {
+fn rewait(state: &State, posted: &mut Vec<Posted>, older_than: Option<Instant>) {
     for (rid, watch) in &state.watches {
         let Some(id) = watch.task_id.lock().unwrap().clone() else { continue };
         let mut last = watch.last_wait.lock().unwrap();
@@ -588,7 +619,8 @@ fn rewait(state: &State, posted: &mut Vec<(i64, Vec<u8>, Option<Vec<u8>>)>, olde
 /// Fail the requests whose request_timeout passed.
 fn sweep(inner: &Inner, state: &mut State) {
     let now = Instant::now();
-    let expired: Vec<i64> = state.pending.iter().filter(|(_, p)| p.expires.is_some_and(|t| t <= now)).map(|(r, _)| *r).collect();
+    let expired: Vec<i64> =
+        state.pending.iter().filter(|(_, p)| p.expires.is_some_and(|t| t <= now)).map(|(r, _)| *r).collect();
     for rid in expired {
         let mut p = state.pending.remove(&rid).expect("listed");
         if let Some(tx) = p.reply.take() {
@@ -606,12 +638,12 @@ fn sweep(inner: &Inner, state: &mut State) {
 
 /// The task that owns the socket: sends what callers post, hands replies to them.
 async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<Inner>) {
-    let tick_every = weak
-        .upgrade()
-        .map_or(Duration::from_secs(1), |i| (i.request_timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(1)));
+    let tick_every = weak.upgrade().map_or(Duration::from_secs(1), |i| {
+        (i.request_timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    });
     let mut tick = tokio::time::interval(tick_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut posted: Vec<(i64, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+    let mut posted: Vec<Posted> = Vec::new();
     let mut last_rewait = Instant::now();
     let mut ticked = false;
     loop {
@@ -669,7 +701,7 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
 }
 
 /// Send posted messages, packed into batches; a full send queue fails the requests it refused.
-fn flush(dealer: &Dealer, token: &[u8], inner: &Inner, posted: Vec<(i64, Vec<u8>, Option<Vec<u8>>)>) {
+fn flush(dealer: &Dealer, token: &[u8], inner: &Inner, posted: Vec<Posted>) {
     let items: Vec<(Vec<u8>, Option<Vec<u8>>)> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
     let mut sent = 0;
     for (frames, carried) in wire::pack(&items, BATCH_BYTES) {

@@ -160,7 +160,10 @@ impl Scheduler {
         {
             let mut inner = self.shared.inner.lock().unwrap();
             if !inner.core.pool_names().iter().any(|p| p == pool) {
-                return Err(Error::NotFound(format!("no pool named {pool:?}; declared pools: {:?}", inner.core.pool_names())));
+                return Err(Error::NotFound(format!(
+                    "no pool named {pool:?}; declared pools: {:?}",
+                    inner.core.pool_names()
+                )));
             }
             inner.handlers.insert(pool.to_string(), handler::handler(f));
         }
@@ -204,7 +207,11 @@ impl Scheduler {
                 let scope = (task.pool.clone(), task.tenant.clone(), key.clone());
                 if let Some(id) = inner.keys.get(&scope) {
                     if inner.records.contains_key(id) {
-                        return Ok(TaskHandle { id: id.clone(), duplicate: true, source: Source::Embedded(self.shared.clone()) });
+                        return Ok(TaskHandle {
+                            id: id.clone(),
+                            duplicate: true,
+                            source: Source::Embedded(self.shared.clone()),
+                        });
                     }
                 }
             }
@@ -336,7 +343,16 @@ fn unknown(task_id: &str) -> Error {
 
 /// End a task's record and wake whoever waits for it.
 #[allow(clippy::too_many_arguments)]
-fn finish(inner: &mut Inner, id: &str, state: TaskState, now: f64, result: Option<Vec<u8>>, error_type: &str, message: &str, trace: &str) {
+fn finish(
+    inner: &mut Inner,
+    id: &str,
+    state: TaskState,
+    now: f64,
+    result: Option<Vec<u8>>,
+    error_type: &str,
+    message: &str,
+    trace: &str,
+) {
     if let Some(r) = inner.records.get_mut(id) {
         r.state = state;
         r.finished_at = Some(now);
@@ -358,8 +374,16 @@ impl Shared {
         let now = unix_now();
         let mut inner = self.inner.lock().unwrap();
         for t in inner.core.expire(now) {
-            finish(&mut inner, &t.id, TaskState::Expired, now, None, "DeadlineExceeded",
-                   "the task's deadline passed before it was dispatched", "");
+            finish(
+                &mut inner,
+                &t.id,
+                TaskState::Expired,
+                now,
+                None,
+                "DeadlineExceeded",
+                "the task's deadline passed before it was dispatched",
+                "",
+            );
         }
         // Forget finished records past their retention.
         while let Some((at, _)) = inner.finished.front() {

@@ -160,7 +160,10 @@ impl Task {
 
     /// Check what a broker would refuse, so the caller hears it before anything is sent.
     pub(crate) fn check(&self) -> Result<&[u8]> {
-        let body = self.body.as_deref().map_err(|e| Error::InvalidArgument(format!("the payload cannot be encoded as msgpack: {e}")))?;
+        let body = self
+            .body
+            .as_deref()
+            .map_err(|e| Error::InvalidArgument(format!("the payload cannot be encoded as msgpack: {e}")))?;
         for (what, name) in [("pool", Some(&self.pool)), ("tenant", self.tenant.as_ref()), ("key", self.key.as_ref())] {
             if let Some(name) = name {
                 let n = name.chars().count();
@@ -210,8 +213,9 @@ impl Payload {
 
     /// Decode into `T`; InvalidArgument says why it does not fit.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
-        rmp_serde::from_slice(&self.bytes)
-            .map_err(|e| Error::InvalidArgument(format!("the payload does not decode as {}: {e}", std::any::type_name::<T>())))
+        rmp_serde::from_slice(&self.bytes).map_err(|e| {
+            Error::InvalidArgument(format!("the payload does not decode as {}: {e}", std::any::type_name::<T>()))
+        })
     }
 
     /// The payload as a generic msgpack value.

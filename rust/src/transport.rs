@@ -98,7 +98,8 @@ impl Dealer {
         setup().map_err(|e| zmq_error("cannot set up the socket", e))?;
         let monitor = if options.monitor {
             static MONITORS: AtomicUsize = AtomicUsize::new(0);
-            let endpoint = format!("inproc://cronoq-monitor-{}-{}", std::process::id(), MONITORS.fetch_add(1, Ordering::Relaxed));
+            let endpoint =
+                format!("inproc://cronoq-monitor-{}-{}", std::process::id(), MONITORS.fetch_add(1, Ordering::Relaxed));
             sock.monitor(&endpoint, zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32)
                 .map_err(|e| zmq_error("cannot monitor the socket", e))?;
             let pair = context().socket(zmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
@@ -194,19 +195,26 @@ pub(crate) fn curve_public_key(value: &str) -> Result<Vec<u8>> {
         value.to_string()
     } else {
         let file = std::fs::read_to_string(value).map_err(|e| {
-            Error::InvalidArgument(format!("the broker's public key must be 40 Z85 characters or a NAME.key file; {value:?}: {e}"))
+            Error::InvalidArgument(format!(
+                "the broker's public key must be 40 Z85 characters or a NAME.key file; {value:?}: {e}"
+            ))
         })?;
         file.lines()
             .filter_map(|line| line.trim().strip_prefix("public-key"))
             .filter_map(|rest| rest.trim().strip_prefix('='))
             .map(|rest| rest.trim().trim_matches('"').to_string())
             .next()
-            .ok_or_else(|| Error::InvalidArgument(format!("{value} holds no public-key line: point at the NAME.key file")))?
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{value} holds no public-key line: point at the NAME.key file"))
+            })?
     };
     let key = zmq::z85_decode(&text)
         .map_err(|e| Error::InvalidArgument(format!("the broker's public key {text:?} is not Z85: {e}")))?;
     if key.len() != 32 {
-        return Err(Error::InvalidArgument(format!("the broker's public key must decode to 32 bytes, got {}", key.len())));
+        return Err(Error::InvalidArgument(format!(
+            "the broker's public key must decode to 32 bytes, got {}",
+            key.len()
+        )));
     }
     Ok(key)
 }

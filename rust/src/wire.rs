@@ -136,11 +136,15 @@ pub static CLIENT_REQUESTS: &[Schema] = &[
     Schema { tag: "hello", fields: &[req("rid", K::Int)] },
 ];
 
-static ERROR: Schema = Schema { tag: "error", fields: &[req("rid", K::Int), req("code", K::Str), req("message", K::Str)] };
+static ERROR: Schema =
+    Schema { tag: "error", fields: &[req("rid", K::Int), req("code", K::Str), req("message", K::Str)] };
 
 /// What the broker sends a client.
 pub static CLIENT_REPLIES: &[Schema] = &[
-    Schema { tag: "accepted", fields: &[req("rid", K::Int), req("id", K::Str), f("duplicate", K::Bool, D::Bool(false))] },
+    Schema {
+        tag: "accepted",
+        fields: &[req("rid", K::Int), req("id", K::Str), f("duplicate", K::Bool, D::Bool(false))],
+    },
     Schema {
         tag: "outcome",
         fields: &[
@@ -376,7 +380,10 @@ fn read_fields(direction: Direction, value: &Value) -> Result<Header> {
     };
     let schema = direction.schema(tag).ok_or_else(|| {
         let tags: Vec<&str> = direction.schemas().iter().map(|s| s.tag).collect();
-        malformed(direction, format!("unknown tag {tag:?}; a {} is one of: {}, batch", direction.what(), tags.join(", ")))
+        malformed(
+            direction,
+            format!("unknown tag {tag:?}; a {} is one of: {}, batch", direction.what(), tags.join(", ")),
+        )
     })?;
     match array.get(1) {
         Some(Value::Integer(i)) if i.as_i64() == Some(PROTOCOL_VERSION) => {}
@@ -437,7 +444,13 @@ fn check(field: &Field, v: &Value) -> Option<Value> {
         Kind::Float => float(v),
         Kind::Str => is_str(v).then(|| v.clone()),
         Kind::OptStr => (v.is_nil() || is_str(v)).then(|| v.clone()),
-        Kind::OptFloat => if v.is_nil() { Some(Value::Nil) } else { float(v) },
+        Kind::OptFloat => {
+            if v.is_nil() {
+                Some(Value::Nil)
+            } else {
+                float(v)
+            }
+        }
         Kind::OptInt => matches!(v, Value::Nil | Value::Integer(_)).then(|| v.clone()),
         Kind::StrList => match v {
             Value::Array(items) if items.iter().all(is_str) => Some(v.clone()),
@@ -497,14 +510,20 @@ fn read_batch(direction: Direction, value: &Value) -> Result<Vec<Item>> {
     Ok(items
         .iter()
         .enumerate()
-        .map(|(n, item)| read_item(direction, item).map_err(|e| {
-            let rid = match item {
-                Value::Array(pair) => pair.first().map(peek_rid).unwrap_or(0),
-                _ => 0,
-            };
-            let message = e.message().replacen(direction.what(), &format!("{} (item {} of a batch)", direction.what(), n + 1), 1);
-            (rid, Error::InvalidArgument(message))
-        }))
+        .map(|(n, item)| {
+            read_item(direction, item).map_err(|e| {
+                let rid = match item {
+                    Value::Array(pair) => pair.first().map(peek_rid).unwrap_or(0),
+                    _ => 0,
+                };
+                let message = e.message().replacen(
+                    direction.what(),
+                    &format!("{} (item {} of a batch)", direction.what(), n + 1),
+                    1,
+                );
+                (rid, Error::InvalidArgument(message))
+            })
+        })
         .collect())
 }
 
@@ -545,9 +564,12 @@ pub fn read(direction: Direction, header: &[u8], body: Option<&[u8]>) -> std::re
     let value = decode_value(header).map_err(|e| (0, malformed(direction, e.message())))?;
     if is_batch(&value) {
         if body.is_some() {
-            return Err((0, Error::InvalidArgument(
-                "a batch carries its bodies inside its header: no body frame may follow it".into(),
-            )));
+            return Err((
+                0,
+                Error::InvalidArgument(
+                    "a batch carries its bodies inside its header: no body frame may follow it".into(),
+                ),
+            ));
         }
         return read_batch(direction, &value).map_err(|e| (0, e));
     }

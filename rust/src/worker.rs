@@ -154,7 +154,9 @@ impl Worker {
 
     async fn serve(self) -> Result<()> {
         if self.pools.is_empty() {
-            return Err(Error::InvalidArgument("a Worker needs at least one pool: add one with .pool(config, handler)".into()));
+            return Err(Error::InvalidArgument(
+                "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
+            ));
         }
         let options = Options {
             curve_server_key: self.curve.as_deref().map(curve_public_key).transpose()?,

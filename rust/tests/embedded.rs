@@ -53,17 +53,28 @@ async fn refusals_carry_the_codes() {
     assert!(matches!(sched.submit(Task::new(1).pool("nope")).await, Err(Error::NotFound(_))));
     assert!(matches!(sched.submit(Task::new(1).pool("work").key("cronoq:x")).await, Err(Error::InvalidArgument(_))));
     assert!(matches!(sched.submit(Task::new(1).pool("work").max_retries(1001)).await, Err(Error::InvalidArgument(_))));
-    assert!(matches!(sched.submit(Task::new(1).pool("work").tenant("x".repeat(201))).await, Err(Error::InvalidArgument(_))));
-    assert!(matches!(sched.submit(Task::new(1).pool("work").deadline(Duration::ZERO)).await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        sched.submit(Task::new(1).pool("work").tenant("x".repeat(201))).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        sched.submit(Task::new(1).pool("work").deadline(Duration::ZERO)).await,
+        Err(Error::InvalidArgument(_))
+    ));
     let small = Scheduler::new(vec![PoolConfig::new("p")]).unwrap().max_payload_bytes(8);
-    assert!(matches!(small.submit(Task::new("a long payload").pool("p")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes")));
+    assert!(
+        matches!(small.submit(Task::new("a long payload").pool("p")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
+    );
     assert!(matches!(sched.status("nope").await, Err(Error::NotFound(_))));
     let mut weights = PoolConfig::new("w");
     weights.fairness = Some(Fairness::weights([("a", -1.0)]));
     assert!(matches!(Scheduler::new(vec![weights]), Err(Error::InvalidArgument(_))));
     assert!(matches!(Scheduler::new(vec![PoolConfig::new("p"), PoolConfig::new("p")]), Err(Error::InvalidArgument(_))));
     assert!(Scheduler::new(vec![]).is_err());
-    assert!(matches!(Scheduler::new(vec![PoolConfig::new("p")]).unwrap().handler("q", |_: Payload| async { Ok::<_, Error>(()) }), Err(Error::NotFound(_))));
+    assert!(matches!(
+        Scheduler::new(vec![PoolConfig::new("p")]).unwrap().handler("q", |_: Payload| async { Ok::<_, Error>(()) }),
+        Err(Error::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -94,14 +105,21 @@ async fn deadlines_cancel_delay_and_keys() {
 async fn retries_run_again_until_max_retries() {
     let runs = Arc::new(AtomicU32::new(0));
     let counted = runs.clone();
-    let sched = Scheduler::new(vec![PoolConfig::new("flaky")]).unwrap().handler("flaky", move |p: Payload| {
-        let counted = counted.clone();
-        async move {
-            let succeed_on: u32 = p.decode().unwrap();
-            let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
-            if run < succeed_on { Err(Oops(run)) } else { Ok(run) }
-        }
-    }).unwrap();
+    let sched = Scheduler::new(vec![PoolConfig::new("flaky")])
+        .unwrap()
+        .handler("flaky", move |p: Payload| {
+            let counted = counted.clone();
+            async move {
+                let succeed_on: u32 = p.decode().unwrap();
+                let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                if run < succeed_on {
+                    Err(Oops(run))
+                } else {
+                    Ok(run)
+                }
+            }
+        })
+        .unwrap();
     let task = sched.submit(Task::new(2).pool("flaky").max_retries(1)).await.unwrap();
     assert_eq!(task.result::<u32>().await.unwrap(), 2);
     assert_eq!(sched.status(task.id()).await.unwrap().attempts, 2);
@@ -115,11 +133,14 @@ async fn retries_run_again_until_max_retries() {
 
 #[tokio::test]
 async fn a_panicking_handler_fails_only_its_task() {
-    let sched = Scheduler::new(vec![PoolConfig::new("p")]).unwrap().handler("p", |p: Payload| async move {
-        let n: u32 = p.decode().unwrap();
-        assert!(n != 13, "unlucky {n}");
-        Ok::<_, Error>(n)
-    }).unwrap();
+    let sched = Scheduler::new(vec![PoolConfig::new("p")])
+        .unwrap()
+        .handler("p", |p: Payload| async move {
+            let n: u32 = p.decode().unwrap();
+            assert!(n != 13, "unlucky {n}");
+            Ok::<_, Error>(n)
+        })
+        .unwrap();
     let bad = sched.submit(Task::new(13).pool("p")).await.unwrap();
     let good = sched.submit(Task::new(14).pool("p")).await.unwrap();
     assert!(matches!(bad.result::<u32>().await, Err(Error::TaskFailed { r#type, .. }) if r#type == "panic"));
@@ -134,21 +155,31 @@ async fn concurrency_priority_and_max_in_flight() {
     let (r, m, o) = (running.clone(), most.clone(), order.clone());
     let mut capped = PoolConfig::new("p");
     capped.max_in_flight = Some(2);
-    let sched = Scheduler::new(vec![capped]).unwrap().concurrency(8).unwrap().handler("p", move |p: Payload| {
-        let (r, m, o) = (r.clone(), m.clone(), o.clone());
-        async move {
-            let name: String = p.decode().unwrap();
-            o.lock().unwrap().push(name);
-            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
-            m.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            r.fetch_sub(1, Ordering::SeqCst);
-            Ok::<_, Error>(())
-        }
-    }).unwrap();
+    let sched = Scheduler::new(vec![capped])
+        .unwrap()
+        .concurrency(8)
+        .unwrap()
+        .handler("p", move |p: Payload| {
+            let (r, m, o) = (r.clone(), m.clone(), o.clone());
+            async move {
+                let name: String = p.decode().unwrap();
+                o.lock().unwrap().push(name);
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Error>(())
+            }
+        })
+        .unwrap();
     sched.pause("p").await.unwrap();
     let mut handles = Vec::new();
-    for (name, priority) in [("low", Priority::Low), ("normal", Priority::Normal), ("critical", Priority::Critical), ("high", Priority::High)] {
+    for (name, priority) in [
+        ("low", Priority::Low),
+        ("normal", Priority::Normal),
+        ("critical", Priority::Critical),
+        ("high", Priority::High),
+    ] {
         handles.push(sched.submit(Task::new(name).pool("p").priority(priority)).await.unwrap());
     }
     for n in 0..6 {

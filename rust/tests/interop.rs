@@ -48,7 +48,8 @@ struct Echo {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_worker_serves_a_rust_client() {
     let dir = Scratch::new("a");
-    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n[[pools]]\nname = \"idle\"\n", "durability = \"none\"", &[]);
+    let broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n[[pools]]\nname = \"idle\"\n", "durability = \"none\"", &[]);
     let mut worker = run_python(PYTHON_WORKER, &[&broker.workers], &dir.0, "python-worker");
     worker.wait_for("python worker starting", LONG);
     let sched = cronoq::connect(&broker.clients).await.unwrap();
@@ -65,7 +66,10 @@ async fn a_python_worker_serves_a_rust_client() {
         assert_eq!(echo, Echo { echo: Job { n: n as u32, text: format!("job {n}") }, by: "python".into() });
     }
     let info = sched.status(handles[0].as_ref().unwrap().id()).await.unwrap();
-    assert_eq!((info.state, info.attempts, info.pool.as_str(), info.tenant.as_deref()), (TaskState::Succeeded, 1, "work", Some("acme")));
+    assert_eq!(
+        (info.state, info.attempts, info.pool.as_str(), info.tenant.as_deref()),
+        (TaskState::Succeeded, 1, "work", Some("acme"))
+    );
 
     // The Python handler's exception arrives as TaskFailed with its type, message and traceback.
     let failing = sched.submit(Task::new("fail").pool("work")).await.unwrap();
@@ -88,7 +92,9 @@ async fn a_python_worker_serves_a_rust_client() {
     assert!(matches!(sched.status("0123456789abcdef0123456789abcdef").await, Err(Error::NotFound(_))));
     assert_eq!(sched.max_payload_bytes(), Some(1 << 20));
     let big = vec![7u8; (1 << 20) + 1];
-    assert!(matches!(sched.submit(Task::new(serde_bytes_like(big)).pool("work")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes")));
+    assert!(
+        matches!(sched.submit(Task::new(serde_bytes_like(big)).pool("work")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
+    );
     sched.close().await;
 }
 
@@ -97,9 +103,9 @@ fn serde_bytes_like(bytes: Vec<u8>) -> Value {
     Value::Binary(bytes)
 }
 
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let mut out = Vec::new();
@@ -168,7 +174,10 @@ async fn a_rust_worker_serves_a_python_client() {
     for (n, r) in results.iter().enumerate() {
         assert_eq!(r, &serde_json::json!({"doubled": n * 2, "by": "rust"}));
     }
-    assert_eq!(got["failure"], serde_json::json!({"type": "Refused", "message": "refused: job 13 cannot be done", "code": "TASK_FAILED"}));
+    assert_eq!(
+        got["failure"],
+        serde_json::json!({"type": "Refused", "message": "refused: job 13 cannot be done", "code": "TASK_FAILED"})
+    );
 
     stopper.stop().await;
     running.await.unwrap().expect("a graceful stop");
@@ -196,14 +205,17 @@ async fn the_three_to_one_order_through_the_broker() {
     let seen = order.clone();
     let mut pool = PoolConfig::new("llm");
     pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
-    let worker = Worker::new(&broker.workers).concurrency(1).heartbeat(Duration::from_millis(200), 5).pool(pool, move |p: Payload| {
-        let seen = seen.clone();
-        async move {
-            let name: String = p.decode()?;
-            seen.lock().unwrap().push(name);
-            Ok::<_, Error>(())
-        }
-    });
+    let worker = Worker::new(&broker.workers).concurrency(1).heartbeat(Duration::from_millis(200), 5).pool(
+        pool,
+        move |p: Payload| {
+            let seen = seen.clone();
+            async move {
+                let name: String = p.decode()?;
+                seen.lock().unwrap().push(name);
+                Ok::<_, Error>(())
+            }
+        },
+    );
     let stopper = worker.stopper();
     let running = tokio::spawn(worker.run());
     sched.resume("llm").await.unwrap();
@@ -218,9 +230,12 @@ async fn the_three_to_one_order_through_the_broker() {
     // A worker whose settings disagree with the broker's config is refused, naming the pool.
     let mut wrong = PoolConfig::new("llm");
     wrong.fairness = Some(Fairness::weights([("acme", 1.0)]));
-    let refused = tokio::time::timeout(LONG, Worker::new(&broker.workers).pool(wrong, |_: Payload| async { Ok::<_, Error>(()) }).run())
-        .await
-        .expect("refused at once");
+    let refused = tokio::time::timeout(
+        LONG,
+        Worker::new(&broker.workers).pool(wrong, |_: Payload| async { Ok::<_, Error>(()) }).run(),
+    )
+    .await
+    .expect("refused at once");
     assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("llm")), "{refused:?}");
 }
 
@@ -228,7 +243,12 @@ async fn the_three_to_one_order_through_the_broker() {
 async fn a_pinned_token_naming_another_tenant_is_refused() {
     let dir = Scratch::new("d");
     let body = "[[pools]]\nname = \"work\"\n\n[[auth.tokens]]\ntoken_env = \"T_CLIENT\"\nrole = \"client\"\ntenant = \"acme\"\n\n[[auth.tokens]]\ntoken_env = \"T_ADMIN\"\nrole = \"admin\"\n";
-    let broker = Broker::start(&dir.0, body, "durability = \"none\"", &[("T_CLIENT", "client-secret"), ("T_ADMIN", "admin-secret")]);
+    let broker = Broker::start(
+        &dir.0,
+        body,
+        "durability = \"none\"",
+        &[("T_CLIENT", "client-secret"), ("T_ADMIN", "admin-secret")],
+    );
     let sched = cronoq::connect(&broker.clients).token("client-secret").await.unwrap();
     let refused = sched.submit(Task::new("x").pool("work").tenant("globex")).await;
     assert!(matches!(&refused, Err(Error::PermissionDenied(_))), "{refused:?}");
@@ -237,7 +257,8 @@ async fn a_pinned_token_naming_another_tenant_is_refused() {
     assert_eq!(sched.status(mine.id()).await.unwrap().tenant.as_deref(), Some("acme"));
     assert!(matches!(sched.pause("work").await, Err(Error::PermissionDenied(_))));
 
-    let stranger = cronoq::connect(&broker.clients).token("nobody").request_timeout(Duration::from_secs(10)).await.unwrap();
+    let stranger =
+        cronoq::connect(&broker.clients).token("nobody").request_timeout(Duration::from_secs(10)).await.unwrap();
     // The broker answers an unknown connection once a second: the refusal of its `hello` fails the
     // submit at once, not after the request timeout.
     let t0 = std::time::Instant::now();
@@ -249,7 +270,8 @@ async fn a_pinned_token_naming_another_tenant_is_refused() {
 async fn the_client_resends_after_the_broker_restarts() {
     let dir = Scratch::new("e");
     let data = dir.0.join("data");
-    let mut broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let mut broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
     let sched = cronoq::connect(&broker.clients).await.unwrap();
     let before = sched.submit(Task::new(Job { n: 1, text: "before".into() }).pool("work")).await.unwrap();
 
@@ -285,7 +307,10 @@ async fn curve_encrypts_client_and_worker() {
     let worker = Worker::new(&broker.workers)
         .curve_server_key(public.to_str().unwrap())
         .heartbeat(Duration::from_millis(200), 5)
-        .pool(PoolConfig::new("work"), |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) });
+        .pool(
+            PoolConfig::new("work"),
+            |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) },
+        );
     let stopper = worker.stopper();
     let running = tokio::spawn(worker.run());
     let sched = cronoq::connect(&broker.clients).curve_server_key(public.to_str().unwrap()).await.unwrap();
@@ -295,7 +320,10 @@ async fn curve_encrypts_client_and_worker() {
     // Without the key the handshake never completes: the request times out, nothing is sent in clear.
     let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_millis(800)).await.unwrap();
     assert!(matches!(plain.ping().await, Err(Error::Unavailable(_))));
-    assert!(matches!(cronoq::connect(&broker.clients).curve_server_key("not a key").await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        cronoq::connect(&broker.clients).curve_server_key("not a key").await,
+        Err(Error::InvalidArgument(_))
+    ));
     stopper.stop().await;
     running.await.unwrap().unwrap();
 }
@@ -303,14 +331,18 @@ async fn curve_encrypts_client_and_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sizes_are_checked_where_they_are_made() {
     let dir = Scratch::new("g");
-    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"\nmax_payload_bytes = 4096", &[]);
-    let worker = Worker::new(&broker.workers).heartbeat(Duration::from_millis(200), 5).pool(PoolConfig::new("work"), |p: Payload| async move {
-        match p.decode::<String>().map_err(|e| Refused(e.to_string()))?.as_str() {
-            "big result" => Ok("r".repeat(10_000)),
-            "long failure" => Err(Refused("e".repeat(100_000))),
-            other => Ok(other.to_string()),
-        }
-    });
+    let broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"\nmax_payload_bytes = 4096", &[]);
+    let worker = Worker::new(&broker.workers).heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("work"),
+        |p: Payload| async move {
+            match p.decode::<String>().map_err(|e| Refused(e.to_string()))?.as_str() {
+                "big result" => Ok("r".repeat(10_000)),
+                "long failure" => Err(Refused("e".repeat(100_000))),
+                other => Ok(other.to_string()),
+            }
+        },
+    );
     let stopper = worker.stopper();
     let running = tokio::spawn(worker.run());
     let sched = cronoq::connect(&broker.clients).await.unwrap();

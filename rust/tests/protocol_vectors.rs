@@ -62,7 +62,9 @@ fn to_json(value: &Value) -> Json {
         Value::String(s) => Json::String(s.as_str().expect("utf-8").to_string()),
         Value::Binary(b) => Json::String(hex(b)),
         Value::Array(a) => Json::Array(a.iter().map(to_json).collect()),
-        Value::Map(m) => Json::Object(m.iter().map(|(k, v)| (k.as_str().expect("str key").to_string(), to_json(v))).collect()),
+        Value::Map(m) => {
+            Json::Object(m.iter().map(|(k, v)| (k.as_str().expect("str key").to_string(), to_json(v))).collect())
+        }
         Value::Ext(..) => panic!("no ext in vectors"),
     }
 }
@@ -83,7 +85,9 @@ fn message_json(m: &Message) -> Json {
         Message::Batch(items) => {
             let items: Vec<Json> = items
                 .iter()
-                .map(|(h, b)| Json::Array(vec![header_json(h), b.as_ref().map_or(Json::Null, |b| Json::String(hex(b)))]))
+                .map(|(h, b)| {
+                    Json::Array(vec![header_json(h), b.as_ref().map_or(Json::Null, |b| Json::String(hex(b)))])
+                })
                 .collect();
             serde_json::json!({"tag": "batch", "v": 1, "items": items})
         }
@@ -100,7 +104,9 @@ fn from_json(value: &Json, kind: Kind) -> Value {
         (Json::Bool(b), _) => Value::Boolean(*b),
         (Json::String(s), _) => Value::from(s.as_str()),
         (Json::Array(a), _) => Value::Array(a.iter().map(|v| from_json(v, Kind::Any)).collect()),
-        (Json::Object(o), _) => Value::Map(o.iter().map(|(k, v)| (Value::from(k.as_str()), from_json(v, Kind::Any))).collect()),
+        (Json::Object(o), _) => {
+            Value::Map(o.iter().map(|(k, v)| (Value::from(k.as_str()), from_json(v, Kind::Any))).collect())
+        }
     }
 }
 
@@ -148,7 +154,9 @@ fn matches(pattern: &Json, value: &Value, captured: &mut HashMap<String, Value>)
         Json::Number(n) if n.is_f64() => matches!(value, Value::F64(x) if *x == n.as_f64().unwrap()),
         Json::Number(n) => matches!(value, Value::Integer(i) if i.as_i64() == n.as_i64()),
         Json::Array(items) => match value {
-            Value::Array(values) => items.len() == values.len() && items.iter().zip(values).all(|(p, v)| matches(p, v, captured)),
+            Value::Array(values) => {
+                items.len() == values.len() && items.iter().zip(values).all(|(p, v)| matches(p, v, captured))
+            }
             _ => false,
         },
         Json::Object(m) => {
@@ -201,7 +209,9 @@ fn same(a: &Json, b: &Json) -> bool {
     match (a, b) {
         (Json::Number(x), Json::Number(y)) => x.as_f64() == y.as_f64(),
         (Json::Array(x), Json::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q)),
-        (Json::Object(x), Json::Object(y)) => x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w))),
+        (Json::Object(x), Json::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
         _ => a == b,
     }
 }
@@ -289,7 +299,10 @@ fn every_vector_reads_and_writes_alike() {
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
-    assert!(headers > 40 && refusals > 10 && replies > 20, "too little checked: {headers} headers, {refusals} refusals, {replies} replies");
+    assert!(
+        headers > 40 && refusals > 10 && replies > 20,
+        "too little checked: {headers} headers, {refusals} refusals, {replies} replies"
+    );
     println!("{} vectors: {headers} headers read and written, {refusals} refused, {replies} replies", files.len());
 }
 

@@ -53,7 +53,8 @@ fn replay(vector: &Json) -> Vec<String> {
         let attempt = || step["attempt"].as_i64().unwrap();
         let got: Option<Json> = match op {
             "add_worker" => {
-                let pools: Vec<String> = step["pools"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+                let pools: Vec<String> =
+                    step["pools"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
                 core.add_worker(&s("worker"), &pools, step["slots"].as_u64().unwrap() as u32).expect("known pools");
                 None
             }
@@ -61,7 +62,9 @@ fn replay(vector: &Json) -> Vec<String> {
                 core.grant(&s("worker"), step["slots"].as_u64().unwrap() as u32);
                 None
             }
-            "remove_worker" => Some(json!(core.remove_worker(&s("worker")).iter().map(|id| id.to_string()).collect::<Vec<_>>())),
+            "remove_worker" => {
+                Some(json!(core.remove_worker(&s("worker")).iter().map(|id| id.to_string()).collect::<Vec<_>>()))
+            }
             "submit" => {
                 core.submit(
                     NewTask {
@@ -80,7 +83,11 @@ fn replay(vector: &Json) -> Vec<String> {
             }
             "dispatch" => {
                 let limit = step["limit"].as_u64().map(|l| l as usize);
-                Some(json!(core.dispatch(now, limit).iter().map(|a| json!([a.worker.to_string(), a.task.to_string()])).collect::<Vec<_>>()))
+                Some(json!(core
+                    .dispatch(now, limit)
+                    .iter()
+                    .map(|a| json!([a.worker.to_string(), a.task.to_string()]))
+                    .collect::<Vec<_>>()))
             }
             "expire" => {
                 let mut ids: Vec<String> = core.expire(now).iter().map(|t| t.id.to_string()).collect();
@@ -88,7 +95,10 @@ fn replay(vector: &Json) -> Vec<String> {
                 Some(json!(ids))
             }
             "finish" => Some(json!(attempt() > 0 && core.finish(&s("id"), &s("worker"), attempt() as u32).is_some())),
-            "requeue" => Some(json!(attempt() > 0 && core.requeue(&s("id"), now, &s("worker"), attempt() as u32, step["not_before"].as_f64()))),
+            "requeue" => Some(json!(
+                attempt() > 0
+                    && core.requeue(&s("id"), now, &s("worker"), attempt() as u32, step["not_before"].as_f64())
+            )),
             "cancel" => Some(json!(core.cancel(&s("id")).is_some())),
             "pause" => {
                 core.pause(&s("pool")).unwrap();

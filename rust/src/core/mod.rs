@@ -172,7 +172,10 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
             return Err(Error::InvalidArgument("a pool name must be a non-empty string".into()));
         }
         if !names.insert(p.name.as_str()) {
-            return Err(Error::InvalidArgument(format!("pool {:?} is declared twice; give each pool one entry", p.name)));
+            return Err(Error::InvalidArgument(format!(
+                "pool {:?} is declared twice; give each pool one entry",
+                p.name
+            )));
         }
         for (tenant, w) in &p.tenant_weights {
             if !(w.is_finite() && *w > 0.0) {
@@ -207,7 +210,8 @@ impl Core {
             seq: 0,
         };
         for s in pools {
-            let weights = s.fair().then(|| Arc::new(Weights::new(s.tenant_weights.iter().map(|(t, w)| (t.as_str(), *w)))));
+            let weights =
+                s.fair().then(|| Arc::new(Weights::new(s.tenant_weights.iter().map(|(t, w)| (t.as_str(), *w)))));
             core.pool_index.insert(s.name.clone(), core.pools.len());
             core.pools.push(Pool {
                 name: s.name.clone(),
@@ -375,7 +379,7 @@ impl Core {
         let (pool, priority, tenant, deadline, seq, state) =
             (t.pool, t.priority as usize, t.tenant.clone(), t.deadline, t.seq, t.state);
         match state {
-            State::Running => return None,
+            State::Running => None,
             State::Queued => {
                 let slot = self.forget(at);
                 self.pools[pool].queued -= 1;
@@ -410,7 +414,8 @@ impl Core {
         }
         for at in self.expiry.pop_due(&self.tasks, State::Queued, now) {
             let t = self.slot(at);
-            let (pool, priority, tenant, deadline, seq) = (t.pool, t.priority as usize, t.tenant.clone(), t.deadline, t.seq);
+            let (pool, priority, tenant, deadline, seq) =
+                (t.pool, t.priority as usize, t.tenant.clone(), t.deadline, t.seq);
             let slot = self.forget(at);
             self.pools[pool].queued -= 1;
             self.pools[pool].classes[priority].discard(&self.tasks, &tenant, deadline, seq);
@@ -443,7 +448,14 @@ impl Core {
         let at = match self.worker_index.get(id) {
             Some(&at) => at,
             None => {
-                self.workers.push(Some(Worker { id: Arc::from(id), pools: Vec::new(), free: 0, running: Vec::new(), rr: 0, ready: false }));
+                self.workers.push(Some(Worker {
+                    id: Arc::from(id),
+                    pools: Vec::new(),
+                    free: 0,
+                    running: Vec::new(),
+                    rr: 0,
+                    ready: false,
+                }));
                 self.worker_index.insert(id.to_string(), self.workers.len() - 1);
                 self.workers.len() - 1
             }

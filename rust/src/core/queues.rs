@@ -182,7 +182,15 @@ const MIN_SWEEP: usize = 64;
 impl FairQueue {
     fn new(weights: Arc<Weights>) -> FairQueue {
         let vtime = weights.zero();
-        FairQueue { weights, flows: HashMap::new(), heap: BinaryHeap::new(), heap_stale: 0, vtime, nback: 0, sweep_at: MIN_SWEEP }
+        FairQueue {
+            weights,
+            flows: HashMap::new(),
+            heap: BinaryHeap::new(),
+            heap_stale: 0,
+            vtime,
+            nback: 0,
+            sweep_at: MIN_SWEEP,
+        }
     }
 
     fn push(&mut self, tenant: &Tenant, entry: Entry) {
@@ -280,7 +288,10 @@ impl FairQueue {
         if self.heap_stale * 2 > self.heap.len() {
             let flows = &self.flows;
             let heap = std::mem::take(&mut self.heap);
-            self.heap = heap.into_iter().filter(|Reverse((_, _, gen, t))| flows.get(t).is_some_and(|f| f.gen == *gen)).collect();
+            self.heap = heap
+                .into_iter()
+                .filter(|Reverse((_, _, gen, t))| flows.get(t).is_some_and(|f| f.gen == *gen))
+                .collect();
             self.heap_stale = 0;
         }
     }
