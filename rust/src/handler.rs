@@ -83,3 +83,28 @@ pub(crate) async fn run(handler: Handler, payload: Payload) -> Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Refused {
+        why: &'static str,
+    }
+
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.why)
+        }
+    }
+
+    #[test]
+    fn a_failure_names_the_error_type_without_its_path() {
+        let f = Failure::of(&Refused { why: "no" });
+        assert_eq!((f.r#type.as_str(), f.message.as_str()), ("Refused", "no"));
+        assert_eq!(f.traceback, "Refused { why: \"no\" }");
+        let plain = Failure::of(&"just text");
+        assert_eq!((plain.r#type.as_str(), plain.traceback.as_str()), ("&str", ""));
+    }
+}

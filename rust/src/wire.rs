@@ -668,6 +668,30 @@ mod tests {
     }
 
     #[test]
+    fn pack_batches_what_fits_and_splits_the_rest() {
+        let small = |n: i64| (encode_header("ping", vec![Value::from(n)]), None);
+        // One message goes as plain frames, with its body as a frame of its own.
+        let lone = pack(&[(encode_header("ping", vec![Value::from(1)]), Some(NIL_BODY.to_vec()))], BATCH_BYTES);
+        assert_eq!(lone.len(), 1);
+        assert_eq!(lone[0].0.len(), 2);
+        // Many small ones go as one batch, which reads back item by item, in order.
+        let items: Vec<_> = (1..=100).map(small).collect();
+        let packed = pack(&items, BATCH_BYTES);
+        assert_eq!(packed.len(), 1);
+        assert_eq!(packed[0].1, 100);
+        let read = read(Direction::ClientRequest, &packed[0].0[0], None).unwrap();
+        let rids: Vec<i64> = read.iter().map(|i| i.as_ref().unwrap().0.rid()).collect();
+        assert_eq!(rids, (1..=100).collect::<Vec<_>>());
+        // Big bodies split into batches under the limit, each item in exactly one of them.
+        let body = encode_value(&Value::from("x".repeat(10_000)));
+        let big: Vec<_> = (1..=10).map(|n| (encode_header("ping", vec![Value::from(n)]), Some(body.clone()))).collect();
+        let packed = pack(&big, BATCH_BYTES);
+        assert!(packed.len() > 1);
+        assert_eq!(packed.iter().map(|(_, n)| n).sum::<usize>(), 10);
+        assert!(packed.iter().all(|(frames, _)| frames.iter().map(Vec::len).sum::<usize>() <= BATCH_BYTES));
+    }
+
+    #[test]
     fn clip_keeps_both_ends() {
         let text = "a".repeat(1000) + &"b".repeat(1000);
         let clipped = clip(&text, 200);
