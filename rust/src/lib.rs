@@ -1,4 +1,4 @@
-//! cronoq for Rust: submit to and work for a [cronoq](https://github.com/) broker, or run the same
+//! cronoq for Rust: submit to and work for a cronoq broker, or run the same
 //! scheduling embedded, with no broker.
 //!
 //! - [`connect`] → [`Client`]: `submit` a [`Task`], await its [`TaskHandle::result`], `status`,
