@@ -1,0 +1,727 @@
+//! [`connect`] and [`Client`]: one DEALER socket to a broker's client endpoint, many requests in
+//! flight on it.
+//!
+//! Every request gets a request id (`rid`); replies are matched to the waiting caller by it, so
+//! submits pipeline instead of taking a round trip each, and what callers ask for during one
+//! wake-up of the socket's task leaves as one batch (docs/protocol.md, "Batches").
+//!
+//! The connection outlives a broker restart (Lazy Pirate, docs/protocol.md "Reconnecting
+//! clients"): libzmq reconnects by itself, the socket monitor reports each completed handshake,
+//! and on every handshake after the first the client re-sends each request still waiting for its
+//! reply (a `submit` with its same `submission` id, so the broker creates no second task), and a
+//! `wait` for every watched task whose outcome has not come. `cancel` is never re-sent.
+//!
+//! On each connection the client asks the broker's rules (`hello`) and refuses a payload over its
+//! `max_payload_bytes` itself, before sending anything.
+
+use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use rmpv::Value;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+use crate::error::{Error, Result};
+use crate::handle::{timed_out, Ended, Source, TaskHandle};
+use crate::task::{Priority, Task, TaskInfo, TaskState};
+use crate::transport::{curve_public_key, Dealer, Options};
+use crate::wire::{self, Direction, Header, BATCH_BYTES};
+
+/// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The broker address the Python client defaults to.
+pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
+/// How often a `wait` for an unfinished watched task is sent again without a handshake seen
+/// (docs/protocol.md, "Without a socket monitor"); with the monitor this is only a safety net.
+const REWAIT_INTERVAL: Duration = Duration::from_secs(10);
+/// How long after a refused token new requests fail at once (docs/protocol.md, "Bad tokens").
+const REFUSAL_WINDOW: Duration = Duration::from_secs(1);
+
+/// Start connecting to the broker's client endpoint at `address`; set options on the returned
+/// [`Connect`], then `.await` it.
+///
+/// ```no_run
+/// # async fn demo() -> cronoq::Result<()> {
+/// let sched = cronoq::connect("tcp://127.0.0.1:5555")
+///     .token(std::env::var("CRONOQ_TOKEN").unwrap_or_default())
+///     .request_timeout(std::time::Duration::from_secs(10))
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub fn connect(address: impl Into<String>) -> Connect {
+    Connect { address: address.into(), token: Vec::new(), curve: None, request_timeout: DEFAULT_REQUEST_TIMEOUT }
+}
+
+/// Options of a connection to a broker; `.await` it for a [`Client`].
+#[derive(Debug, Clone)]
+#[must_use = "a Connect does nothing until awaited"]
+pub struct Connect {
+    address: String,
+    token: Vec<u8>,
+    curve: Option<String>,
+    request_timeout: Duration,
+}
+
+impl Connect {
+    /// The token to show the broker (its secret's bytes); none for an open broker.
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Connect {
+        self.token = token.as_ref().to_vec();
+        self
+    }
+
+    /// Encrypt the connection with CURVE: the broker's public key as 40 Z85 characters, or the path
+    /// of its `NAME.key` file (from `cronoq keygen`).
+    pub fn curve_server_key(mut self, key: impl Into<String>) -> Connect {
+        self.curve = Some(key.into());
+        self
+    }
+
+    /// How long a request waits for its reply (default 30 s), re-sent meanwhile across reconnects.
+    pub fn request_timeout(mut self, timeout: Duration) -> Connect {
+        self.request_timeout = timeout;
+        self
+    }
+
+    async fn open(self) -> Result<Client> {
+        let options = Options {
+            curve_server_key: self.curve.as_deref().map(curve_public_key).transpose()?,
+            monitor: true,
+            heartbeat: Some((1000, 5000)),
+        };
+        let dealer = Dealer::connect(&self.address, &options)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut prefix = [0u8; 8];
+        getrandom::getrandom(&mut prefix).expect("the operating system's random source");
+        let inner = Arc::new(Inner {
+            address: self.address,
+            request_timeout: self.request_timeout,
+            outbox: tx,
+            rules: Notify::new(),
+            state: Mutex::new(State {
+                next_rid: 0,
+                next_submission: 0,
+                prefix: prefix.iter().map(|b| format!("{b:02x}")).collect(),
+                pending: HashMap::new(),
+                watches: HashMap::new(),
+                heard_hello: false,
+                hello_rid: None,
+                max_payload_bytes: None,
+                connections: 0,
+                reconnects: 0,
+                closed: false,
+                refused: None,
+            }),
+        });
+        let client = Client { inner: inner.clone() };
+        client.ask_rules();
+        tokio::spawn(run(dealer, self.token, rx, Arc::downgrade(&inner)));
+        Ok(client)
+    }
+}
+
+impl IntoFuture for Connect {
+    type Output = Result<Client>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<Client>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.open())
+    }
+}
+
+type Reply = Result<(Header, Option<Vec<u8>>)>;
+
+/// A request waiting for its reply: what to re-send on a new connection, and who waits.
+struct Pending {
+    reply: Option<oneshot::Sender<Reply>>,
+    header: Vec<u8>,
+    body: Option<Vec<u8>>,
+    resend: bool,
+    expires: Option<Instant>,
+}
+
+/// How a watched task's wait ended: its outcome, or nothing (the watch was refused or closed, and
+/// an explicit `wait` is needed).
+#[derive(Debug, Clone)]
+pub(crate) enum WatchEnd {
+    Outcome(Ended),
+    Gone,
+}
+
+/// A task submitted with `watch`: its outcome comes under the submit's rid.
+pub(crate) struct Watch {
+    task_id: Mutex<Option<String>>,
+    ended: watch::Sender<Option<WatchEnd>>,
+    last_wait: Mutex<Instant>,
+}
+
+impl Watch {
+    fn settle(&self, end: WatchEnd) {
+        self.ended.send_if_modified(|slot| {
+            if slot.is_none() {
+                *slot = Some(end);
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// A message waiting to leave: the rid it answers to (0 for none), its header and its body.
+type Posted = (i64, Vec<u8>, Option<Vec<u8>>);
+
+enum Cmd {
+    Send { rid: i64, header: Vec<u8>, body: Option<Vec<u8>> },
+    Close,
+}
+
+struct State {
+    next_rid: i64,
+    next_submission: u64,
+    prefix: String,
+    pending: HashMap<i64, Pending>,
+    watches: HashMap<i64, Arc<Watch>>,
+    heard_hello: bool,
+    hello_rid: Option<i64>,
+    max_payload_bytes: Option<usize>,
+    connections: usize,
+    reconnects: usize,
+    closed: bool,
+    /// When the broker last refused this connection's token, and how. A broker answers a connection
+    /// whose token it never took at most once a second and drops the rest unanswered, so requests
+    /// made within that second fail at once with the same error instead of going unanswered.
+    refused: Option<(Instant, Error)>,
+}
+
+impl State {
+    fn rid(&mut self) -> i64 {
+        self.next_rid += 1;
+        self.next_rid
+    }
+}
+
+struct Inner {
+    address: String,
+    request_timeout: Duration,
+    outbox: mpsc::UnboundedSender<Cmd>,
+    rules: Notify,
+    state: Mutex<State>,
+}
+
+/// A connection to a broker's client endpoint. Cheap to clone: clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("address", &self.inner.address).finish()
+    }
+}
+
+fn unavailable_closed() -> Error {
+    Error::Unavailable("the client connection was closed".into())
+}
+
+impl Client {
+    // ------------------------------------------------------------------ requests
+
+    /// Register a request and post it; the receiver gets its reply.
+    fn send(
+        &self,
+        state: &mut State,
+        rid: i64,
+        header: Vec<u8>,
+        body: Option<Vec<u8>>,
+        resend: bool,
+        expires: bool,
+    ) -> Result<oneshot::Receiver<Reply>> {
+        if state.closed {
+            return Err(unavailable_closed());
+        }
+        if let Some((at, error)) = &state.refused {
+            if at.elapsed() < REFUSAL_WINDOW {
+                return Err(error.clone());
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        state.pending.insert(
+            rid,
+            Pending {
+                reply: Some(tx),
+                header: header.clone(),
+                body: body.clone(),
+                resend,
+                expires: expires.then(|| Instant::now() + self.inner.request_timeout),
+            },
+        );
+        let _ = self.inner.outbox.send(Cmd::Send { rid, header, body });
+        Ok(rx)
+    }
+
+    async fn request(
+        &self,
+        tag: &str,
+        fields: impl FnOnce(i64) -> Vec<Value>,
+        body: Option<Vec<u8>>,
+        resend: bool,
+    ) -> Reply {
+        let rx = {
+            let mut state = self.inner.state.lock().unwrap();
+            let rid = state.rid();
+            let header = wire::encode_header(tag, fields(rid));
+            self.send(&mut state, rid, header, body, resend, true)?
+        };
+        rx.await.unwrap_or_else(|_| Err(unavailable_closed()))
+    }
+
+    /// Send a `hello`, unless one is waiting for its answer.
+    fn ask_rules(&self) {
+        let mut state = self.inner.state.lock().unwrap();
+        if state.hello_rid.is_some_and(|rid| state.pending.contains_key(&rid)) {
+            return;
+        }
+        let rid = state.rid();
+        state.hello_rid = Some(rid);
+        let header = wire::encode_header("hello", vec![Value::from(rid)]);
+        let _ = self.send(&mut state, rid, header, None, true, true);
+    }
+
+    /// The broker's max_payload_bytes, waiting (at most request_timeout) for its answer to a
+    /// `hello` if none came yet. None: the broker does not say.
+    async fn payload_limit(&self) -> Result<Option<usize>> {
+        let give_up = Instant::now() + self.inner.request_timeout;
+        loop {
+            let notified = self.inner.rules.notified();
+            {
+                let state = self.inner.state.lock().unwrap();
+                if state.heard_hello {
+                    return Ok(state.max_payload_bytes);
+                }
+                if state.closed {
+                    return Err(unavailable_closed());
+                }
+            }
+            self.ask_rules();
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
+                return Err(Error::Unavailable(format!(
+                    "no reply from the broker at {} within {} s; is it running?",
+                    self.inner.address,
+                    self.inner.request_timeout.as_secs_f64()
+                )));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ API
+
+    /// Queue a task; returns its handle once the broker has accepted it (durably, when the broker
+    /// keeps a data_dir). A payload over the broker's max_payload_bytes, or a name longer than it
+    /// takes, is refused here with `InvalidArgument` and nothing is sent.
+    pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
+        let body = task.check()?.to_vec();
+        if let Some(limit) = self.payload_limit().await? {
+            if body.len() > limit {
+                return Err(Error::InvalidArgument(format!(
+                    "payload is {} bytes as msgpack, over the broker's max_payload_bytes = {limit}; send less, \
+                     or store the data elsewhere and send a reference to it",
+                    body.len()
+                )));
+            }
+        }
+        let watch = Arc::new(Watch {
+            task_id: Mutex::new(None),
+            ended: watch::channel(None).0,
+            last_wait: Mutex::new(Instant::now()),
+        });
+        let (rid, rx) = {
+            let mut state = self.inner.state.lock().unwrap();
+            let rid = state.rid();
+            state.next_submission += 1;
+            let submission = format!("{}-{:x}", state.prefix, state.next_submission);
+            let seconds = |d: Option<Duration>| d.map_or(Value::Nil, |d| Value::F64(d.as_secs_f64()));
+            let header = wire::encode_header(
+                "submit",
+                vec![
+                    Value::from(rid),
+                    Value::from(task.pool.as_str()),
+                    task.tenant.as_deref().map_or(Value::Nil, Value::from),
+                    Value::from(task.priority.as_str()),
+                    seconds(task.deadline),
+                    seconds(task.delay),
+                    task.key.as_deref().map_or(Value::Nil, Value::from),
+                    Value::from(task.max_retries),
+                    Value::from(submission),
+                    Value::Boolean(true),
+                ],
+            );
+            // Watch from the start: the outcome may come right behind the `accepted`.
+            state.watches.insert(rid, watch.clone());
+            (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
+        };
+        let reply = rx.await.unwrap_or_else(|_| Err(unavailable_closed()));
+        let (header, _) = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                self.inner.state.lock().unwrap().watches.remove(&rid);
+                return Err(e);
+            }
+        };
+        Ok(TaskHandle {
+            id: header.str("id").to_string(),
+            duplicate: header.bool("duplicate"),
+            source: Source::Client(self.clone(), Some(watch)),
+        })
+    }
+
+    /// Wait for a task's value by id, also one another connection submitted (see
+    /// [`TaskHandle::result`]).
+    pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
+        self.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
+    }
+
+    /// Like [`result`](Self::result), giving up with `Timeout` after `timeout`.
+    pub async fn result_timeout<T: serde::de::DeserializeOwned>(&self, task_id: &str, timeout: Duration) -> Result<T> {
+        self.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
+    }
+
+    pub(crate) async fn wait_ended(
+        &self,
+        task_id: &str,
+        watch: Option<&Arc<Watch>>,
+        timeout: Option<Duration>,
+    ) -> Result<Ended> {
+        let give_up = timeout.map(|t| Instant::now() + t);
+        if let Some(watch) = watch {
+            let mut rx = watch.ended.subscribe();
+            let settled = rx.wait_for(Option::is_some);
+            let end = match give_up {
+                None => settled.await.map(|v| v.clone()),
+                Some(at) => match tokio::time::timeout_at(at.into(), settled).await {
+                    Ok(r) => r.map(|v| v.clone()),
+                    Err(_) => return Err(timed_out(task_id, timeout)),
+                },
+            };
+            if let Ok(Some(WatchEnd::Outcome(ended))) = end {
+                return Ok(ended);
+            }
+        }
+        // No watch, or it was refused: ask with a `wait` of our own.
+        let (rid, rx) = {
+            let mut state = self.inner.state.lock().unwrap();
+            let rid = state.rid();
+            let header = wire::encode_header("wait", vec![Value::from(rid), Value::from(task_id)]);
+            (rid, self.send(&mut state, rid, header, None, true, false)?)
+        };
+        let reply = match give_up {
+            None => rx.await,
+            Some(at) => match tokio::time::timeout_at(at.into(), rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // Tell the broker to let go of the wait.
+                    let mut state = self.inner.state.lock().unwrap();
+                    if state.pending.remove(&rid).is_some() {
+                        let header = wire::encode_header("unwait", vec![Value::from(rid), Value::from(task_id)]);
+                        let _ = self.inner.outbox.send(Cmd::Send { rid: 0, header, body: None });
+                    }
+                    return Err(timed_out(task_id, timeout));
+                }
+            },
+        };
+        let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed()))?;
+        Ok(ended_of(&header, body))
+    }
+
+    /// A snapshot of a task: state, attempts, timings. NotFound for a task this token may not see.
+    pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
+        let (h, _) = self.request("status", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
+        Ok(TaskInfo {
+            id: h.str("id").to_string(),
+            pool: h.str("pool").to_string(),
+            tenant: h.opt_str("tenant").map(str::to_string),
+            priority: Priority::parse(h.str("priority"))?,
+            state: TaskState::parse(h.str("state"))?,
+            attempts: h.int("attempts").max(0) as u32,
+            submitted_at: h.opt_float("submitted_at").unwrap_or(0.0),
+            started_at: h.opt_float("started_at"),
+            finished_at: h.opt_float("finished_at"),
+            deadline: h.opt_float("deadline"),
+            error: h.opt_str("error").map(str::to_string),
+        })
+    }
+
+    /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
+    /// `Unavailable` when no reply comes.
+    pub async fn cancel(&self, task_id: &str) -> Result<bool> {
+        let (h, _) = self.request("cancel", |rid| vec![Value::from(rid), Value::from(task_id)], None, false).await?;
+        Ok(h.get("value").as_bool().unwrap_or(false))
+    }
+
+    /// Stop dispatching `pool` (admin token).
+    pub async fn pause(&self, pool: &str) -> Result<()> {
+        self.request("pause", |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop)
+    }
+
+    /// Dispatch `pool` again (admin token).
+    pub async fn resume(&self, pool: &str) -> Result<()> {
+        self.request("resume", |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop)
+    }
+
+    /// The broker's per-pool statistics (admin token), as a msgpack map.
+    pub async fn stats(&self) -> Result<Value> {
+        let (h, _) = self.request("stats", |rid| vec![Value::from(rid)], None, true).await?;
+        Ok(h.get("value").clone())
+    }
+
+    /// A round trip to the broker; `Unavailable` when it does not answer in time.
+    pub async fn ping(&self) -> Result<()> {
+        self.request("ping", |rid| vec![Value::from(rid)], None, true).await.map(drop)
+    }
+
+    /// The broker's max_payload_bytes, as it said on connecting (None until it has, or if it never says).
+    pub fn max_payload_bytes(&self) -> Option<usize> {
+        self.inner.state.lock().unwrap().max_payload_bytes
+    }
+
+    /// How many times the connection was made again (and what was outstanding re-sent).
+    pub fn reconnects(&self) -> usize {
+        self.inner.state.lock().unwrap().reconnects
+    }
+
+    /// Close the connection: requests still waiting fail with `Unavailable`.
+    pub async fn close(&self) {
+        let _ = self.inner.outbox.send(Cmd::Close);
+        let mut state = self.inner.state.lock().unwrap();
+        close_state(&mut state);
+    }
+}
+
+fn close_state(state: &mut State) {
+    state.closed = true;
+    for (_, mut p) in state.pending.drain() {
+        if let Some(tx) = p.reply.take() {
+            let _ = tx.send(Err(unavailable_closed()));
+        }
+    }
+    for (_, w) in state.watches.drain() {
+        w.settle(WatchEnd::Gone);
+    }
+}
+
+fn ended_of(h: &Header, body: Option<Vec<u8>>) -> Ended {
+    Ended {
+        state: h.str("state").to_string(),
+        body,
+        error_type: h.str("error_type").to_string(),
+        error_message: h.str("error_message").to_string(),
+        traceback: h.str("traceback").to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------- the socket's task
+
+/// Take one reply (a batch item or a lone message).
+fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec<u8>>) {
+    let rid = header.rid();
+    if let Some(watch) = state.watches.get(&rid).cloned() {
+        let has_id = watch.task_id.lock().unwrap().is_some();
+        if header.tag == "outcome" || has_id {
+            state.watches.remove(&rid);
+            watch.settle(if header.tag == "outcome" {
+                WatchEnd::Outcome(ended_of(&header, body))
+            } else {
+                WatchEnd::Gone
+            });
+            return;
+        }
+    }
+    if header.tag == "error" && header.str("code") == "UNAUTHENTICATED" {
+        // The broker answers a message with a bad token once, whatever it held: every request sent
+        // with this token shares its fate.
+        let error = Error::from_code("UNAUTHENTICATED", header.str("message"));
+        state.refused = Some((Instant::now(), error.clone()));
+        for (rid, mut p) in state.pending.drain() {
+            state.watches.remove(&rid);
+            if let Some(tx) = p.reply.take() {
+                let _ = tx.send(Err(error.clone()));
+            }
+        }
+        if !state.heard_hello {
+            state.heard_hello = true;
+            state.max_payload_bytes = None;
+        }
+        inner.rules.notify_waiters();
+        return;
+    }
+    let Some(mut pending) = state.pending.remove(&rid) else { return };
+    if state.hello_rid == Some(rid) {
+        state.heard_hello = true;
+        state.max_payload_bytes = match header.get("value") {
+            Value::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.as_str() == Some("max_payload_bytes"))
+                .and_then(|(_, v)| v.as_u64())
+                .filter(|n| *n > 0)
+                .map(|n| n as usize),
+            _ => None,
+        };
+        inner.rules.notify_waiters();
+    }
+    let Some(tx) = pending.reply.take() else { return };
+    if header.tag == "error" {
+        state.watches.remove(&rid);
+        let _ = tx.send(Err(Error::from_code(header.str("code"), header.str("message"))));
+        return;
+    }
+    if header.tag == "accepted" {
+        if let Some(watch) = state.watches.get(&rid) {
+            *watch.task_id.lock().unwrap() = Some(header.str("id").to_string());
+            *watch.last_wait.lock().unwrap() = Instant::now();
+        }
+    }
+    let _ = tx.send(Ok((header, body)));
+}
+
+/// A handshake completed: after the first, re-send what is outstanding, and ask the rules again.
+fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>) {
+    let first = state.connections == 0;
+    state.connections += handshakes;
+    state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
+    if !first || handshakes > 1 {
+        state.reconnects += 1;
+        for (rid, p) in &state.pending {
+            if p.resend && p.reply.is_some() {
+                posted.push((*rid, p.header.clone(), p.body.clone()));
+            }
+        }
+        rewait(state, posted, None);
+    }
+}
+
+/// Send a `wait` under each watched submit's rid whose outcome has not come (all of them, or those
+/// not asked for since `older_than`).
+fn rewait(state: &State, posted: &mut Vec<Posted>, older_than: Option<Instant>) {
+    for (rid, watch) in &state.watches {
+        let Some(id) = watch.task_id.lock().unwrap().clone() else { continue };
+        let mut last = watch.last_wait.lock().unwrap();
+        if older_than.is_some_and(|t| *last > t) {
+            continue;
+        }
+        *last = Instant::now();
+        posted.push((0, wire::encode_header("wait", vec![Value::from(*rid), Value::from(id)]), None));
+    }
+}
+
+/// Fail the requests whose request_timeout passed.
+fn sweep(inner: &Inner, state: &mut State) {
+    let now = Instant::now();
+    let expired: Vec<i64> =
+        state.pending.iter().filter(|(_, p)| p.expires.is_some_and(|t| t <= now)).map(|(r, _)| *r).collect();
+    for rid in expired {
+        let mut p = state.pending.remove(&rid).expect("listed");
+        if let Some(tx) = p.reply.take() {
+            let _ = tx.send(Err(Error::Unavailable(format!(
+                "no reply from the broker at {} within {} s; is it running?",
+                inner.address,
+                inner.request_timeout.as_secs_f64()
+            ))));
+        }
+        if state.hello_rid == Some(rid) {
+            inner.rules.notify_waiters();
+        }
+    }
+}
+
+/// The task that owns the socket: sends what callers post, hands replies to them.
+async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<Inner>) {
+    let tick_every = weak.upgrade().map_or(Duration::from_secs(1), |i| {
+        (i.request_timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    });
+    let mut tick = tokio::time::interval(tick_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut posted: Vec<Posted> = Vec::new();
+    let mut last_rewait = Instant::now();
+    let mut ticked = false;
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        // Handshakes first: a connection's handshake comes before any reply on it.
+        let handshakes = dealer.handshakes();
+        if handshakes > 0 {
+            connected(&mut inner.state.lock().unwrap(), handshakes, &mut posted);
+            Client { inner: inner.clone() }.ask_rules(); // posts through the channel: taken below
+        }
+        while let Some(frames) = dealer.try_recv() {
+            let (header, body) = match frames.as_slice() {
+                [h] => (h.as_slice(), None),
+                [h, b] => (h.as_slice(), Some(b.as_slice())),
+                _ => continue,
+            };
+            let Ok(items) = wire::read(Direction::ClientReply, header, body) else { continue };
+            let mut state = inner.state.lock().unwrap();
+            for (h, b) in items.into_iter().flatten() {
+                take_reply(&inner, &mut state, h, b);
+            }
+        }
+        if std::mem::take(&mut ticked) {
+            let mut state = inner.state.lock().unwrap();
+            sweep(&inner, &mut state);
+            if last_rewait.elapsed() >= REWAIT_INTERVAL {
+                // A safety net for a reconnect the monitor did not report: repeats cost the broker nothing.
+                rewait(&state, &mut posted, Some(last_rewait));
+                last_rewait = Instant::now();
+            }
+        }
+        // Everything callers posted since the last turn leaves as one batch.
+        while let Ok(cmd) = rx.try_recv() {
+            match cmd {
+                Cmd::Send { rid, header, body } => posted.push((rid, header, body)),
+                Cmd::Close => return,
+            }
+        }
+        if !posted.is_empty() {
+            flush(&dealer, &token, &inner, std::mem::take(&mut posted));
+        }
+        if dealer.has_input() {
+            continue;
+        }
+        drop(inner);
+        tokio::select! {
+            _ = dealer.signals.changed() => {}
+            cmd = rx.recv() => match cmd {
+                Some(Cmd::Send { rid, header, body }) => posted.push((rid, header, body)),
+                Some(Cmd::Close) | None => return,
+            },
+            _ = tick.tick() => ticked = true,
+        }
+    }
+}
+
+/// Send posted messages, packed into batches; a full send queue fails the requests it refused.
+fn flush(dealer: &Dealer, token: &[u8], inner: &Inner, posted: Vec<Posted>) {
+    let items: Vec<(Vec<u8>, Option<Vec<u8>>)> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
+    let mut sent = 0;
+    for (frames, carried) in wire::pack(&items, BATCH_BYTES) {
+        let mut message = Vec::with_capacity(frames.len() + 1);
+        message.push(token.to_vec());
+        message.extend(frames);
+        if !dealer.send(&message) {
+            let mut state = inner.state.lock().unwrap();
+            for (rid, _, _) in &posted[sent..] {
+                if let Some(mut p) = state.pending.remove(rid) {
+                    if let Some(tx) = p.reply.take() {
+                        let _ = tx.send(Err(Error::Unavailable(format!(
+                            "the send queue to {} is full; is the broker running?",
+                            inner.address
+                        ))));
+                    }
+                }
+            }
+            return;
+        }
+        sent += carried;
+    }
+}

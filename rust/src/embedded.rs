@@ -1,0 +1,501 @@
+//! [`Scheduler`]: the broker's scheduling in this process, with no broker and no sockets.
+//!
+//! The same rules as the Python core (the scheduling vectors hold both to the same decisions).
+//! The only worker is this process, with `concurrency` slots; handlers run as tokio tasks.
+//! Payloads and results go through msgpack as they would over the wire, so code written against
+//! the embedded scheduler works against a broker.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::{oneshot, Notify};
+
+use crate::core::{Core, NewTask};
+use crate::error::{Error, Result};
+use crate::handle::{timed_out, Ended, Source, TaskHandle};
+use crate::handler::{self, Failure, Handler};
+use crate::pool::PoolConfig;
+use crate::task::{Payload, Priority, Task, TaskInfo, TaskState};
+
+const LOCAL_WORKER: &str = "local";
+const RETRY_BACKOFF_BASE: f64 = 0.5;
+const RETRY_BACKOFF_CAP: f64 = 60.0;
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes).expect("the operating system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn jitter() -> f64 {
+    let mut bytes = [0u8; 4];
+    getrandom::getrandom(&mut bytes).expect("the operating system's random source");
+    0.5 + 0.5 * (u32::from_le_bytes(bytes) as f64 / u32::MAX as f64)
+}
+
+struct Record {
+    pool: String,
+    tenant: Option<String>,
+    priority: Priority,
+    payload: Vec<u8>,
+    max_retries: u32,
+    deadline: Option<f64>,
+    submitted_at: f64,
+    started_at: Option<f64>,
+    finished_at: Option<f64>,
+    state: TaskState,
+    attempts: u32,
+    result: Option<Vec<u8>>,
+    error_type: String,
+    error_message: String,
+    traceback: String,
+}
+
+struct Inner {
+    core: Core,
+    records: HashMap<String, Record>,
+    keys: HashMap<(String, Option<String>, String), String>,
+    finished: VecDeque<(f64, String)>,
+    waiters: HashMap<String, Vec<oneshot::Sender<()>>>,
+    handlers: HashMap<String, Handler>,
+    running: usize,
+    closed: bool,
+    driver: bool,
+}
+
+/// The state a [`Scheduler`] and its handles share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    inner: Arc<Mutex<Inner>>,
+    wake: Arc<Notify>,
+    idle: Arc<Notify>,
+    result_ttl: f64,
+}
+
+/// Schedules and runs tasks in this process, with the broker's rules and no broker.
+///
+/// ```no_run
+/// # async fn demo() -> cronoq::Result<()> {
+/// use cronoq::{Fairness, PoolConfig, Scheduler, Task};
+/// let mut pool = PoolConfig::new("llm");
+/// pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
+/// let sched = Scheduler::new(vec![pool])?
+///     .concurrency(4)?
+///     .handler("llm", |p: cronoq::Payload| async move { Ok::<_, cronoq::Error>(p.decode::<String>()?.len()) })?;
+/// let task = sched.submit(Task::new("hello").pool("llm").tenant("acme")).await?;
+/// let n: usize = task.result().await?;
+/// # Ok(()) }
+/// ```
+pub struct Scheduler {
+    shared: Shared,
+    concurrency: u32,
+    max_payload_bytes: usize,
+    started: std::sync::atomic::AtomicBool,
+}
+
+impl Scheduler {
+    /// A scheduler for these pools (4 slots; set handlers with [`handler`](Self::handler)).
+    /// InvalidArgument for no pool, two pools of one name, or a weight that is not positive.
+    pub fn new(pools: Vec<PoolConfig>) -> Result<Scheduler> {
+        if pools.is_empty() {
+            return Err(Error::InvalidArgument("Scheduler needs at least one PoolConfig".into()));
+        }
+        let settings: Vec<_> = pools.iter().map(PoolConfig::settings).collect();
+        let core = Core::new(&settings)?;
+        Ok(Scheduler {
+            shared: Shared {
+                inner: Arc::new(Mutex::new(Inner {
+                    core,
+                    records: HashMap::new(),
+                    keys: HashMap::new(),
+                    finished: VecDeque::new(),
+                    waiters: HashMap::new(),
+                    handlers: HashMap::new(),
+                    running: 0,
+                    closed: false,
+                    driver: false,
+                })),
+                wake: Arc::new(Notify::new()),
+                idle: Arc::new(Notify::new()),
+                result_ttl: 86400.0,
+            },
+            concurrency: 4,
+            max_payload_bytes: 1 << 20,
+            started: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Run at most `n` tasks at once (default 4). InvalidArgument for 0.
+    pub fn concurrency(mut self, n: u32) -> Result<Scheduler> {
+        if n == 0 {
+            return Err(Error::InvalidArgument("concurrency must be a positive integer, got 0".into()));
+        }
+        self.concurrency = n;
+        Ok(self)
+    }
+
+    /// The largest payload `submit` takes, as msgpack (default 1 MiB, as the broker's).
+    pub fn max_payload_bytes(mut self, n: usize) -> Scheduler {
+        self.max_payload_bytes = n;
+        self
+    }
+
+    /// Run the tasks of `pool` with `f`: an async function of the [`Payload`] returning the value
+    /// (any `Serialize`) or an error (any `Display + Debug`, reported as `TaskFailed`). Tasks of a
+    /// pool without a handler wait, as they would for a worker. NotFound for an unknown pool.
+    pub fn handler<F, Fut, T, E>(self, pool: &str, f: F) -> Result<Scheduler>
+    where
+        F: Fn(Payload) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: Serialize + 'static,
+        E: std::fmt::Display + std::fmt::Debug + 'static,
+    {
+        {
+            let mut inner = self.shared.inner.lock().unwrap();
+            if !inner.core.pool_names().iter().any(|p| p == pool) {
+                return Err(Error::NotFound(format!(
+                    "no pool named {pool:?}; declared pools: {:?}",
+                    inner.core.pool_names()
+                )));
+            }
+            inner.handlers.insert(pool.to_string(), handler::handler(f));
+        }
+        Ok(self)
+    }
+
+    fn start(&self) {
+        if self.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let mut inner = self.shared.inner.lock().unwrap();
+        let served: Vec<String> = inner.handlers.keys().cloned().collect();
+        if !served.is_empty() {
+            inner.core.add_worker(LOCAL_WORKER, &served, self.concurrency).expect("handlers name known pools");
+        }
+        inner.driver = true;
+        drop(inner);
+        let shared = self.shared.clone();
+        tokio::spawn(async move { shared.drive().await });
+    }
+
+    /// Queue a task; returns its handle at once. Refuses what the broker would: InvalidArgument for
+    /// a bad field or a payload over the limit, NotFound for an unknown pool.
+    pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
+        let body = task.check()?;
+        if body.len() > self.max_payload_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "payload is {} bytes, over max_payload_bytes = {}",
+                body.len(),
+                self.max_payload_bytes
+            )));
+        }
+        self.start();
+        let now = unix_now();
+        let (id, duplicate) = {
+            let mut inner = self.shared.inner.lock().unwrap();
+            if inner.closed {
+                return Err(Error::FailedPrecondition("this Scheduler is closed".into()));
+            }
+            if let Some(key) = &task.key {
+                let scope = (task.pool.clone(), task.tenant.clone(), key.clone());
+                if let Some(id) = inner.keys.get(&scope) {
+                    if inner.records.contains_key(id) {
+                        return Ok(TaskHandle {
+                            id: id.clone(),
+                            duplicate: true,
+                            source: Source::Embedded(self.shared.clone()),
+                        });
+                    }
+                }
+            }
+            let id = new_id();
+            let deadline = task.deadline.map(|d| now + d.as_secs_f64());
+            let not_before = task.delay.filter(|d| !d.is_zero()).map(|d| now + d.as_secs_f64());
+            inner.core.submit(
+                NewTask {
+                    id: id.clone(),
+                    pool: task.pool.clone(),
+                    tenant: task.tenant.clone(),
+                    priority: task.priority.class(),
+                    deadline,
+                    not_before,
+                    attempts: 0,
+                },
+                now,
+            )?;
+            let state = if inner.core.get(&id).is_some_and(|t| t.state == crate::core::State::Delayed) {
+                TaskState::Delayed
+            } else {
+                TaskState::Queued
+            };
+            inner.records.insert(
+                id.clone(),
+                Record {
+                    pool: task.pool.clone(),
+                    tenant: task.tenant.clone(),
+                    priority: task.priority,
+                    payload: body.to_vec(),
+                    max_retries: task.max_retries,
+                    deadline,
+                    submitted_at: now,
+                    started_at: None,
+                    finished_at: None,
+                    state,
+                    attempts: 0,
+                    result: None,
+                    error_type: String::new(),
+                    error_message: String::new(),
+                    traceback: String::new(),
+                },
+            );
+            if let Some(key) = task.key {
+                inner.keys.insert((task.pool, task.tenant, key), id.clone());
+            }
+            (id, false)
+        };
+        self.shared.wake.notify_one();
+        Ok(TaskHandle { id, duplicate, source: Source::Embedded(self.shared.clone()) })
+    }
+
+    /// Wait for a task's value by id (see [`TaskHandle::result`]).
+    pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
+        self.shared.wait(task_id, None).await?.into_result(task_id)?.decode()
+    }
+
+    /// A snapshot of a task. NotFound for an id this scheduler does not know.
+    pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
+        let inner = self.shared.inner.lock().unwrap();
+        let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
+        Ok(TaskInfo {
+            id: task_id.to_string(),
+            pool: r.pool.clone(),
+            tenant: r.tenant.clone(),
+            priority: r.priority,
+            state: r.state,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            deadline: r.deadline,
+            error: (!r.error_type.is_empty()).then(|| format!("{}: {}", r.error_type, r.error_message)),
+        })
+    }
+
+    /// Cancel a task not yet dispatched; false if it runs or has finished. NotFound for an unknown id.
+    pub async fn cancel(&self, task_id: &str) -> Result<bool> {
+        let mut inner = self.shared.inner.lock().unwrap();
+        if !inner.records.contains_key(task_id) {
+            return Err(unknown(task_id));
+        }
+        if inner.core.cancel(task_id).is_none() {
+            return Ok(false);
+        }
+        finish(&mut inner, task_id, TaskState::Cancelled, unix_now(), None, "Cancelled", "the task was cancelled", "");
+        drop(inner);
+        self.shared.wake.notify_one();
+        Ok(true)
+    }
+
+    /// Stop dispatching `pool`; it still takes tasks and their deadlines still pass.
+    pub async fn pause(&self, pool: &str) -> Result<()> {
+        self.shared.inner.lock().unwrap().core.pause(pool)
+    }
+
+    /// Dispatch `pool` again.
+    pub async fn resume(&self, pool: &str) -> Result<()> {
+        self.shared.inner.lock().unwrap().core.resume(pool)?;
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Queued, delayed and running tasks of `pool`.
+    pub fn counts(&self, pool: &str) -> Result<(usize, usize, usize)> {
+        self.shared.inner.lock().unwrap().core.counts(pool)
+    }
+
+    /// Stop dispatching and wait for the running tasks to finish.
+    pub async fn close(&self) {
+        loop {
+            let idle = self.shared.idle.notified();
+            {
+                let mut inner = self.shared.inner.lock().unwrap();
+                inner.closed = true;
+                if inner.running == 0 {
+                    break;
+                }
+            }
+            idle.await;
+        }
+        self.shared.wake.notify_one();
+    }
+}
+
+fn unknown(task_id: &str) -> Error {
+    Error::NotFound(format!("no task with id {task_id:?}"))
+}
+
+/// End a task's record and wake whoever waits for it.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    inner: &mut Inner,
+    id: &str,
+    state: TaskState,
+    now: f64,
+    result: Option<Vec<u8>>,
+    error_type: &str,
+    message: &str,
+    trace: &str,
+) {
+    if let Some(r) = inner.records.get_mut(id) {
+        r.state = state;
+        r.finished_at = Some(now);
+        r.result = result;
+        r.error_type = error_type.to_string();
+        r.error_message = message.to_string();
+        r.traceback = trace.to_string();
+        r.payload = Vec::new();
+    }
+    inner.finished.push_back((now, id.to_string()));
+    for waiter in inner.waiters.remove(id).unwrap_or_default() {
+        let _ = waiter.send(());
+    }
+}
+
+impl Shared {
+    /// Expire and dispatch what is due, start the handlers; returns the next wake-up.
+    fn pump(&self) -> Option<f64> {
+        let now = unix_now();
+        let mut inner = self.inner.lock().unwrap();
+        for t in inner.core.expire(now) {
+            finish(
+                &mut inner,
+                &t.id,
+                TaskState::Expired,
+                now,
+                None,
+                "DeadlineExceeded",
+                "the task's deadline passed before it was dispatched",
+                "",
+            );
+        }
+        // Forget finished records past their retention.
+        while let Some((at, _)) = inner.finished.front() {
+            if now - at < self.result_ttl {
+                break;
+            }
+            let (_, id) = inner.finished.pop_front().unwrap();
+            if let Some(r) = inner.records.remove(&id) {
+                let _ = r;
+            }
+        }
+        if !inner.closed {
+            for a in inner.core.dispatch(now, None) {
+                let id = a.task.to_string();
+                let r = inner.records.get_mut(&id).expect("a dispatched task has a record");
+                r.state = TaskState::Running;
+                r.attempts = a.attempt;
+                r.started_at = Some(now);
+                let payload = Payload::from_msgpack(r.payload.clone());
+                let pool = r.pool.clone();
+                let handler = inner.handlers.get(&pool).expect("the local worker serves pools with handlers").clone();
+                inner.running += 1;
+                let shared = self.clone();
+                let attempt = a.attempt;
+                tokio::spawn(async move {
+                    let outcome = handler::run(handler, payload).await;
+                    shared.complete(&id, attempt, outcome);
+                });
+            }
+        }
+        inner.core.next_wakeup()
+    }
+
+    fn complete(&self, id: &str, attempt: u32, outcome: Result<Vec<u8>, Failure>) {
+        let now = unix_now();
+        let mut inner = self.inner.lock().unwrap();
+        inner.running -= 1;
+        let max_retries = inner.records.get(id).map_or(0, |r| r.max_retries);
+        match outcome {
+            Ok(body) => {
+                inner.core.finish(id, LOCAL_WORKER, attempt);
+                finish(&mut inner, id, TaskState::Succeeded, now, Some(body), "", "", "");
+            }
+            Err(f) if attempt <= max_retries => {
+                let backoff = (RETRY_BACKOFF_BASE * 2f64.powi(attempt as i32 - 1)).min(RETRY_BACKOFF_CAP) * jitter();
+                inner.core.requeue(id, now, LOCAL_WORKER, attempt, Some(now + backoff));
+                if let Some(r) = inner.records.get_mut(id) {
+                    r.state = TaskState::Delayed;
+                    r.error_type = f.r#type;
+                    r.error_message = f.message;
+                    r.traceback = f.traceback;
+                }
+            }
+            Err(f) => {
+                inner.core.finish(id, LOCAL_WORKER, attempt);
+                finish(&mut inner, id, TaskState::Failed, now, None, &f.r#type, &f.message, &f.traceback);
+            }
+        }
+        inner.core.grant(LOCAL_WORKER, 1);
+        if inner.running == 0 {
+            self.idle.notify_waiters();
+        }
+        drop(inner);
+        self.wake.notify_one();
+    }
+
+    /// The loop that dispatches whenever something changed or a time came.
+    async fn drive(self) {
+        loop {
+            let wake = self.pump();
+            if Arc::strong_count(&self.inner) == 1 {
+                return; // the scheduler and every handle are gone
+            }
+            let sleep = match wake {
+                Some(at) => Duration::from_secs_f64((at - unix_now()).clamp(0.0, 3600.0)),
+                None => Duration::from_secs(1),
+            };
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    /// Wait for a task to end.
+    pub(crate) async fn wait(&self, task_id: &str, timeout: Option<Duration>) -> Result<Ended> {
+        let receiver = {
+            let mut inner = self.inner.lock().unwrap();
+            let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
+            if r.state.is_terminal() {
+                return Ok(Ended {
+                    state: r.state.as_str().to_string(),
+                    body: r.result.clone(),
+                    error_type: r.error_type.clone(),
+                    error_message: r.error_message.clone(),
+                    traceback: r.traceback.clone(),
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            inner.waiters.entry(task_id.to_string()).or_default().push(tx);
+            rx
+        };
+        match timeout {
+            None => {
+                let _ = receiver.await;
+            }
+            Some(t) => {
+                if tokio::time::timeout(t, receiver).await.is_err() {
+                    return Err(timed_out(task_id, timeout));
+                }
+            }
+        }
+        Box::pin(self.wait(task_id, Some(Duration::ZERO))).await
+    }
+}

@@ -1,0 +1,220 @@
+//! A ZeroMQ DEALER socket (real libzmq, through the `zmq` crate) on the tokio runtime.
+//!
+//! libzmq's sockets are not thread-safe and its calls would block, so a socket lives inside one
+//! tokio task, always used with `DONTWAIT`, and the task sleeps on the socket's `ZMQ_FD` through
+//! [`AsyncFd`]. That descriptor is edge-triggered and only says "something changed": a wake-up
+//! can stand for many messages, and a send can consume the signal of a message that arrived
+//! meanwhile. So the owner drains the socket until `EAGAIN` after every wake-up, and asks
+//! `ZMQ_EVENTS` after sending before it sleeps again ([`Dealer::has_input`]).
+//!
+//! With a socket monitor the task also learns of each completed handshake: that is how a client
+//! knows it reached a (possibly restarted) broker and must re-send what is outstanding.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::error::{Error, Result};
+
+/// Queued messages per socket each way before sends refuse (`EAGAIN`) and receives push back.
+const HIGH_WATER_MARK: i32 = 100_000;
+
+/// The process's one ZeroMQ context.
+pub(crate) fn context() -> &'static zmq::Context {
+    static CONTEXT: OnceLock<zmq::Context> = OnceLock::new();
+    CONTEXT.get_or_init(zmq::Context::new)
+}
+
+/// A libzmq socket's notification descriptor (owned by libzmq, never closed here).
+struct ZmqFd(RawFd);
+
+impl AsRawFd for ZmqFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+fn watch(fd: RawFd) -> std::io::Result<AsyncFd<ZmqFd>> {
+    // SAFETY: the descriptor is libzmq's, open for as long as its socket is; every AsyncFd made here
+    // lives in a `Signals` that its `Dealer` drops before the socket (field order).
+    unsafe { AsyncFd::register_with_interest(ZmqFd(fd), Interest::READABLE) }.map_err(|e| e.into())
+}
+
+/// How to open a DEALER.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    /// The broker's CURVE public key (32 bytes): encrypt the connection.
+    pub curve_server_key: Option<Vec<u8>>,
+    /// Watch for completed handshakes.
+    pub monitor: bool,
+    /// ZMTP heartbeats, so a broker whose host vanished is noticed (milliseconds: interval, timeout).
+    pub heartbeat: Option<(i32, i32)>,
+}
+
+/// A DEALER socket and its descriptors, used by the one task that owns it.
+pub(crate) struct Dealer {
+    /// The descriptors to sleep on (kept apart: libzmq sockets are `Send` but not `Sync`, and only
+    /// these are borrowed across an await). Declared first so they are deregistered before the
+    /// sockets that own the descriptors close.
+    pub signals: Signals,
+    sock: zmq::Socket,
+    monitor: Option<zmq::Socket>,
+}
+
+/// The notification descriptors of a socket and its monitor.
+pub(crate) struct Signals {
+    fd: AsyncFd<ZmqFd>,
+    monitor: Option<AsyncFd<ZmqFd>>,
+}
+
+fn zmq_error(what: &str, e: zmq::Error) -> Error {
+    Error::Unavailable(format!("{what}: {e}"))
+}
+
+impl Dealer {
+    /// A DEALER connected (in the background: libzmq connects and reconnects by itself) to `address`.
+    /// InvalidArgument for an address libzmq cannot use. Must be called inside a tokio runtime.
+    pub fn connect(address: &str, options: &Options) -> Result<Dealer> {
+        let sock = context().socket(zmq::DEALER).map_err(|e| zmq_error("cannot make a socket", e))?;
+        let setup = || -> zmq::Result<()> {
+            sock.set_linger(0)?;
+            sock.set_sndhwm(HIGH_WATER_MARK)?;
+            sock.set_rcvhwm(HIGH_WATER_MARK)?;
+            if let Some((interval, timeout)) = options.heartbeat {
+                sock.set_heartbeat_ivl(interval)?;
+                sock.set_heartbeat_timeout(timeout)?;
+            }
+            if let Some(server_key) = &options.curve_server_key {
+                let pair = zmq::CurveKeyPair::new()?;
+                sock.set_curve_serverkey(server_key)?;
+                sock.set_curve_publickey(&pair.public_key)?;
+                sock.set_curve_secretkey(&pair.secret_key)?;
+            }
+            Ok(())
+        };
+        setup().map_err(|e| zmq_error("cannot set up the socket", e))?;
+        let monitor = if options.monitor {
+            static MONITORS: AtomicUsize = AtomicUsize::new(0);
+            let endpoint =
+                format!("inproc://cronoq-monitor-{}-{}", std::process::id(), MONITORS.fetch_add(1, Ordering::Relaxed));
+            sock.monitor(&endpoint, zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32)
+                .map_err(|e| zmq_error("cannot monitor the socket", e))?;
+            let pair = context().socket(zmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
+            pair.set_linger(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
+            pair.connect(&endpoint).map_err(|e| zmq_error("cannot connect the monitor", e))?;
+            let fd = pair.get_fd().map_err(|e| zmq_error("no descriptor for the monitor", e))?;
+            let afd = watch(fd).map_err(|e| Error::Unavailable(format!("cannot watch the monitor: {e}")))?;
+            Some((pair, afd))
+        } else {
+            None
+        };
+        let (monitor, mfd) = match monitor {
+            Some((pair, afd)) => (Some(pair), Some(afd)),
+            None => (None, None),
+        };
+        sock.connect(address)
+            .map_err(|e| Error::InvalidArgument(format!("cannot connect to broker address {address:?}: {e}")))?;
+        let raw = sock.get_fd().map_err(|e| zmq_error("no descriptor for the socket", e))?;
+        let fd = watch(raw).map_err(|e| Error::Unavailable(format!("cannot watch the socket: {e}")))?;
+        Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd } })
+    }
+
+    /// The next whole message, if one is waiting (never blocks).
+    pub fn try_recv(&self) -> Option<Vec<Vec<u8>>> {
+        self.sock.recv_multipart(zmq::DONTWAIT).ok()
+    }
+
+    /// Send one message without blocking; false when the send queue is full (the broker has been
+    /// unreachable for long).
+    pub fn send(&self, frames: &[Vec<u8>]) -> bool {
+        self.sock.send_multipart(frames, zmq::DONTWAIT).is_ok()
+    }
+
+    /// Whether a message is waiting (asks libzmq, which also re-arms the descriptor).
+    pub fn has_input(&self) -> bool {
+        self.sock.get_events().map(|e| e.contains(zmq::POLLIN)).unwrap_or(false)
+            || self.monitor.as_ref().is_some_and(|m| m.get_events().map(|e| e.contains(zmq::POLLIN)).unwrap_or(false))
+    }
+
+    /// How many handshakes completed since the last call.
+    pub fn handshakes(&self) -> usize {
+        let Some(monitor) = &self.monitor else { return 0 };
+        let mut n = 0;
+        while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
+            let event = frames.first().filter(|f| f.len() >= 2).map(|f| u16::from_le_bytes([f[0], f[1]]));
+            if event == Some(zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16) {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Signals {
+    /// Wait until the socket (or its monitor) signals a change. Spurious wake-ups are possible:
+    /// drain with `try_recv` and `handshakes` afterwards.
+    pub async fn changed(&self) {
+        let socket = async {
+            if let Ok(mut guard) = self.fd.readable().await {
+                guard.clear_ready();
+            }
+        };
+        match &self.monitor {
+            None => socket.await,
+            Some(mfd) => {
+                let monitor = async {
+                    if let Ok(mut guard) = mfd.readable().await {
+                        guard.clear_ready();
+                    }
+                };
+                tokio::select! {
+                    _ = socket => {}
+                    _ = monitor => {}
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Dealer {
+    fn drop(&mut self) {
+        if self.monitor.is_some() {
+            // Stop the monitor before its PAIR goes, so libzmq has nowhere to block on.
+            let _ = self.sock.monitor("", 0);
+        }
+    }
+}
+
+/// A broker's CURVE public key, given as its 40 Z85 characters or as the path of a `NAME.key`
+/// certificate file (as `cronoq keygen` writes it); 32 bytes.
+pub(crate) fn curve_public_key(value: &str) -> Result<Vec<u8>> {
+    let text = if value.len() == 40 && !std::path::Path::new(value).exists() {
+        value.to_string()
+    } else {
+        let file = std::fs::read_to_string(value).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "the broker's public key must be 40 Z85 characters or a NAME.key file; {value:?}: {e}"
+            ))
+        })?;
+        file.lines()
+            .filter_map(|line| line.trim().strip_prefix("public-key"))
+            .filter_map(|rest| rest.trim().strip_prefix('='))
+            .map(|rest| rest.trim().trim_matches('"').to_string())
+            .next()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{value} holds no public-key line: point at the NAME.key file"))
+            })?
+    };
+    let key = zmq::z85_decode(&text)
+        .map_err(|e| Error::InvalidArgument(format!("the broker's public key {text:?} is not Z85: {e}")))?;
+    if key.len() != 32 {
+        return Err(Error::InvalidArgument(format!(
+            "the broker's public key must decode to 32 bytes, got {}",
+            key.len()
+        )));
+    }
+    Ok(key)
+}

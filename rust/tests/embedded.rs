@@ -1,0 +1,196 @@
+//! The embedded Scheduler: the broker's rules in one process, the same errors as a broker's.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Scheduler, Task, TaskState, Value};
+
+#[derive(Debug)]
+struct Oops(u32);
+
+impl std::fmt::Display for Oops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "oops {}", self.0)
+    }
+}
+
+fn echo(pool: &str) -> Scheduler {
+    Scheduler::new(vec![PoolConfig::new(pool), PoolConfig::new("idle")])
+        .unwrap()
+        .handler(pool, |p: Payload| async move {
+            let n: i64 = p.decode()?;
+            if n < 0 {
+                return Err(Error::InvalidArgument(format!("negative: {n}")));
+            }
+            Ok(n * 10)
+        })
+        .unwrap()
+}
+
+#[tokio::test]
+async fn results_and_failures() {
+    let sched = echo("work");
+    let ok = sched.submit(Task::new(4).pool("work")).await.unwrap();
+    assert_eq!(ok.result::<i64>().await.unwrap(), 40);
+    assert_eq!(sched.result::<i64>(ok.id()).await.unwrap(), 40);
+    let info = sched.status(ok.id()).await.unwrap();
+    assert_eq!((info.state, info.attempts, info.priority), (TaskState::Succeeded, 1, Priority::Normal));
+    let bad = sched.submit(Task::new(-1).pool("work")).await.unwrap();
+    match bad.result::<i64>().await {
+        Err(Error::TaskFailed { r#type, message, .. }) => {
+            assert_eq!(r#type, "Error");
+            assert!(message.contains("negative: -1"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(sched.status(bad.id()).await.unwrap().error.as_deref(), Some("Error: INVALID_ARGUMENT: negative: -1"));
+}
+
+#[tokio::test]
+async fn refusals_carry_the_codes() {
+    let sched = echo("work");
+    assert!(matches!(sched.submit(Task::new(1).pool("nope")).await, Err(Error::NotFound(_))));
+    assert!(matches!(sched.submit(Task::new(1).pool("work").key("cronoq:x")).await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(sched.submit(Task::new(1).pool("work").max_retries(1001)).await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        sched.submit(Task::new(1).pool("work").tenant("x".repeat(201))).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        sched.submit(Task::new(1).pool("work").deadline(Duration::ZERO)).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    let small = Scheduler::new(vec![PoolConfig::new("p")]).unwrap().max_payload_bytes(8);
+    assert!(
+        matches!(small.submit(Task::new("a long payload").pool("p")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
+    );
+    assert!(matches!(sched.status("nope").await, Err(Error::NotFound(_))));
+    let mut weights = PoolConfig::new("w");
+    weights.fairness = Some(Fairness::weights([("a", -1.0)]));
+    assert!(matches!(Scheduler::new(vec![weights]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Scheduler::new(vec![PoolConfig::new("p"), PoolConfig::new("p")]), Err(Error::InvalidArgument(_))));
+    assert!(Scheduler::new(vec![]).is_err());
+    assert!(matches!(
+        Scheduler::new(vec![PoolConfig::new("p")]).unwrap().handler("q", |_: Payload| async { Ok::<_, Error>(()) }),
+        Err(Error::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn deadlines_cancel_delay_and_keys() {
+    let sched = echo("work");
+    let late = sched.submit(Task::new(1).pool("idle").deadline(Duration::from_millis(100))).await.unwrap();
+    assert!(matches!(late.result::<Value>().await, Err(Error::DeadlineExceeded(_))));
+    assert_eq!(sched.status(late.id()).await.unwrap().state, TaskState::Expired);
+    let waiting = sched.submit(Task::new(1).pool("idle")).await.unwrap();
+    assert!(sched.cancel(waiting.id()).await.unwrap());
+    assert!(matches!(waiting.result::<Value>().await, Err(Error::Cancelled(_))));
+    assert!(!sched.cancel(waiting.id()).await.unwrap());
+    let first = sched.submit(Task::new(1).pool("idle").key("k")).await.unwrap();
+    let again = sched.submit(Task::new(2).pool("idle").key("k")).await.unwrap();
+    assert!(again.duplicate() && again.id() == first.id() && !first.duplicate());
+    let other_tenant = sched.submit(Task::new(2).pool("idle").key("k").tenant("t")).await.unwrap();
+    assert_ne!(other_tenant.id(), first.id());
+    let delayed = sched.submit(Task::new(7).pool("work").delay(Duration::from_millis(200))).await.unwrap();
+    assert_eq!(sched.status(delayed.id()).await.unwrap().state, TaskState::Delayed);
+    assert_eq!(delayed.result::<i64>().await.unwrap(), 70);
+    assert!(matches!(
+        sched.submit(Task::new(1).pool("idle")).await.unwrap().result_timeout::<Value>(Duration::from_millis(50)).await,
+        Err(Error::Timeout(_))
+    ));
+}
+
+#[tokio::test]
+async fn retries_run_again_until_max_retries() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let sched = Scheduler::new(vec![PoolConfig::new("flaky")])
+        .unwrap()
+        .handler("flaky", move |p: Payload| {
+            let counted = counted.clone();
+            async move {
+                let succeed_on: u32 = p.decode().unwrap();
+                let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                if run < succeed_on {
+                    Err(Oops(run))
+                } else {
+                    Ok(run)
+                }
+            }
+        })
+        .unwrap();
+    let task = sched.submit(Task::new(2).pool("flaky").max_retries(1)).await.unwrap();
+    assert_eq!(task.result::<u32>().await.unwrap(), 2);
+    assert_eq!(sched.status(task.id()).await.unwrap().attempts, 2);
+    runs.store(0, Ordering::SeqCst);
+    let task = sched.submit(Task::new(5).pool("flaky").max_retries(1)).await.unwrap();
+    assert_eq!(
+        task.result::<u32>().await,
+        Err(Error::TaskFailed { r#type: "Oops".into(), message: "oops 2".into(), traceback: "Oops(2)".into() })
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_handler_fails_only_its_task() {
+    let sched = Scheduler::new(vec![PoolConfig::new("p")])
+        .unwrap()
+        .handler("p", |p: Payload| async move {
+            let n: u32 = p.decode().unwrap();
+            assert!(n != 13, "unlucky {n}");
+            Ok::<_, Error>(n)
+        })
+        .unwrap();
+    let bad = sched.submit(Task::new(13).pool("p")).await.unwrap();
+    let good = sched.submit(Task::new(14).pool("p")).await.unwrap();
+    assert!(matches!(bad.result::<u32>().await, Err(Error::TaskFailed { r#type, .. }) if r#type == "panic"));
+    assert_eq!(good.result::<u32>().await.unwrap(), 14);
+}
+
+#[tokio::test]
+async fn concurrency_priority_and_max_in_flight() {
+    let running = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (r, m, o) = (running.clone(), most.clone(), order.clone());
+    let mut capped = PoolConfig::new("p");
+    capped.max_in_flight = Some(2);
+    let sched = Scheduler::new(vec![capped])
+        .unwrap()
+        .concurrency(8)
+        .unwrap()
+        .handler("p", move |p: Payload| {
+            let (r, m, o) = (r.clone(), m.clone(), o.clone());
+            async move {
+                let name: String = p.decode().unwrap();
+                o.lock().unwrap().push(name);
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Error>(())
+            }
+        })
+        .unwrap();
+    sched.pause("p").await.unwrap();
+    let mut handles = Vec::new();
+    for (name, priority) in [
+        ("low", Priority::Low),
+        ("normal", Priority::Normal),
+        ("critical", Priority::Critical),
+        ("high", Priority::High),
+    ] {
+        handles.push(sched.submit(Task::new(name).pool("p").priority(priority)).await.unwrap());
+    }
+    for n in 0..6 {
+        handles.push(sched.submit(Task::new(format!("more-{n}")).pool("p").priority(Priority::Low)).await.unwrap());
+    }
+    sched.resume("p").await.unwrap();
+    for h in &handles {
+        h.result::<()>().await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 2, "max_in_flight is 2");
+    assert_eq!(&order.lock().unwrap()[..4], ["critical", "high", "normal", "low"]);
+    sched.close().await;
+    assert!(matches!(sched.submit(Task::new(1).pool("p")).await, Err(Error::FailedPrecondition(_))));
+}

@@ -1,0 +1,376 @@
+//! The Rust crate against the real broker of this checkout, with Python peers on the other side.
+//!
+//! (a) a Python worker serves tasks a Rust client submits; (b) a Rust worker serves tasks a Python
+//! client submits; (c) the 3:1 fair order through the broker with a Rust client; (d) a token pinned
+//! to a tenant, naming another, is refused with PermissionDenied; and the client re-sends what is
+//! outstanding after the broker crashes and restarts.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Task, TaskState, Value, Worker};
+use serde::{Deserialize, Serialize};
+use support::{run_python, Broker, Scratch};
+
+const LONG: Duration = Duration::from_secs(60);
+
+const PYTHON_WORKER: &str = r#"
+import asyncio, sys
+import cronoq
+
+async def run(payload):
+    if payload == "fail":
+        raise ValueError("bad input")
+    return {"echo": payload, "by": "python"}
+
+async def main():
+    worker = cronoq.Worker(sys.argv[1], [cronoq.Pool("work", run)], concurrency=4, heartbeat_interval=0.2)
+    print("python worker starting", flush=True)
+    await worker.run()
+
+asyncio.run(main())
+"#;
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct Job {
+    n: u32,
+    text: String,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+struct Echo {
+    echo: Job,
+    by: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_worker_serves_a_rust_client() {
+    let dir = Scratch::new("a");
+    let broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n[[pools]]\nname = \"idle\"\n", "durability = \"none\"", &[]);
+    let mut worker = run_python(PYTHON_WORKER, &[&broker.workers], &dir.0, "python-worker");
+    worker.wait_for("python worker starting", LONG);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+
+    // Many submits in flight on one connection.
+    let submits = (0..50).map(|n| {
+        let sched = sched.clone();
+        async move { sched.submit(Task::new(Job { n, text: format!("job {n}") }).pool("work").tenant("acme")).await }
+    });
+    let handles = futures_join(submits).await;
+    for (n, handle) in handles.iter().enumerate() {
+        let handle = handle.as_ref().expect("accepted");
+        let echo: Echo = handle.result_timeout(LONG).await.unwrap();
+        assert_eq!(echo, Echo { echo: Job { n: n as u32, text: format!("job {n}") }, by: "python".into() });
+    }
+    let info = sched.status(handles[0].as_ref().unwrap().id()).await.unwrap();
+    assert_eq!(
+        (info.state, info.attempts, info.pool.as_str(), info.tenant.as_deref()),
+        (TaskState::Succeeded, 1, "work", Some("acme"))
+    );
+
+    // The Python handler's exception arrives as TaskFailed with its type, message and traceback.
+    let failing = sched.submit(Task::new("fail").pool("work")).await.unwrap();
+    match failing.result::<Value>().await {
+        Err(Error::TaskFailed { r#type, message, traceback }) => {
+            assert_eq!((r#type.as_str(), message.as_str()), ("ValueError", "bad input"));
+            assert!(traceback.contains("Traceback"), "{traceback}");
+        }
+        other => panic!("expected TaskFailed, got {other:?}"),
+    }
+
+    // Deadlines, cancel, unknown pools and ids: the same codes as the Python client.
+    let late = sched.submit(Task::new(1).pool("idle").deadline(Duration::from_millis(300))).await.unwrap();
+    assert!(matches!(late.result::<Value>().await, Err(Error::DeadlineExceeded(_))));
+    let waiting = sched.submit(Task::new(2).pool("idle").priority(Priority::Low)).await.unwrap();
+    assert!(sched.cancel(waiting.id()).await.unwrap());
+    assert!(matches!(waiting.result::<Value>().await, Err(Error::Cancelled(_))));
+    assert!(!sched.cancel(waiting.id()).await.unwrap());
+    assert!(matches!(sched.submit(Task::new(3).pool("nope")).await, Err(Error::NotFound(_))));
+    assert!(matches!(sched.status("0123456789abcdef0123456789abcdef").await, Err(Error::NotFound(_))));
+    assert_eq!(sched.max_payload_bytes(), Some(1 << 20));
+    let big = vec![7u8; (1 << 20) + 1];
+    assert!(
+        matches!(sched.submit(Task::new(serde_bytes_like(big)).pool("work")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
+    );
+    sched.close().await;
+}
+
+/// A Vec<u8> serializes as an array of ints; wrap it so that it travels as msgpack bin.
+fn serde_bytes_like(bytes: Vec<u8>) -> Value {
+    Value::Binary(bytes)
+}
+
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut out = Vec::new();
+    let futures: Vec<F> = futures.collect();
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(tokio::spawn(f));
+    }
+    for h in set {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+const PYTHON_CLIENT: &str = r#"
+import asyncio, json, sys
+import cronoq
+
+async def main():
+    async with cronoq.connect(sys.argv[1]) as sched:
+        handles = [await sched.submit({"n": n, "text": f"job {n}"}, pool="work", tenant="globex") for n in range(30)]
+        results = [await h.result(timeout=60) for h in handles]
+        failing = await sched.submit({"n": 13, "text": "fail"}, pool="work")
+        try:
+            await failing.result(timeout=60)
+            failure = None
+        except cronoq.TaskFailed as exc:
+            failure = {"type": exc.type, "message": exc.message, "code": exc.code}
+    print("RESULT " + json.dumps({"results": results, "failure": failure}), flush=True)
+
+asyncio.run(main())
+"#;
+
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused: {}", self.0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_worker_serves_a_python_client() {
+    let dir = Scratch::new("b");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let worker = Worker::new(&broker.workers).concurrency(3).heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("work"),
+        |payload: Payload| async move {
+            let job: Job = payload.decode().map_err(|e| Refused(e.to_string()))?;
+            if job.text == "fail" {
+                return Err(Refused(format!("job {} cannot be done", job.n)));
+            }
+            Ok(serde_json::json!({"doubled": job.n * 2, "by": "rust"}))
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+
+    let mut client = run_python(PYTHON_CLIENT, &[&broker.clients], &dir.0, "python-client");
+    let out = tokio::task::spawn_blocking(move || client.finish(LONG)).await.unwrap();
+    let line = out.lines().find_map(|l| l.strip_prefix("RESULT ")).unwrap_or_else(|| panic!("no result:\n{out}"));
+    let got: serde_json::Value = serde_json::from_str(line).unwrap();
+    let results = got["results"].as_array().unwrap();
+    assert_eq!(results.len(), 30);
+    for (n, r) in results.iter().enumerate() {
+        assert_eq!(r, &serde_json::json!({"doubled": n * 2, "by": "rust"}));
+    }
+    assert_eq!(
+        got["failure"],
+        serde_json::json!({"type": "Refused", "message": "refused: job 13 cannot be done", "code": "TASK_FAILED"})
+    );
+
+    stopper.stop().await;
+    running.await.unwrap().expect("a graceful stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_three_to_one_order_through_the_broker() {
+    let dir = Scratch::new("c");
+    let pools = "[[pools]]\nname = \"llm\"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n";
+    let broker = Broker::start(&dir.0, pools, "durability = \"none\"", &[]);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    sched.pause("llm").await.unwrap();
+    let mut handles = Vec::new();
+    for n in 0..4 {
+        let payload = format!("globex-{n}");
+        handles.push(sched.submit(Task::new(payload).pool("llm").tenant("globex")).await.unwrap());
+    }
+    for n in 0..12 {
+        let payload = format!("acme-{n}");
+        handles.push(sched.submit(Task::new(payload).pool("llm").tenant("acme")).await.unwrap());
+    }
+
+    // A worker whose pool says the broker's weights: agreeing settings are taken.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seen = order.clone();
+    let mut pool = PoolConfig::new("llm");
+    pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
+    let worker = Worker::new(&broker.workers).concurrency(1).heartbeat(Duration::from_millis(200), 5).pool(
+        pool,
+        move |p: Payload| {
+            let seen = seen.clone();
+            async move {
+                let name: String = p.decode()?;
+                seen.lock().unwrap().push(name);
+                Ok::<_, Error>(())
+            }
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    sched.resume("llm").await.unwrap();
+    for h in &handles {
+        h.result_timeout::<()>(LONG).await.unwrap();
+    }
+    let letters: String = order.lock().unwrap().iter().map(|t| t.chars().next().unwrap()).collect();
+    assert_eq!(letters, "gaaagaaagaaagaaa");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+
+    // A worker whose settings disagree with the broker's config is refused, naming the pool.
+    let mut wrong = PoolConfig::new("llm");
+    wrong.fairness = Some(Fairness::weights([("acme", 1.0)]));
+    let refused = tokio::time::timeout(
+        LONG,
+        Worker::new(&broker.workers).pool(wrong, |_: Payload| async { Ok::<_, Error>(()) }).run(),
+    )
+    .await
+    .expect("refused at once");
+    assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("llm")), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_token_naming_another_tenant_is_refused() {
+    let dir = Scratch::new("d");
+    let body = "[[pools]]\nname = \"work\"\n\n[[auth.tokens]]\ntoken_env = \"T_CLIENT\"\nrole = \"client\"\ntenant = \"acme\"\n\n[[auth.tokens]]\ntoken_env = \"T_ADMIN\"\nrole = \"admin\"\n";
+    let broker = Broker::start(
+        &dir.0,
+        body,
+        "durability = \"none\"",
+        &[("T_CLIENT", "client-secret"), ("T_ADMIN", "admin-secret")],
+    );
+    let sched = cronoq::connect(&broker.clients).token("client-secret").await.unwrap();
+    let refused = sched.submit(Task::new("x").pool("work").tenant("globex")).await;
+    assert!(matches!(&refused, Err(Error::PermissionDenied(_))), "{refused:?}");
+    assert_eq!(refused.unwrap_err().code(), "PERMISSION_DENIED");
+    let mine = sched.submit(Task::new("x").pool("work")).await.unwrap();
+    assert_eq!(sched.status(mine.id()).await.unwrap().tenant.as_deref(), Some("acme"));
+    assert!(matches!(sched.pause("work").await, Err(Error::PermissionDenied(_))));
+
+    let stranger =
+        cronoq::connect(&broker.clients).token("nobody").request_timeout(Duration::from_secs(10)).await.unwrap();
+    // The broker answers an unknown connection once a second: the refusal of its `hello` fails the
+    // submit at once, not after the request timeout.
+    let t0 = std::time::Instant::now();
+    assert!(matches!(stranger.submit(Task::new("x").pool("work")).await, Err(Error::Unauthenticated(_))));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_resends_after_the_broker_restarts() {
+    let dir = Scratch::new("e");
+    let data = dir.0.join("data");
+    let mut broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    let before = sched.submit(Task::new(Job { n: 1, text: "before".into() }).pool("work")).await.unwrap();
+
+    broker.crash_and_restart();
+    // Submitted while the new broker may still be starting: queued, re-sent, accepted once.
+    let after = sched.submit(Task::new(Job { n: 2, text: "after".into() }).pool("work")).await.unwrap();
+    let mut worker = run_python(PYTHON_WORKER, &[&broker.workers], &dir.0, "python-worker");
+    worker.wait_for("python worker starting", LONG);
+    let first: Echo = before.result_timeout(LONG).await.unwrap();
+    let second: Echo = after.result_timeout(LONG).await.unwrap();
+    assert_eq!((first.echo.n, second.echo.n), (1, 2));
+    assert!(sched.reconnects() >= 1, "the monitor saw the new connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curve_encrypts_client_and_worker() {
+    let dir = Scratch::new("f");
+    let keys = dir.0.join("keys");
+    let mut keygen = support::Proc::spawn(
+        &["-m", "cronoq.cli", "keygen", "--dir", keys.to_str().unwrap()],
+        &dir.0.join("keygen.log"),
+        &[],
+    );
+    keygen.finish(LONG);
+    let secret = keys.join("broker.key_secret");
+    let public = keys.join("broker.key");
+    let broker = Broker::start(
+        &dir.0,
+        "[[pools]]\nname = \"work\"\n",
+        &format!("durability = \"none\"\ncurve_secret_key_file = \"{}\"", secret.display()),
+        &[],
+    );
+    let worker = Worker::new(&broker.workers)
+        .curve_server_key(public.to_str().unwrap())
+        .heartbeat(Duration::from_millis(200), 5)
+        .pool(
+            PoolConfig::new("work"),
+            |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) },
+        );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).curve_server_key(public.to_str().unwrap()).await.unwrap();
+    let task = sched.submit(Task::new("secret").pool("work")).await.unwrap();
+    assert_eq!(task.result_timeout::<String>(LONG).await.unwrap(), "SECRET");
+
+    // Without the key the handshake never completes: the request times out, nothing is sent in clear.
+    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_millis(800)).await.unwrap();
+    assert!(matches!(plain.ping().await, Err(Error::Unavailable(_))));
+    assert!(matches!(
+        cronoq::connect(&broker.clients).curve_server_key("not a key").await,
+        Err(Error::InvalidArgument(_))
+    ));
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_are_checked_where_they_are_made() {
+    let dir = Scratch::new("g");
+    let broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"\nmax_payload_bytes = 4096", &[]);
+    let worker = Worker::new(&broker.workers).heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("work"),
+        |p: Payload| async move {
+            match p.decode::<String>().map_err(|e| Refused(e.to_string()))?.as_str() {
+                "big result" => Ok("r".repeat(10_000)),
+                "long failure" => Err(Refused("e".repeat(100_000))),
+                other => Ok(other.to_string()),
+            }
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+
+    // The client refuses a payload over the broker's limit itself, naming both sizes.
+    let refused = sched.submit(Task::new("p".repeat(5000)).pool("work")).await;
+    assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("4096")), "{refused:?}");
+    // The worker does not send a result over it: that task fails, and the connection stays.
+    let big = sched.submit(Task::new("big result").pool("work")).await.unwrap();
+    match big.result::<String>().await {
+        Err(Error::TaskFailed { r#type, message, .. }) => {
+            assert_eq!(r#type, "InvalidArgument");
+            assert!(message.contains("max_payload_bytes = 4096"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A failure's text is cut to a bounded size, keeping its start and end.
+    let long = sched.submit(Task::new("long failure").pool("work")).await.unwrap();
+    match long.result::<String>().await {
+        Err(Error::TaskFailed { message, .. }) => {
+            assert!(message.len() <= 8 * 1024 && message.contains("bytes cut"), "{}", message.len());
+        }
+        other => panic!("{other:?}"),
+    }
+    // The worker still serves, and another connection reads a result by id.
+    let fine = sched.submit(Task::new("fine").pool("work")).await.unwrap();
+    let other = cronoq::connect(&broker.clients).await.unwrap();
+    assert_eq!(other.result::<String>(fine.id()).await.unwrap(), "fine");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}

@@ -1,0 +1,170 @@
+//! Real parts for the interop tests: the `cronoq-broker` of this checkout and Python peers, as
+//! child processes on 127.0.0.1. Nothing of cronoq is mocked.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository's root (where `python -m cronoq.broker.cli` finds this checkout's cronoq).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The Python that runs cronoq: `CRONOQ_PYTHON` (the README's test command sets it), else `python3`.
+pub fn python() -> String {
+    std::env::var("CRONOQ_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// A free TCP port on 127.0.0.1 right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A scratch directory for one test, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("cronoq-rust-{name}-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process whose output goes to a log file; killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Proc {
+        let out = std::fs::File::create(log).unwrap();
+        let mut cmd = Command::new(python());
+        cmd.args(args)
+            .current_dir(repo_root())
+            .env("PYTHONPATH", repo_root())
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", python()));
+        Proc { child, log: log.to_path_buf() }
+    }
+
+    pub fn output(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Wait for a line containing `text`; panic showing the output after `timeout` or an exit.
+    pub fn wait_for(&mut self, text: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let out = self.output();
+            if let Some(line) = out.lines().find(|l| l.contains(text)) {
+                return line.to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited ({status}) before printing {text:?}:\n{out}", self.log.display());
+            }
+            if Instant::now() > end {
+                panic!("no {text:?} from {} within {timeout:?}:\n{out}", self.log.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Wait for the process to exit; its output.
+    pub fn finish(&mut self, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let out = self.output();
+                assert!(status.success(), "{} failed ({status}):\n{out}", self.log.display());
+                return out;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                panic!("{} did not finish within {timeout:?}:\n{}", self.log.display(), self.output());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A real broker started from a config body (pools, auth) on fresh loopback ports.
+pub struct Broker {
+    pub proc: Proc,
+    pub clients: String,
+    pub workers: String,
+    pub config: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Broker {
+    /// Start `python -m cronoq.broker.cli -c FILE`; `broker_extra` goes under `[broker]`.
+    pub fn start(dir: &Path, body: &str, broker_extra: &str, env: &[(&str, &str)]) -> Broker {
+        let clients = format!("tcp://127.0.0.1:{}", free_port());
+        let workers = format!("tcp://127.0.0.1:{}", free_port());
+        let config = dir.join("cronoq.toml");
+        let text = format!(
+            "[broker]\nclients = \"{clients}\"\nworkers = \"{workers}\"\nheartbeat_interval = 0.5\n{broker_extra}\n\n{body}\n"
+        );
+        std::fs::write(&config, text).unwrap();
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let proc = Broker::spawn(&config, &env);
+        Broker { proc, clients, workers, config, env }
+    }
+
+    fn spawn(config: &Path, env: &[(String, String)]) -> Proc {
+        let log = config.with_extension(format!("{}.log", free_port()));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut proc = Proc::spawn(
+            &["-m", "cronoq.broker.cli", "-c", config.to_str().unwrap(), "--log-level", "WARNING"],
+            &log,
+            &env,
+        );
+        proc.wait_for("cronoq broker ready", Duration::from_secs(60));
+        proc
+    }
+
+    /// Kill the broker (SIGKILL: no goodbye) and start it again on the same config and ports.
+    pub fn crash_and_restart(&mut self) {
+        self.proc.kill();
+        self.proc = Broker::spawn(&self.config, &self.env);
+    }
+}
+
+/// Run a Python script (`python -c`) with these arguments; its stdout once it succeeded.
+pub fn run_python(script: &str, args: &[&str], dir: &Path, name: &str) -> Proc {
+    let mut all = vec!["-c", script];
+    all.extend_from_slice(args);
+    Proc::spawn(&all, &dir.join(format!("{name}.log")), &[])
+}
