@@ -54,6 +54,22 @@ def broker_factory(tmp_path):
         broker.stop()
 
 
+@pytest.fixture
+def restarted():
+    """Restart a broker process: `restarted(broker)` starts the same config (ports, data_dir) in a new process,
+    with the same environment unless `env` is given; every one started is stopped at teardown."""
+    started: list[BrokerProcess] = []
+
+    def restart(broker: BrokerProcess, env: dict[str, str] | None = None) -> BrokerProcess:
+        again = BrokerProcess(broker.config_path, env=env if env is not None else broker.env).start()
+        started.append(again)
+        return again
+
+    yield restart
+    for broker in started:
+        broker.stop()
+
+
 class _BrokerBackend:
     """Pools served by a real broker process and an in-process cronoq.Worker over tcp."""
 

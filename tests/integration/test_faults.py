@@ -26,21 +26,6 @@ from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_
 WAIT = 30.0
 
 
-def restart(broker: BrokerProcess, started: list[BrokerProcess]) -> BrokerProcess:
-    """The same config (ports, data_dir) in a new process; stopped at teardown like the first."""
-    again = BrokerProcess(broker.config_path, env=broker.env).start()
-    started.append(again)
-    return again
-
-
-@pytest.fixture
-def restarted():
-    started: list[BrokerProcess] = []
-    yield started
-    for broker in started:
-        broker.stop()
-
-
 def pool_stats(stats: dict[str, Any], pool: str) -> tuple[int, int, int]:
     p = stats["pools"][pool]
     return p["queued"], p["delayed"], p["running"]
@@ -135,7 +120,7 @@ async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_fac
 
             broker.kill()  # SIGKILL: no flush, no goodbye
             await asyncio.sleep(1.2)  # the deadline=1.0 tasks expire while no broker runs
-            broker = restart(broker, restarted)
+            broker = restarted(broker)
 
             stats = await client.stats()
             assert stats["pools"]["held"]["paused"], "a paused pool stays paused"
@@ -179,7 +164,7 @@ async def test_sigterm_then_restart_carries_on_where_it_stopped(broker_factory, 
         queued = [await client.submit(n, tenant="acme", priority="high") for n in range(20)]
         later = await client.submit("later", delay=1.0)
         assert broker.stop(signal.SIGTERM) == 0
-        broker = restart(broker, restarted)
+        broker = restarted(broker)
         assert (await client.stats())["pools"]["default"]["paused"]
         info = await client.status(queued[0].id)
         assert (info.state, info.tenant, info.priority) == ("queued", "acme", "high")
@@ -196,7 +181,7 @@ async def test_durability_none_keeps_nothing_over_a_restart(broker_factory, rest
     async with cronoq.connect(broker.clients) as client:
         task = await client.submit("gone")
         broker.kill()
-        broker = restart(broker, restarted)
+        broker = restarted(broker)
         with pytest.raises(cronoq.NotFound):
             await client.status(task.id)
     assert not (broker.config_path.parent / "cronoq-data").exists()
@@ -281,7 +266,7 @@ async def test_a_submit_resent_after_the_broker_died_mid_reply_creates_one_task(
     # exactly "died before the reply left"; the client never counts on that reply and sends again.
     first = _raw_request(broker.clients, submit, body)
     broker.kill()
-    broker = restart(broker, restarted)
+    broker = restarted(broker)
     again = _raw_request(broker.clients, submit, body)
     assert (again.id, again.duplicate, first.duplicate) == (first.id, True, False)
 
@@ -292,7 +277,7 @@ async def test_a_submit_resent_after_the_broker_died_mid_reply_creates_one_task(
         pending = asyncio.get_running_loop().create_task(client.submit("twice?"))
         await asyncio.sleep(0.3)
         broker.kill()
-        broker = restart(broker, restarted)
+        broker = restarted(broker)
         handle = await asyncio.wait_for(pending, WAIT)
         assert client.reconnects >= 1
         assert pool_stats(await client.stats(), "default") == (2, 0, 0)  # "once" and "twice?", one each
@@ -320,7 +305,7 @@ async def test_a_flood_past_max_backlog_is_refused_and_nothing_accepted_is_lost(
         assert rss_kib(broker.proc.pid) - before < 32 * 1024, "8,000 refused submits must not grow the broker"
 
         broker.kill()
-        broker = restart(broker, restarted)
+        broker = restarted(broker)
         with pytest.raises(cronoq.ResourceExhausted, match="max_backlog"):
             await client.submit("still full", pool="capped", tenant="e")
         async with _worker(broker, cronoq.Pool("capped", _echo), concurrency=8):
@@ -393,7 +378,7 @@ async def test_a_damaged_journal_stops_the_broker_untouched_and_repair_brings_ba
     assert f"lost: 1 task that journal records name but whose accepted record went with the damage " \
            f"(the payload is gone): {handles[10].id}" in result.stdout
 
-    broker = restart(broker, restarted)
+    broker = restarted(broker)
     async with cronoq.connect(broker.clients) as client:
         assert (await client.stats())["pools"]["held"]["paused"]
         for handle in handles:

@@ -41,20 +41,6 @@ class _worker:
         await self.runner
 
 
-def _restart(broker: BrokerProcess, started: list[BrokerProcess], env: dict[str, str] | None = None) -> BrokerProcess:
-    again = BrokerProcess(broker.config_path, env=env if env is not None else broker.env).start()
-    started.append(again)
-    return again
-
-
-@pytest.fixture
-def restarted():
-    started: list[BrokerProcess] = []
-    yield started
-    for broker in started:
-        broker.stop()
-
-
 async def _in_memory(client: cronoq.Client) -> int:
     return (await client.stats())["memory"]["records"]
 
@@ -145,7 +131,7 @@ async def test_a_task_finished_long_ago_answers_from_the_store_and_after_a_resta
         assert again.id == first.id and again.duplicate, "a key dedupes while its task is retained, on disk too"
 
         broker.kill()
-        broker = _restart(broker, restarted)
+        broker = restarted(broker)
         assert await _in_memory(client) == 0, "finished tasks the store holds are not read back into memory"
         assert await client.result(first.id, timeout=WAIT) == {"n": 1}
         with pytest.raises(cronoq.Cancelled):
@@ -245,7 +231,7 @@ async def test_kill_9_of_the_broker_while_its_compaction_child_writes_loses_noth
         broker.kill()  # SIGKILL, mid-compaction
         await until(lambda: asyncio.sleep(0, not _alive(child)), "the child died with the broker")
         hold.unlink()
-        broker = _restart(broker, restarted, env={})
+        broker = restarted(broker, env={})
         assert not (data_dir / "snapshot.tmp").exists(), "the unfinished snapshot was removed"
         assert [(await client.status(h.id)).state for h in queued] == ["queued"] * 200
         assert [(await client.status(h.id)).state for h in cancelled] == ["cancelled"] * 100
@@ -291,7 +277,7 @@ async def test_a_killed_compaction_child_or_archiver_changes_nothing_and_the_bro
     broker.kill()
     hold.touch()  # no more holding: a start compacts at once with these thresholds
     hold.unlink()
-    broker = _restart(broker, restarted, env={})
+    broker = restarted(broker, env={})
     async with cronoq.connect(broker.clients) as client:
         assert [await client.result(h.id, timeout=WAIT) for h in done + more] == list(range(150))
 
