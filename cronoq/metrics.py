@@ -57,6 +57,7 @@ class BrokerMetrics:
         self.queue_wait: dict[str, Histogram] = {}
         self.run_time: dict[str, Histogram] = {}
         self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.sync_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
         self.pass_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.pass_cpu_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.heartbeat_seconds = Histogram(PASS_SECONDS_BUCKETS)
@@ -73,6 +74,10 @@ class BrokerMetrics:
 
     def commit_took(self, seconds: float) -> None:
         self.commit_seconds.observe(seconds)
+
+    def sync_took(self, seconds: float) -> None:
+        """One background fdatasync of the journal (durability "sync"); called from the sync thread."""
+        self.sync_seconds.observe(seconds)
 
     def pass_took(self, seconds: float, cpu_seconds: float) -> None:
         """One pass of the broker's loop (handle, dispatch, commit, send): its wall-clock time, and the CPU time
@@ -141,7 +146,12 @@ class BrokerCollector:
                                 self._metrics.run_time)
         commit = HistogramMetricFamily("cronoq_journal_commit_seconds", "Time to write one group commit to disk.")
         commit.add_metric([], self._metrics.commit_seconds.buckets(), self._metrics.commit_seconds.sum)
+        sync = HistogramMetricFamily("cronoq_journal_sync_seconds",
+                                     "Time of one fdatasync of the journal, in the broker's sync thread "
+                                     "(durability \"sync\", about once a second).")
+        sync.add_metric([], self._metrics.sync_seconds.buckets(), self._metrics.sync_seconds.sum)
         yield commit
+        yield sync
         passes = HistogramMetricFamily("cronoq_loop_pass_seconds",
                                        "Time the broker's loop spent in one pass (handle, dispatch, commit, send).")
         passes.add_metric([], self._metrics.pass_seconds.buckets(), self._metrics.pass_seconds.sum)

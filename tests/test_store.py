@@ -24,7 +24,7 @@ from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import NotFound
 from cronoq.store import frames, results
 from cronoq.store.archive import Archive, open_store
-from cronoq.store.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path
+from cronoq.store.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path, sync_files
 from cronoq.store.replay import Replay
 from tests.support import peer
 
@@ -290,6 +290,26 @@ def test_compaction_keeps_the_state_and_drops_old_journals(tmp_path):
     assert _journal_files(tmp_path) == ["journal.00000002", "lock", SNAPSHOT]
     again = World(tmp_path, now=world.now)
     assert picture(again) == expected
+
+
+def test_a_sync_owes_the_journal_a_retired_generation_left_unsynced(tmp_path):
+    """A new generation (a compaction) must not drop the fdatasync the old journal file still needs, and the
+    files handed to the sync thread are all closed once synced."""
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
+    world.journal.sync()
+    open_before = len(os.listdir("/proc/self/fd"))
+    random_workload(world, random.Random(7), 50)
+    world.commit()
+    retired = os.fstat(world.journal._fd).st_ino
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    random_workload(world, random.Random(8), 10)
+    world.commit()
+    owed = world.journal.take_unsynced()
+    assert [os.fstat(fd).st_ino for fd in owed] == [retired, os.fstat(world.journal._fd).st_ino]
+    assert world.journal.take_unsynced() == []  # nothing written since: nothing owed
+    sync_files(owed)
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    world.crash()
 
 
 def test_a_compaction_cut_short_leaves_a_recoverable_directory(tmp_path, monkeypatch):

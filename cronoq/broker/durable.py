@@ -20,6 +20,7 @@ journals are still whole.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import logging
 import os
@@ -31,7 +32,7 @@ from cronoq.config import BrokerConfig
 from cronoq.metrics import BrokerMetrics
 from cronoq.store import results
 from cronoq.store.archive import Archive, open_store
-from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError
+from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError, sync_files
 
 log = logging.getLogger("cronoq.broker")
 
@@ -58,6 +59,9 @@ class DataDir:
         self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
         self.compactions = 0
         self._min_bytes, self._ratio, self._retry = _compaction_settings()
+        # One thread for the journal's fdatasyncs: a sync can take tens of milliseconds on a busy disk, and the
+        # loop goes on serving (and appending) meanwhile. Made on the first sync.
+        self._syncer: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def syncs_in_background(self) -> bool:
@@ -130,9 +134,28 @@ class DataDir:
             self.archive.watch(loop, on_reply)
 
     def sync(self) -> None:
-        """fdatasync the journal. Raises OSError."""
+        """fdatasync the journal, here and now. Raises OSError."""
         if self.journal is not None:
             self.journal.sync()
+
+    def sync_in_background(self) -> asyncio.Future[None] | None:
+        """fdatasync what the journal wrote until now in the sync thread; the future fails with OSError when the
+        sync does. None when nothing needs a sync."""
+        journal = self.journal
+        if journal is None:
+            return None
+        owed = journal.take_unsynced()
+        if not owed:
+            return None
+        if self._syncer is None:
+            self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cronoq-sync")
+        return asyncio.get_running_loop().run_in_executor(self._syncer, self._sync_files, owed)
+
+    def _sync_files(self, fds: list[int]) -> None:
+        """In the sync thread."""
+        started = time.perf_counter()
+        sync_files(fds)
+        self._metrics.sync_took(time.perf_counter() - started)
 
     def compact_if_worthwhile(self) -> None:
         """The broker's tick: hear the archiver, install a finished compaction, and start one once the journal
@@ -193,6 +216,9 @@ class DataDir:
         """Release data_dir: commit and fsync what is left, or, after a failure, nothing. Idempotent."""
         journal, self.journal = self.journal, None
         archive, self.archive = self.archive, None
+        syncer, self._syncer = self._syncer, None
+        if syncer is not None:
+            syncer.shutdown(wait=True)  # a sync under way finishes before the journal's last one
         self._book.journal = None
         self._book.archive = None
         if archive is not None:

@@ -107,6 +107,9 @@ class Journal:
         self._fd = fd
         self._pending: list[Change] = []
         self._unsynced = False
+        # Journal files retired by a new generation before their last writes were fdatasync'ed: the next sync
+        # still owes them one (then closes them), or a power loss could take more than the sync interval.
+        self._retired_unsynced: list[int] = []
 
     # ----------------------------------------------------------------- opening and recovery
 
@@ -197,10 +200,18 @@ class Journal:
             self._unsynced = True
 
     def sync(self) -> None:
-        """fdatasync what was written since the last sync (the broker calls this about once a second)."""
+        """fdatasync what was written since the last sync, here and now. Raises OSError."""
+        sync_files(self.take_unsynced())
+
+    def take_unsynced(self) -> list[int]:
+        """The file descriptors whose writes since the last sync still need an fdatasync: the caller owns them
+        (`sync_files` syncs and closes them) and may do so in another thread, while the journal goes on
+        appending — what was written before this call is durable once that sync returns."""
+        owed, self._retired_unsynced = self._retired_unsynced, []
         if self._unsynced:
             self._unsynced = False
-            os.fdatasync(self._fd)
+            owed.append(os.dup(self._fd))  # a duplicate: a new generation may close the journal's own meanwhile
+        return owed
 
     def wants_compaction(self, kept: int) -> bool:
         """Whether the journal has grown much larger than the `kept` task records it describes (and no
@@ -260,7 +271,10 @@ class Journal:
         self.commit()
         generation = self.generation + 1
         fd = create_journal(self.data_dir, generation)
-        os.close(self._fd)
+        if self._unsynced:
+            self._retired_unsynced.append(self._fd)
+        else:
+            os.close(self._fd)
         self._fd, self.generation = fd, generation
         self._unsynced = False
 
@@ -268,6 +282,8 @@ class Journal:
         """Commit, make everything durable, and release the directory."""
         try:
             self.commit()
+            retired, self._retired_unsynced = self._retired_unsynced, []
+            sync_files(retired)
             os.fsync(self._fd)
         finally:
             self.abandon()
@@ -276,7 +292,8 @@ class Journal:
         """Release the directory without writing what is pending (after a write failed; or a test's crash)."""
         self.cancel_compaction()
         self._pending = []
-        for fd in (self._fd, self._lock_fd):
+        retired, self._retired_unsynced = self._retired_unsynced, []
+        for fd in (*retired, self._fd, self._lock_fd):
             try:
                 os.close(fd)
             except OSError:
@@ -285,6 +302,16 @@ class Journal:
 
 
 # --------------------------------------------------------------------- files
+
+
+def sync_files(fds: list[int]) -> None:
+    """fdatasync each of `fds` and close it (all of them closed, even when a sync fails). Raises OSError."""
+    try:
+        for fd in fds:
+            os.fdatasync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _tidy(data_dir: Path, state: State) -> int:

@@ -61,6 +61,11 @@ async def test_the_metrics_endpoint_shows_backlog_and_counters(broker_factory):
     assert got[("cronoq_run_time_seconds_count", (("pool", "llm"),))] == 5
     assert got[("cronoq_journal_commit_seconds_count", ())] > 0
 
+    async def synced() -> bool:  # durability "sync": about once a second, in the broker's sync thread
+        return (await asyncio.to_thread(scrape, port)).get(("cronoq_journal_sync_seconds_count", ()), 0) > 0
+
+    await until(synced, "a background fdatasync of the journal")
+
 
 def weighted_config(acme: int, *, extra_pool: bool = False, token_env: str = "T_OLD") -> str:
     text = (f'[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = {acme}\nglobex = 1\n\n'
