@@ -3,6 +3,7 @@
     python bench/soak.py --minutes 10                 # the soak: full load, probe, samples over time
     python bench/soak.py --minutes 10 --slow-reader   # plus, in the middle third, a client that never reads
     python bench/soak.py --fill-drain 1000000         # queue 10^6 (pool paused), then drain them, probe throughout
+    python bench/soak.py --minutes 2 --payload-bytes 900000 --window 16   # big payloads: big journal writes
 
 One durable broker (built-in durability, data_dir in a temp folder) with two
 pools: `default`, served by --workers worker processes of --concurrency
@@ -62,6 +63,7 @@ class SoakSettings:
     slow_reader: bool = False     # a client that never reads, during the middle third
     fill_drain: int = 0           # > 0: queue this many with the pool paused, then drain; no load process
     tokens: bool = False
+    payload_bytes: int = 0        # > 0: the load's tasks carry this much padding (big journal writes)
     result_ttl: float | None = None  # None: the broker's default
     out: Path | None = RESULTS    # None: write nothing
     plot: bool = True
@@ -185,7 +187,7 @@ async def _soak(s: SoakSettings, address: str, broker: subprocess.Popen, workers
     probe = _role("probe", address, files / "probe.txt", "--seconds", str(s.seconds), "--gap", str(s.probe_gap),
                   tokens=s.tokens)
     load = _role("load", address, files / "load.txt", "--seconds", str(s.seconds), "--window", str(s.window),
-                 tokens=s.tokens)
+                 "--payload-bytes", str(s.payload_bytes), tokens=s.tokens)
     try:
         if s.slow_reader:
             third = s.seconds / 3
@@ -517,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=1.0, help="seconds between samples (default 1)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds left out of the summary (default 10)")
     parser.add_argument("--tokens", action="store_true", help="run the broker with tokens")
+    parser.add_argument("--payload-bytes", type=int, default=0,
+                        help="pad each load task to about this many bytes (default: ~100-byte tasks)")
     parser.add_argument("--result-ttl", type=float,
                         help="the broker's result_ttl (default: the broker's own, which keeps records for a day)")
     parser.add_argument("--note", default=os.environ.get("BENCH_CRONOQ_NOTE", ""), help="a note for the plot and JSON")
@@ -525,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds if args.seconds is not None else (args.minutes if args.minutes is not None else 10) * 60
     s = SoakSettings(seconds=seconds, window=args.window, workers=args.workers, concurrency=args.concurrency,
                      probe_gap=args.probe_gap, sample=args.sample, warmup=args.warmup, slow_reader=args.slow_reader,
-                     fill_drain=args.fill_drain, tokens=args.tokens, result_ttl=args.result_ttl,
+                     fill_drain=args.fill_drain, tokens=args.tokens, payload_bytes=args.payload_bytes, result_ttl=args.result_ttl,
                      out=None if args.no_write else RESULTS, note=args.note)
     run(s)
     return 0

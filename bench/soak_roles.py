@@ -63,16 +63,19 @@ async def _report(out: TextIO, stop: asyncio.Event, line: Callable[[], str]) -> 
 
 
 async def load(address: str, out: TextIO, seconds: float, window: int, token: str | None,
-               connections: int = 1) -> None:
+               connections: int = 1, payload_bytes: int = 0) -> None:
     stop = _stopper(seconds)
     done = errors = 0
+    # With payload_bytes, every task carries that much padding: the broker's journal writes grow with it.
+    pad = os.urandom(payload_bytes) if payload_bytes else None
 
     async def lane(sched: cronoq.Client, first: int) -> None:
         nonlocal done, errors
         n = first
         while not stop.is_set():
             try:
-                handle = await sched.submit(payload(n))
+                body = payload(n) if pad is None else {"n": n, "op": "noop", "pad": pad}
+                handle = await sched.submit(body)
                 value = await handle.result(timeout=600)
             except cronoq.CronoqError:
                 errors += 1
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=0.01)
     parser.add_argument("--tasks", type=int, default=0)
     parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--payload-bytes", type=int, default=0)
     parser.add_argument("--token-env", help="the environment variable that holds the client token")
     args = parser.parse_args(argv)
     token = os.environ[args.token_env] if args.token_env else None
@@ -199,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         if args.role == "load":
-            uvloop.run(load(args.address, out, args.seconds, args.window, token, args.connections))
+            uvloop.run(load(args.address, out, args.seconds, args.window, token, args.connections,
+                            args.payload_bytes))
         elif args.role == "probe":
             uvloop.run(probe(args.address, out, args.seconds, args.gap, token))
         else:

@@ -42,6 +42,13 @@ class Outbox:
     def __bool__(self) -> bool:
         return bool(self._peers)
 
+    def seal(self) -> "Outbox":
+        """A new outbox holding everything waiting here, to send once the commit it waits for is done (a commit
+        in the journal's writer thread); this one is empty again and goes on collecting the next passes'."""
+        sealed = Outbox(self._batch_type)
+        sealed._peers, self._peers = self._peers, {}
+        return sealed
+
     def clear(self) -> None:
         self._peers.clear()
 

@@ -20,6 +20,7 @@ what it holds for each connection a byte budget.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import dataclasses
 import itertools
@@ -123,6 +124,8 @@ class Broker:
         self._timer_at: float | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
         self._syncer: asyncio.TimerHandle | None = None
+        # A group commit under way in the journal's writer thread, with the replies sealed until it is done.
+        self._writing: tuple[concurrent.futures.Future[float], Outbox, Outbox] | None = None
         self._stopped: asyncio.Event | None = None
         self._cron: CronRunner | None = None
         # (time, dispatches per pool) at each heartbeat over the last RATE_WINDOW seconds, for stats' rates.
@@ -244,10 +247,25 @@ class Broker:
         `reason` (e.g. the signal's name) goes into the log line that says what is left at the stop.
         """
         if self._stopped is not None and not self._stopped.is_set():
-            if self._commit():
-                self._flush()
+            if self._commit_all():
                 log.info("stopping: %s; %s", reason, self._left_at_stop())
             self._stopped.set()
+
+    def _commit_all(self) -> bool:
+        """Commit everything here and now, after the writer thread's frame if one is under way, and send every
+        reply that waited; False when the journal cannot be written (the broker stops)."""
+        try:
+            self._data.commit()  # waits for the writer thread's frame first
+            if self._writing is not None:
+                writing, to_clients, to_workers = self._writing
+                self._writing = None
+                self._data.written(writing)
+                self._flush(to_clients, to_workers)
+        except OSError as exc:
+            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+            return False
+        self._flush(self._to_clients, self._to_workers)
+        return True
 
     def _left_at_stop(self) -> str:
         """What the broker holds as it stops, and whether it is kept, for the log."""
@@ -268,6 +286,7 @@ class Broker:
         self.failure = reason
         self._to_clients.clear()
         self._to_workers.clear()
+        self._writing = None  # and what waited for a write in the writer thread
         if self._stopped is not None:
             self._stopped.set()
 
@@ -302,12 +321,15 @@ class Broker:
         self._stats_replies.step()  # a step of the search for the busiest tenants, when a `stats` waits for one
         if asked or dispatched:
             self._busy = True
-        if not self._commit():
-            return
+        sent = False
+        if self._writing is None:  # else this pass's changes and replies wait for the write under way
+            if not self._commit():
+                return
+            if self._writing is None:
+                sent = bool(self._to_clients) or bool(self._to_workers)
+                self._flush(self._to_clients, self._to_workers)
         if fired:
             self._cron.save()  # type: ignore[union-attr]
-        sent = bool(self._to_clients) or bool(self._to_workers)
-        self._flush()
         self._collector.worked(handled + dispatched)  # after the flush: nobody's reply waits for it
         until = started + PASS_BUDGET
         handled += self._unpark(worker_conns, self._on_worker_message, now, until)
@@ -372,13 +394,34 @@ class Broker:
         self._pump()
 
     def _commit(self) -> bool:
-        """Group commit: the changes of this pass reach the journal before any of its replies leave."""
+        """Group commit: the changes of this pass (and of the passes that waited for a write) reach the journal
+        before any of their replies leave. A big frame goes to the journal's writer thread: then the replies
+        waiting so far are sealed with it (`_writing`), the loop goes on serving, and `_on_written` sends them
+        once the write is done. False when the journal cannot be written (the broker stops)."""
         try:
-            self._data.commit()
+            writing = self._data.commit_pass()
         except OSError as exc:
             self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
             return False
+        if writing is not None:
+            self._writing = (writing, self._to_clients.seal(), self._to_workers.seal())
+            loop = asyncio.get_running_loop()
+            writing.add_done_callback(lambda _: loop.call_soon_threadsafe(self._on_written))
         return True
+
+    def _on_written(self) -> None:
+        """The writer thread's commit is on disk: send what waited for it, then serve what came meanwhile."""
+        if self._writing is None or (self._stopped is not None and self._stopped.is_set()):
+            return
+        writing, to_clients, to_workers = self._writing
+        self._writing = None
+        try:
+            self._data.written(writing)
+        except OSError as exc:
+            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+            return
+        self._flush(to_clients, to_workers)
+        self._pump()
 
     def _dispatch(self, now: float) -> int:
         """Hand out what the core says is due; returns how many tasks."""
@@ -390,13 +433,13 @@ class Broker:
             ), record.payload)
         return len(assignments)
 
-    def _flush(self) -> None:
+    def _flush(self, to_clients: Outbox, to_workers: Outbox) -> None:
         # A disconnect reported meanwhile must stop what was meant for that peer (its identity may be reused).
         now = self._clock()
         self._worker_conns.poll_events(now, report=False)  # type: ignore[union-attr]
         self._client_conns.poll_events(now, report=False)  # type: ignore[union-attr]
-        self._to_workers.send(self._workers_sock, self._worker_conns)  # type: ignore[arg-type]
-        self._to_clients.send(self._clients, self._client_conns)  # type: ignore[arg-type]
+        to_workers.send(self._workers_sock, self._worker_conns)  # type: ignore[arg-type]
+        to_clients.send(self._clients, self._client_conns)  # type: ignore[arg-type]
 
     def _fire_schedules(self, now: float) -> bool:
         """Submit the task of every cron tick due now; True if any tick fired."""

@@ -5,7 +5,8 @@ Layout of `data_dir`:
     lock                 held (flock) by the one broker using the directory
     snapshot             every record in memory at some moment, then `End`; names generation g
     journal.<g>          the changes since that snapshot, one frame per group commit
-    journal.<g+1> ...    (only after a compaction was cut short: replayed in order)
+    journal.<g+1> ...    (after a compaction was cut short: replayed in order; or made ahead of time,
+                         empty, for the next compaction to switch to at once)
 
 The task book reports each change (`accepted`, `dispatched`, ...); the journal
 turns it into a record and keeps it until `commit()`, which the broker calls
@@ -19,6 +20,13 @@ With `fsync_each_commit` the frame is also fdatasync'ed before the replies
 (survives power loss); without it the write reaches the OS, which survives
 any crash of the broker process, and the broker calls `sync()` about once a
 second to bound what a power loss could take.
+
+A big frame (or, with `fsync_each_commit`, every frame) may be written in a
+thread instead (`commit_in_background`), so that its checksum, its `write` and
+its fdatasync do not hold the broker's loop: the broker keeps that pass's
+replies until the write is done, and the journal writes one frame at a time,
+in order — any other write, rotation or close first waits for the one under
+way.
 
 Compaction, when the journal grows much larger than the records in memory:
 commit, start journal g+1, write the snapshot (generation g+1) to a
@@ -39,8 +47,10 @@ tails, delete leftovers — and take the directory over.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -110,6 +120,13 @@ class Journal:
         # Journal files retired by a new generation before their last writes were fdatasync'ed: the next sync
         # still owes them one (then closes them), or a power loss could take more than the sync interval.
         self._retired_unsynced: list[int] = []
+        self._writing: concurrent.futures.Future[float] | None = None  # a frame under way in a writer thread
+        self.housekeeper: concurrent.futures.Executor | None = None
+        """A thread for file work that no reply waits for (making the next journal file ahead of time,
+        installing a compaction's snapshot, deleting the journals it replaced): a new file's fsync, a rename's
+        directory fsync and unlinking big files take milliseconds on a busy disk. None: all of it here and now."""
+        self._spare: concurrent.futures.Future[int] | None = None  # journal generation+1, made ahead of time
+        self._installing: concurrent.futures.Future[None] | None = None  # a snapshot's install under way
 
     # ----------------------------------------------------------------- opening and recovery
 
@@ -186,18 +203,66 @@ class Journal:
         return bool(self._pending)
 
     def commit(self) -> None:
-        """Write every change reported since the last commit as one frame. Raises OSError if it cannot."""
+        """Write every change reported since the last commit as one frame, here and now (after the frame under
+        way in a writer thread, if any). Raises OSError if it cannot."""
+        self.wait_for_write()
+        body = self._take_frame()
+        if body is not None:
+            self._write(self._fd, body)
+
+    def commit_in_background(self, writer: concurrent.futures.Executor, *, smallest: int = 0
+                             ) -> concurrent.futures.Future[float] | None:
+        """Like `commit`, but a frame of `smallest` bytes or more is written (and with fsync_each_commit synced)
+        by `writer`, one thread; its future gives the seconds the write took, or raises OSError. None when the
+        frame was written here and now (a thread's hand-off costs more than a small write), or nothing was
+        pending. Raises OSError, as `commit` does, for a write here.
+
+        Only the encoding happens on the caller's thread. The caller must not confirm the changes before the
+        future is done; every other use of the file waits for it."""
+        self.wait_for_write()
+        body = self._take_frame()
+        if body is None:
+            return None
+        if len(body) < smallest and not self.fsync_each_commit:
+            self._write(self._fd, body)
+            return None
+        self._writing = writer.submit(self._timed_write, self._fd, body)
+        return self._writing
+
+    @property
+    def writing(self) -> bool:
+        """Whether a frame is under way in a writer thread."""
+        return self._writing is not None and not self._writing.done()
+
+    def wait_for_write(self) -> None:
+        """Return once no frame is under way in a writer thread. Raises the OSError that write met."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def _take_frame(self) -> bytes | None:
+        """Encode what is pending as the next frame's body, and count it; None when nothing is."""
         pending = self._pending
         if not pending:
-            return
+            return None
         body = encode(pending)
         self.records += len(pending)
         self._pending = []
-        self.bytes += frames.append(self._fd, body)
-        if self.fsync_each_commit:
-            os.fdatasync(self._fd)
-        else:
+        self.bytes += frames.HEADER_SIZE + len(body)
+        if not self.fsync_each_commit:
             self._unsynced = True
+        return body
+
+    def _write(self, fd: int, body: bytes) -> None:
+        frames.append(fd, body)
+        if self.fsync_each_commit:
+            os.fdatasync(fd)
+
+    def _timed_write(self, fd: int, body: bytes) -> float:
+        """In the writer thread: zlib's checksum and the write (and fdatasync) let the loop's thread run."""
+        started = time.perf_counter()
+        self._write(fd, body)
+        return time.perf_counter() - started
 
     def sync(self) -> None:
         """fdatasync what was written since the last sync, here and now. Raises OSError."""
@@ -216,8 +281,8 @@ class Journal:
     def wants_compaction(self, kept: int) -> bool:
         """Whether the journal has grown much larger than the `kept` task records it describes (and no
         compaction runs)."""
-        return (self.compacting is None and self.bytes >= self.compact_min_bytes
-                and self.records > self.compact_ratio * max(kept, 1))
+        return (self.compacting is None and (self._installing is None or self._installing.done())
+                and self.bytes >= self.compact_min_bytes and self.records > self.compact_ratio * max(kept, 1))
 
     def compact(self, kept: Iterable[TaskRecord], paused: Iterable[str]) -> int:
         """Replace the snapshot and the journals with a snapshot of `kept` and a fresh journal, here and now;
@@ -241,8 +306,10 @@ class Journal:
 
     def poll_compaction(self) -> int | None:
         """If the running compaction's child is done: install its snapshot and delete the journals it
-        replaces; returns the snapshot's size. None while it runs (or when none runs). Raises OSError when it
-        failed: nothing was changed, and the journals since the last snapshot are all still there."""
+        replaces (in the housekeeper's thread when there is one: a crash before that is done leaves the old
+        snapshot with every journal, or the new one with journals the next start deletes); returns the
+        snapshot's size. None while it runs (or when none runs). Raises OSError when it failed: nothing was
+        changed, and the journals since the last snapshot are all still there."""
         running = self.compacting
         if running is None:
             return None
@@ -253,8 +320,13 @@ class Journal:
             self.compacting = None
             raise
         self.compacting = None
-        frames.install(running.temporary, self.data_dir / SNAPSHOT)
-        _delete_journals_before(self.data_dir, running.generation)
+        if self.housekeeper is None:
+            _install_snapshot_file(running.temporary, self.data_dir, running.generation)
+        else:
+            # No compaction starts before this is done (wants_compaction): its child would write the same file.
+            self._installing = self.housekeeper.submit(
+                _install_snapshot_file, running.temporary, self.data_dir, running.generation)
+            self._installing.add_done_callback(_log_failed_install)
         covered_bytes, covered_records = self._covered
         self.bytes -= covered_bytes
         self.records -= covered_records
@@ -268,15 +340,27 @@ class Journal:
 
     def _next_generation(self) -> None:
         """Commit, then append to a new journal file from now on."""
-        self.commit()
+        self.commit()  # waits for the writer thread: its frame belongs to the file it was given
         generation = self.generation + 1
-        fd = create_journal(self.data_dir, generation)
+        fd = self._take_spare(generation)
         if self._unsynced:
             self._retired_unsynced.append(self._fd)
         else:
             os.close(self._fd)
         self._fd, self.generation = fd, generation
         self._unsynced = False
+        if self.housekeeper is not None:  # the next rotation finds its file ready (an empty one is harmless)
+            self._spare = self.housekeeper.submit(create_journal, self.data_dir, generation + 1)
+
+    def _take_spare(self, generation: int) -> int:
+        """The fd of journal `generation`: the one made ahead of time, or a new one."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                return spare.result()  # waits only if it is still being made
+            except OSError as exc:
+                log.warning("the next journal file could not be made ahead of time (%s): trying again", exc)
+        return create_journal(self.data_dir, generation)
 
     def close(self) -> None:
         """Commit, make everything durable, and release the directory."""
@@ -292,6 +376,12 @@ class Journal:
         """Release the directory without writing what is pending (after a write failed; or a test's crash)."""
         self.cancel_compaction()
         self._pending = []
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.exception()  # only wait: its file must not be closed (and reused) under it
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.exception() is None:
+            os.close(spare.result())
         retired, self._retired_unsynced = self._retired_unsynced, []
         for fd in (*retired, self._fd, self._lock_fd):
             try:
@@ -357,6 +447,18 @@ def _delete_journals_before(data_dir: Path, generation: int) -> None:
         if old < generation:
             journal_path(data_dir, old).unlink()
     frames.fsync_dir(data_dir)
+
+
+def _install_snapshot_file(temporary: Path, data_dir: Path, generation: int) -> None:
+    """Rename a compaction's snapshot into place (durably), then delete the journals it covers."""
+    frames.install(temporary, data_dir / SNAPSHOT)
+    _delete_journals_before(data_dir, generation)
+
+
+def _log_failed_install(installing: concurrent.futures.Future[None]) -> None:
+    error = installing.exception()
+    if error is not None:  # the old snapshot and every journal since are still whole: the next start replays them
+        log.error("could not install the new snapshot or delete the journals it replaces: %s", error)
 
 
 def _temporary(data_dir: Path) -> Path:

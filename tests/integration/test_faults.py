@@ -154,6 +154,30 @@ async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_fac
         await asyncio.gather(*runs, return_exceptions=True)
 
 
+# --------------------------------------------------------------------- writes in the journal's writer thread
+
+
+@pytest.mark.parametrize("durability, payload_bytes", [("sync", 400_000), ("fsync", 100)])
+async def test_what_the_writer_thread_wrote_is_acknowledged_and_survives_kill_9(
+        broker_factory, restarted, durability, payload_bytes):
+    """Big frames (and, with "fsync", every frame) are written off the loop: each acknowledged task is whole
+    after a kill -9, and a pool of small tasks is served meanwhile."""
+    broker = broker_factory('[[pools]]\nname = "big"\n[[pools]]\nname = "small"\n',
+                            broker_extra=f'durability = "{durability}"', name=f"{durability}.toml")
+    async with cronoq.connect(broker.clients) as client:
+        await client.pause("big")
+        payloads = [{"n": n, "pad": bytes([n]) * payload_bytes} for n in range(12)]
+        big = await asyncio.gather(*(client.submit(p, pool="big") for p in payloads))
+        async with _worker(broker, cronoq.Pool("small", _echo)):
+            small = await asyncio.gather(*(client.submit(n, pool="small") for n in range(50)))
+            assert [await h.result(timeout=WAIT) for h in small] == list(range(50))
+        broker.kill()
+        broker = restarted(broker)
+        await client.resume("big")
+        async with _worker(broker, cronoq.Pool("big", _echo)):
+            assert [await h.result(timeout=WAIT) for h in big] == payloads
+
+
 # --------------------------------------------------------------------- SIGTERM
 
 
