@@ -165,10 +165,16 @@ class DataDir:
         if self.archive is not None:
             def on_reply() -> None:
                 if self.archive is not None:
-                    self.archive.exchange(self._book, listen=True)
+                    self.archive.exchange(self._book, listen=True, ship=self._all_written())
                     pump()
 
             self.archive.watch(loop, on_reply)
+
+    def _all_written(self) -> bool:
+        """Whether every change the book reported is in the journal's file (none pending, none being written):
+        only then may finished tasks go to the results store."""
+        journal = self.journal
+        return journal is None or not (journal.dirty or journal.writing)
 
     def sync(self) -> None:
         """fdatasync the journal, here and now. Raises OSError."""
@@ -207,7 +213,7 @@ class DataDir:
         if journal is None:
             return
         if self.archive is not None:
-            self.archive.exchange(self._book, listen=True)
+            self.archive.exchange(self._book, listen=True, ship=self._all_written())
             if len(self._book.finished) >= self._book.max_unarchived:
                 log.warning("%d finished tasks wait for the results store (%s): dispatching waits until it catches "
                             "up", len(self._book.finished), self.archive.path)

@@ -177,15 +177,17 @@ class Archive:
 
     # ----------------------------------------------------------------- shipping and replies
 
-    def exchange(self, book: TaskBook, *, listen: bool = False) -> None:
+    def exchange(self, book: TaskBook, *, listen: bool = False, ship: bool = True) -> None:
         """After a journal commit: ship what finished in `book`, and, if anything is outstanding (or `listen`),
         read the archiver's replies and let the book drop what is stored. A new archiver gets all the book's
-        finished records again."""
-        self.ship(book.take_finished())
+        finished records again. With `ship` False (some of the book's changes are not in the journal's file
+        yet) only the replies are read: the store must never hold an outcome the journal may lack."""
+        if ship:
+            self.ship(book.take_finished())
         if not (listen or self.waiting or self.needs_resend or self._sock is None):
             return
         through = self.poll()
-        if self.needs_resend:
+        if self.needs_resend and ship:
             self.needs_resend = False
             book.take_finished()
             self.ship(list(book.finished))
