@@ -495,8 +495,38 @@ def pack(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],
     frames and how many of the items it carries.
 
     One item goes as plain frames, ``[header]`` or ``[header, body]``; more go as batches of at most
-    `limit` bytes, split in halves until they fit (big messages are rare: a long traceback, a big payload).
+    `limit` bytes. Items are grouped by their bodies' sizes first, so that a big body (a big payload) goes
+    alone, as plain frames, without being copied into a batch; a group whose headers make it too big after
+    all (a long traceback) is split in halves until it fits.
     """
+    if len(items) == 1:
+        message, body = items[0]
+        return [([_encoder.encode(message)] if body is None else [_encoder.encode(message), body], 1)]
+    frame = _encoder.encode(batch_type(PROTOCOL_VERSION, items))
+    if len(frame) <= limit:  # the usual case: many small replies, one batch
+        return [([frame], len(items))]
+    messages: list[tuple[list[bytes], int]] = []
+    group: list[tuple[Any, bytes | None]] = []
+    group_bytes = 0
+    for item in items:
+        size = _ITEM_OVERHEAD + (0 if item[1] is None else len(item[1]))
+        if group and group_bytes + size > limit:
+            messages += _split(batch_type, group, limit)
+            group, group_bytes = [], 0
+        group.append(item)
+        group_bytes += size
+    if group:
+        messages += _split(batch_type, group, limit)
+    return messages
+
+
+# About what an item adds to a batch besides its body: the message's fields and the array around them.
+_ITEM_OVERHEAD = 32
+
+
+def _split(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],
+           limit: int) -> list[tuple[list[bytes], int]]:
+    """`items` as one message, or in halves until each fits `limit` (or is one item, as plain frames)."""
     if len(items) == 1:
         message, body = items[0]
         return [([_encoder.encode(message)] if body is None else [_encoder.encode(message), body], 1)]
@@ -504,7 +534,7 @@ def pack(batch_type: type[Batch], items: list[tuple[Any, bytes | None]],
     if len(frame) <= limit:
         return [([frame], len(items))]
     half = len(items) // 2
-    return pack(batch_type, items[:half], limit) + pack(batch_type, items[half:], limit)
+    return _split(batch_type, items[:half], limit) + _split(batch_type, items[half:], limit)
 
 
 # --------------------------------------------------------------- sizes
