@@ -26,6 +26,10 @@ When waiting is pointless (`hopeless`):
 
 A settled trouble stays until a handshake succeeds: later attempts that
 fail less tellingly do not blur it.
+
+A client or worker given a broker's primary and standbys connects one
+socket to every address; `Links` keeps a `Link` per address and judges the
+socket by its best one.
 """
 
 from __future__ import annotations

@@ -14,6 +14,12 @@ On each connection the client also asks the broker for its rules (`hello`):
 before anything is sent. Sent, libzmq would drop the connection for it, and
 the re-sent submit would drop the next one too.
 
+The address may list a broker's primary and its standbys: the one socket
+connects to all of them with ZMQ_IMMEDIATE, so requests are only queued on
+a completed connection — the broker that serves (standbys bind nothing
+until they take over). A request made while no connection is up is held
+here and leaves with the next one, as re-sent requests do.
+
 Waiting is only for a broker that may yet answer. The socket monitor tells
 why a connection fails (`cronoq.link`): when waiting cannot help — nothing
 ever took the connection, or the CURVE handshake cannot succeed — the

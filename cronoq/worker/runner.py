@@ -22,6 +22,11 @@ and the log says it once: a refused connection is waited out (workers often
 start before their broker), a CURVE mistake stops a worker that never got
 through, as a refused registration does.
 
+Given a broker's primary and standbys, the worker connects one socket to
+all of them (ZMQ_IMMEDIATE: messages go only over a completed connection)
+and registers on every new connection, so it serves a standby the moment
+that has taken over.
+
 Stopping is graceful (running tasks finish and report) or, with
 `stop(now=True)`, at once: the socket closes, and the broker, losing the
 connection, gives the running tasks to other workers.
