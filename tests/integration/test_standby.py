@@ -219,3 +219,23 @@ def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp
     result = run_command(["-m", "cronoq.cli", "status", "--broker", standby.clients, "--broker", primary.clients])
     assert result.returncode == 0, result.stderr
     assert "counted" in result.stdout
+
+
+async def test_sighup_while_standing_by_rereads_the_config_it_takes_over_with(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    good = config.read_text()
+    config.write_text(good + "[[pools]]\nname = 1\n")
+    standby.proc.send_signal(signal.SIGHUP)
+    wait_for_line(standby.proc, standby.log, "reload refused, standing by with the config read before")
+    config.write_text(good + '[[pools]]\nname = "added"\n')
+    standby.proc.send_signal(signal.SIGHUP)
+    wait_for_line(standby.proc, standby.log, "while standing by: it applies at takeover")
+    assert standby.proc.poll() is None and refused(standby.clients)
+    primary.kill()
+    await asyncio.to_thread(standby.wait_ready)
+    async with cronoq.connect(standby.clients, request_timeout=WAIT) as client:
+        assert set((await client.stats())["pools"]) == {"counted", "added"}
