@@ -1,4 +1,9 @@
-"""`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir."""
+"""`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir.
+
+--clients, --workers and --data-dir replace the file's values (one file serves every host); with --standby
+the broker first waits, binding nothing, until it can take over a data_dir another broker holds
+(cronoq.broker.standby).
+"""
 
 from __future__ import annotations
 
