@@ -31,8 +31,9 @@ def _common_options() -> argparse.ArgumentParser:
     # Defaults are filled in after parsing: with real defaults here, the subcommand's parser would
     # overwrite a value given before the subcommand's name.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--broker", default=argparse.SUPPRESS, metavar="ADDR",
-                        help=f"the broker's client endpoint (default {DEFAULT_CLIENT_ADDRESS})")
+    common.add_argument("--broker", default=argparse.SUPPRESS, metavar="ADDR", action="append",
+                        help=f"the broker's client endpoint (default {DEFAULT_CLIENT_ADDRESS}); a primary's and "
+                             "its standbys': repeat the option or separate them with commas")
     common.add_argument("--token-env", default=argparse.SUPPRESS, metavar="VAR",
                         help="environment variable holding the token (default CRONOQ_TOKEN)")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S",

@@ -12,6 +12,7 @@ Secrets are read from the environment here and never appear in a message.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -39,6 +40,7 @@ __all__ = [
     "TokenSpec",
     "default_config",
     "load_config",
+    "override",
     "parse_config",
 ]
 
@@ -169,6 +171,34 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, enviro
         schedules=_schedules(top, {pool.name for pool in pools}),
         **broker,
     )
+
+
+def override(config: BrokerConfig, *, clients: str | None = None, workers: str | None = None,
+             data_dir: str | None = None, cwd: Path | None = None) -> BrokerConfig:
+    """`config` with the endpoints and data_dir given on the command line (None: keep the file's).
+
+    Each value is checked as its config key is; a ConfigError names the flag. A relative `data_dir` is taken
+    from `cwd` (default: the working directory), as any path on a command line. With durability = "none" a
+    data_dir has no effect, as in the file.
+    """
+    values: dict[str, Any] = {}
+    for flag, key, value in (("--clients", "clients", clients), ("--workers", "workers", workers)):
+        if value is not None:
+            try:
+                values[key] = _endpoint(value)
+            except _Invalid as e:
+                raise ConfigError(f"{flag}: {e}") from None
+    if data_dir is not None:
+        if not data_dir:
+            raise ConfigError("--data-dir: expected a directory, got an empty string")
+        base = Path(os.path.abspath(cwd if cwd is not None else os.getcwd()))
+        values["data_dir"] = None if config.durability == "none" else _resolve(base, data_dir)
+    new_clients, new_workers = values.get("clients", config.clients), values.get("workers", config.workers)
+    if new_clients == new_workers and not _is_ephemeral(new_clients):
+        flag = "--workers" if "workers" in values else "--clients"
+        raise ConfigError(f"{flag}: the client and worker endpoints would both be {new_clients!r}; "
+                          "give each socket its own endpoint")
+    return dataclasses.replace(config, **values) if values else config
 
 
 # --- sections -----------------------------------------------------------------

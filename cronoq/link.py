@@ -26,11 +26,20 @@ When waiting is pointless (`hopeless`):
 
 A settled trouble stays until a handshake succeeds: later attempts that
 fail less tellingly do not blur it.
+
+A client or worker given a broker's primary and standbys connects one
+socket to every address; `Links` keeps a `Link` per address and judges the
+socket by its best one.
 """
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Sequence
+
 import zmq
+
+from cronoq.errors import InvalidArgument
 
 REFUSED_GRACE = 1.0
 """Seconds of refused connections, on a link never up, before its requests fail instead of waiting."""
@@ -152,3 +161,124 @@ class Link:
         return (f"CURVE handshake with {self.address} failed: the public key given ({KEY_OPTION}) is not this "
                 "broker's; give the NAME.key written with its curve_secret_key_file (or leave the key out, if "
                 "the broker is not encrypted)")
+
+
+class Links:
+    """The links of one DEALER connected to every address of one broker: its primary and its standbys.
+
+    Only one of them serves at a time (the one holding data_dir's lock); the others refuse connections
+    until they take over. So the socket is as good as its best link: it is up while any link is up, and
+    waiting is hopeless only when every link is (a standby refusing connections while its primary serves
+    is no trouble at all). Monitor events name the endpoint they concern, sometimes with the host name
+    resolved (``tcp://localhost:5555`` comes back as ``tcp://127.0.0.1:5555``): `observe` matches both.
+    """
+
+    def __init__(self, addresses: tuple[str, ...], *, encrypted: bool) -> None:
+        self.addresses = addresses
+        self.links = [Link(address, encrypted=encrypted) for address in addresses]
+        self._by_endpoint = {address: link for address, link in zip(addresses, self.links)}
+
+    @property
+    def up(self) -> bool:
+        """Some link's handshake succeeded and its connection has not ended since."""
+        return any(link.up for link in self.links)
+
+    @property
+    def handshakes(self) -> int:
+        """Handshakes that succeeded, over all links' lives."""
+        return sum(link.handshakes for link in self.links)
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the broker cannot be reached right now (None while some link is up, or none has failed)."""
+        if self.up:
+            return None
+        troubles = [link.trouble for link in self.links if link.trouble is not None]
+        if len(troubles) < len(self.links):
+            return None  # some address has not failed yet: it may be the one that answers
+        return "; ".join(troubles)
+
+    @property
+    def final(self) -> bool:
+        """Every link's trouble is of the kind waiting cannot mend."""
+        return all(link.final for link in self.links)
+
+    def observe(self, event: int, value: int, endpoint: bytes | str, now: float) -> None:
+        """Take one monitor event for `endpoint` that happened at `now`."""
+        link = self._link_for(endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else endpoint)
+        if link is not None:
+            link.observe(event, value, now)
+
+    def hopeless(self, now: float) -> str | None:
+        """Why requests should fail now rather than wait: every link is hopeless (see `Link.hopeless`)."""
+        if self.up:
+            return None
+        reasons = [link.hopeless(now) for link in self.links]
+        if any(reason is None for reason in reasons):
+            return None
+        return "; ".join(reason for reason in reasons if reason is not None)
+
+    def silence(self, what: str) -> str:
+        """Why `what` came to nothing, by the state of the links (the one that is up, if any)."""
+        if len(self.links) == 1:
+            return self.links[0].silence(what)
+        live = [link for link in self.links if link.up]
+        if live:
+            return live[0].silence(what)
+        trouble = self.trouble
+        if trouble is not None:
+            return f"{what}: {trouble}"
+        return f"{what}: none of {', '.join(self.addresses)} answers; is a broker (or its standby) running there?"
+
+    def _link_for(self, endpoint: str) -> Link | None:
+        link = self._by_endpoint.get(endpoint)
+        if link is not None or len(self.links) == 1:
+            return link or self.links[0]
+        # Another spelling of one of ours: the same port with the host resolved. One link on that port: it.
+        port = endpoint.rpartition(":")[2]
+        same_port = [link for link in self.links if link.address.rpartition(":")[2] == port]
+        if len(same_port) == 1:
+            self._by_endpoint[endpoint] = same_port[0]
+            return same_port[0]
+        return self._resolved(endpoint)
+
+    def _resolved(self, endpoint: str) -> Link | None:
+        """The link whose address names `endpoint`'s host by name (several addresses share its port)."""
+        scheme, _, rest = endpoint.partition("://")
+        host, _, port = rest.rpartition(":")
+        for link in self.links:
+            their_scheme, _, their_rest = link.address.partition("://")
+            their_host, _, their_port = their_rest.rpartition(":")
+            if (their_scheme, their_port) != (scheme, port):
+                continue
+            try:
+                resolved = {info[4][0] for info in socket.getaddrinfo(their_host.strip("[]"), None)}
+            except (OSError, UnicodeError):
+                continue
+            if host.strip("[]") in resolved:
+                self._by_endpoint[endpoint] = link
+                return link
+        return None
+
+
+def parse_addresses(value: str | Sequence[str], what: str) -> tuple[str, ...]:
+    """One broker's addresses (its primary and standbys), in order and without repeats, from a string ("A" or
+    "A,B") or a list of such strings.
+
+    Raises InvalidArgument naming `what` (e.g. "broker address") when none is given or one is no string.
+    """
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, (bytes, bytearray)) or not isinstance(items, Sequence):
+        raise InvalidArgument(f"{what} must be a string such as 'tcp://127.0.0.1:5555', or a list of them; "
+                              f"got {type(value).__name__}")
+    addresses: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidArgument(f"{what} must be a string, got {type(item).__name__}")
+        for address in item.split(","):
+            address = address.strip()
+            if address and address not in addresses:
+                addresses.append(address)
+    if not addresses:
+        raise InvalidArgument(f"{what}: expected at least one address such as 'tcp://127.0.0.1:5555', got {value!r}")
+    return tuple(addresses)

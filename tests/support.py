@@ -99,11 +99,20 @@ class BrokerProcess:
         self.clients = ""
         self.workers = ""
 
-    def start(self) -> "BrokerProcess":
-        self.log = self.config_path.with_suffix(".log")
+    def start(self, *, wait: bool = True, log: Path | None = None) -> "BrokerProcess":
+        """Start the process; with `wait`, return once it serves (a standby's `wait_ready` waits later).
+        `log`: where its output goes (default: beside the config, NAME.log)."""
+        self.log = log or self.config_path.with_suffix(".log")
         self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), *self.args],
                            self.log, env=self.env, cwd=self.config_path.parent, nofile=self.nofile)
-        line = wait_for_line(self.proc, self.log, "cronoq broker ready")
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> "BrokerProcess":
+        """Wait until the broker prints that it serves, and read its endpoints from that line."""
+        assert self.proc is not None
+        line = wait_for_line(self.proc, self.log, "cronoq broker ready", timeout=timeout)
         fields = dict(part.split("=", 1) for part in line[line.index("cronoq broker ready"):].split()[3:])
         self.clients, self.workers = fields["clients"], fields["workers"]
         return self

@@ -83,3 +83,12 @@ def test_a_small_fill_and_drain_reports_the_probe_over_each_phase() -> None:
     assert set(summary["phases"]) == {"fill", "drain", "after"}
     assert summary["phases"]["drain"]["tasks_per_s"] > 0
     assert summary["probe"]["count"] > 0
+
+
+def test_a_takeover_run_finds_every_queued_task_at_the_standby() -> None:
+    from bench import takeover
+
+    out = takeover.run(tasks=200, runs=2, window=50)  # raises unless all 200 are still queued after each
+    assert len(out["runs"]) == 2
+    for figures in out["runs"]:
+        assert 0 < figures["served_s"] and figures["recovery_s"] >= 0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import zmq
 
-from cronoq.link import HANDSHAKE_FAILURES_FINAL, REFUSED_GRACE, Link
+import pytest
+
+from cronoq.errors import InvalidArgument
+from cronoq.link import HANDSHAKE_FAILURES_FINAL, REFUSED_GRACE, Link, Links, parse_addresses
 
 ADDR = "tcp://127.0.0.1:5555"
 CONNECTED, RETRIED, DISCONNECTED = zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_DISCONNECTED
@@ -92,3 +95,54 @@ def test_a_settled_trouble_is_kept_until_a_handshake_succeeds():
     assert link.trouble == settled and link.final
     feed(link, (CONNECTED, 7, 1.0), (SUCCEEDED, 0, 1.0))
     assert link.trouble is None and not link.final
+
+
+# --------------------------------------------------------------------- a primary and its standbys
+
+PRIMARY, STANDBY = "tcp://127.0.0.1:5555", "tcp://127.0.0.1:6555"
+
+
+def at(links: Links, endpoint: str, *events: tuple[int, int, float]) -> Links:
+    for event, value, now in events:
+        links.observe(int(event), int(value), endpoint.encode(), now)
+    return links
+
+
+def test_a_refusing_standby_is_no_trouble_while_the_primary_is_up():
+    links = at(Links((PRIMARY, STANDBY), encrypted=False), PRIMARY, (CONNECTED, 7, 0.0), (SUCCEEDED, 0, 0.0))
+    at(links, STANDBY, refused(0.0), refused(30.0))
+    assert links.up and links.trouble is None and links.hopeless(60.0) is None
+
+
+def test_after_the_primary_dies_the_links_wait_for_the_standby_and_carry_on_with_it():
+    links = at(Links((PRIMARY, STANDBY), encrypted=False), PRIMARY, (CONNECTED, 7, 0.0), (SUCCEEDED, 0, 0.0))
+    at(links, STANDBY, refused(0.0))
+    at(links, PRIMARY, (DISCONNECTED, 7, 5.0), (RETRIED, 100, 5.0), refused(5.1))
+    assert not links.up and links.hopeless(600.0) is None, "the primary was up: a takeover is awaited"
+    assert "connection refused at tcp://127.0.0.1:5555" in (links.trouble or "")
+    at(links, STANDBY, (CONNECTED, 9, 5.5), (SUCCEEDED, 0, 5.5))
+    assert links.up and links.trouble is None and links.handshakes == 2
+
+
+def test_links_never_up_are_hopeless_only_when_every_address_is():
+    links = at(Links((PRIMARY, STANDBY), encrypted=False), PRIMARY, refused(0.0))
+    assert links.trouble is None, "the standby's address has not failed yet"
+    assert links.hopeless(10.0) is None
+    at(links, STANDBY, refused(0.5))
+    assert links.hopeless(0.5 + REFUSED_GRACE / 2) is None
+    reason = links.hopeless(0.5 + REFUSED_GRACE)
+    assert reason is not None and PRIMARY in reason and STANDBY in reason
+
+
+def test_events_under_the_resolved_host_name_reach_the_link_of_that_address():
+    links = Links(("tcp://localhost:5555", STANDBY), encrypted=False)
+    at(links, "tcp://127.0.0.1:5555", (CONNECTED, 7, 0.0), (SUCCEEDED, 0, 0.0))
+    assert links.links[0].up and not links.links[1].up
+
+
+def test_addresses_come_as_a_list_or_with_commas_in_order_without_repeats():
+    assert parse_addresses(f"{PRIMARY}, {STANDBY}", "broker address") == (PRIMARY, STANDBY)
+    assert parse_addresses([PRIMARY, f"{STANDBY},{PRIMARY}"], "broker address") == (PRIMARY, STANDBY)
+    for bad in ("", [], " , ", [PRIMARY, 5], b"tcp://x:1", 5):
+        with pytest.raises(InvalidArgument, match="broker address"):
+            parse_addresses(bad, "broker address")  # type: ignore[arg-type]

@@ -1,10 +1,16 @@
-"""`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir."""
+"""`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir.
+
+--clients, --workers and --data-dir replace the file's values (one file serves every host); with --standby
+the broker first waits, binding nothing, until it can take over a data_dir another broker holds
+(cronoq.broker.standby).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import signal
 import socket
@@ -17,7 +23,8 @@ import zmq
 from cronoq import logs
 from cronoq.broker.server import Broker
 from cronoq.errors import CronoqError
-from cronoq.config import BrokerConfig, ConfigError, default_config, load_config
+from cronoq.broker.standby import stand_by
+from cronoq.config import BrokerConfig, ConfigError, default_config, load_config, override
 from cronoq.store.journal import DamagedFile, StoreError
 from cronoq.store.repair import repair
 
@@ -34,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="key=value lines (text, the default) or one JSON object per line")
+    parser.add_argument("--clients", metavar="ADDR",
+                        help="the client endpoint, instead of the config's [broker] clients (one file, many hosts)")
+    parser.add_argument("--workers", metavar="ADDR",
+                        help="the worker endpoint, instead of the config's [broker] workers")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="the data directory, instead of the config's [broker] data_dir (relative to the "
+                             "working directory)")
+    parser.add_argument("--standby", action="store_true",
+                        help="if data_dir is in use by another broker, wait and take over the moment it is free "
+                             "(binding nothing until then), instead of exiting")
     parser.add_argument("--repair", action="store_true",
                         help="repair a damaged data_dir instead of serving: copy its files to data_dir/damaged-TIME/, "
                              "rebuild it from every intact frame, report what was lost, and exit")
@@ -76,22 +93,41 @@ async def _serve(broker: Broker) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
+
+    def overridden(config: BrokerConfig) -> BrokerConfig:
+        return override(config, clients=args.clients, workers=args.workers, data_dir=args.data_dir)
+
     try:
-        config: BrokerConfig = load_config(args.config) if args.config else default_config()
+        config: BrokerConfig = overridden(load_config(args.config) if args.config else default_config())
     except ConfigError as exc:
         print(f"cronoq-broker: invalid config: {exc}", file=sys.stderr)
         return 2
     if args.repair:
         return _repair(config, args.config)
-    broker = Broker(config)
+    held_lock = None
+    if args.standby:
+        if config.data_dir is None:
+            print('cronoq-broker: --standby takes over a data_dir, but with durability = "none" there is none; '
+                  "a standby needs the primary's data_dir on storage both can reach", file=sys.stderr)
+            return 2
+        taken = stand_by(config, (lambda: overridden(load_config(args.config))) if args.config else None)
+        if taken is None:
+            return 0  # stopped while standing by
+        held_lock, config = taken
+    broker = Broker(config, overrides=overridden)
     # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
-    # cannot serve must not create the directory, take its lock or replay its journal.
+    # cannot serve must not create the directory, take its lock or replay its journal. (A standby holds
+    # the lock by now, but has changed nothing: it lets go of it if it cannot serve.)
+    opening = False
     try:
         broker.bind()
         _check_free(config.metrics)
-        recovered = broker.open()
+        opening = True  # from here the journal owns the held lock, and closes it if it fails
+        recovered = broker.open(held_lock)
     except (OSError, StoreError) as exc:
         zmq.Context.instance().destroy(linger=0)  # close whatever was bound
+        if held_lock is not None and not opening:
+            os.close(held_lock)
         if isinstance(exc, DamagedFile):
             exc.repair_command = _repair_command(args.config)
         print(f"cronoq-broker: {exc}", file=sys.stderr)

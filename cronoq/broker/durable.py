@@ -75,8 +75,9 @@ class DataDir:
         """Whether the broker should call `sync()` every SYNC_INTERVAL (durability "sync")."""
         return self.journal is not None and not self.journal.fsync_each_commit
 
-    def open(self, now: float) -> dict[str, int] | None:
-        """Lock data_dir and carry on from the state it holds; returns what recovery did (None: no data_dir).
+    def open(self, now: float, held_lock: int | None = None) -> dict[str, int] | None:
+        """Lock data_dir (or take the lock a standby holds: its fd) and carry on from the state it holds;
+        returns what recovery did (None: no data_dir).
 
         Raises StoreError when the directory cannot be used.
         """
@@ -90,6 +91,7 @@ class DataDir:
             journal, replay = Journal.open(
                 data_dir, fsync_each_commit=self._config.durability == "fsync", compact_min_bytes=self._min_bytes,
                 compact_ratio=self._ratio, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS),
+                held_lock=held_lock,
             )
             self.journal = self._book.journal = journal
             journal.housekeeper = self._housekeeper()

@@ -94,8 +94,11 @@ RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curv
 class Broker:
     """Serves one BrokerConfig until `stop()`."""
 
-    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time,
+                 overrides: Callable[[BrokerConfig], BrokerConfig] | None = None) -> None:
         self.config = config
+        # What the command line changes in the file's config (cronoq-broker --clients ...): again on each reload.
+        self._overrides = overrides
         self._clock = clock
         self._auth = Authenticator(config.tokens)
         self._core = SchedulerCore(config.pools)
@@ -146,13 +149,14 @@ class Broker:
 
     # ----------------------------------------------------------------- lifecycle
 
-    def open(self) -> dict[str, int] | None:
+    def open(self, held_lock: int | None = None) -> dict[str, int] | None:
         """Lock data_dir and carry on from the state it holds; returns what recovery did (None: no data_dir).
 
-        Raises StoreError when the directory cannot be used. `cronoq-broker` calls it after `bind()`, so that a
-        broker that cannot have its ports leaves data_dir untouched.
+        `held_lock`: the fd of data_dir's lock, already taken by a standby. Raises StoreError when the
+        directory cannot be used. `cronoq-broker` calls it after `bind()`, so that a broker that cannot have its
+        ports leaves data_dir untouched.
         """
-        return self._data.open(self._clock())
+        return self._data.open(self._clock(), held_lock)
 
     def close(self) -> None:
         """Release data_dir: commit and fsync what is left (nothing, after a failure). Idempotent."""
@@ -592,6 +596,8 @@ class Broker:
             raise FailedPrecondition("this broker runs on built-in defaults: there is no config file to reload")
         try:
             new = load_config(self.config.source)
+            if self._overrides is not None:
+                new = self._overrides(new)
         except ConfigError as exc:
             log.error("reload refused, the running config stays: %s", exc)
             raise FailedPrecondition(f"reload refused, the running config stays: {exc}") from None

@@ -14,6 +14,12 @@ On each connection the client also asks the broker for its rules (`hello`):
 before anything is sent. Sent, libzmq would drop the connection for it, and
 the re-sent submit would drop the next one too.
 
+The address may list a broker's primary and its standbys: the one socket
+connects to all of them with ZMQ_IMMEDIATE, so requests are only queued on
+a completed connection — the broker that serves (standbys bind nothing
+until they take over). A request made while no connection is up is held
+here and leaves with the next one, as re-sent requests do.
+
 Waiting is only for a broker that may yet answer. The socket monitor tells
 why a connection fails (`cronoq.link`): when waiting cannot help — nothing
 ever took the connection, or the CURVE handshake cannot succeed — the
@@ -34,17 +40,17 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Any, Generator, Sequence
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from cronoq import protocol
+from cronoq import protocol, transport
 from cronoq.book import MAX_NAME_LENGTH, TaskInfo, seconds_from_now
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.handles import TaskHandle, outcome_value
-from cronoq.link import EVENTS as LINK_EVENTS, Link
+from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.transport import Channel, context, token_bytes, tune
 
 DEFAULT_CLIENT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -53,6 +59,8 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 # is noticed and the connection made again, which re-sends what is outstanding.
 ZMTP_HEARTBEAT_MS = 1000
 ZMTP_HEARTBEAT_TIMEOUT_MS = 5000
+# Seconds before requests libzmq would not queue while a connection was up are offered again.
+HELD_RETRY = 0.02
 
 
 @dataclass(slots=True)
@@ -130,10 +138,12 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 class Client:
     """A connection to a broker's client endpoint. Await it, or use it as an async context manager."""
 
-    def __init__(self, address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
+    def __init__(self, address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
                  *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  curve_public_key: str | bytes | os.PathLike[str] | None = None) -> None:
-        self.address = address
+        self.addresses = parse_addresses(address, "broker address")
+        """The broker's client endpoints: its primary's and its standbys' (one DEALER connects to them all)."""
+        self.address = " or ".join(self.addresses)
         self.request_timeout = request_timeout
         self._token = token_bytes(token)
         # The broker's CURVE public key (40 Z85 characters or a NAME.key file): encrypt everything.
@@ -150,7 +160,11 @@ class Client:
         self._watched: dict[str, _Watch] = {}  # the same, by task id once accepted
         self._channel: Channel | None = None
         self._monitor: Channel | None = None
-        self._link = Link(address, encrypted=self._server_key is not None)
+        self._link = Links(self.addresses, encrypted=self._server_key is not None)
+        # Requests libzmq would not queue: no connection is up (ZMQ_IMMEDIATE), or, rarely, its queue is full.
+        # They leave on the next connection, or on a retry while one is up; request_timeout still bounds them.
+        self._held: list[tuple[Any, bytes | None]] = []
+        self._held_retry: asyncio.TimerHandle | None = None
         # Why requests fail at once instead of waiting: the broker cannot be reached (a sentence), or it
         # refused everything this connection sent (the error's code and message).
         self._unreachable: str | None = None
@@ -194,14 +208,18 @@ class Client:
             connect_encrypted(sock, self._server_key)
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
+        # Queue only on connections whose handshake completed: with a primary and standbys listed, only the
+        # broker that serves ever gets a request (the others refuse connections until they take over).
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         monitor = sock.get_monitor_socket(LINK_EVENTS)
-        try:
-            sock.connect(self.address)
-        except zmq.ZMQError as exc:
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            sock.close(linger=0)
-            raise InvalidArgument(f"cannot connect to broker address {self.address!r}: {exc}") from None
+        for address in self.addresses:
+            try:
+                sock.connect(address)
+            except zmq.ZMQError as exc:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+                sock.close(linger=0)
+                raise InvalidArgument(f"cannot connect to broker address {address!r}: {exc}") from None
         self._channel = Channel(sock, self._on_reply, pack=functools.partial(protocol.pack, protocol.RequestBatch),
                                 prefix=[self._token], on_unsent=self._on_unsent)
         self._monitor = Channel(monitor, self._on_connection_event)
@@ -223,6 +241,10 @@ class Client:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._held_retry is not None:
+            self._held_retry.cancel()
+            self._held_retry = None
+        self._held.clear()
         self._expiries.clear()
         for outstanding in self._pending.values():
             if not outstanding.future.done():
@@ -237,7 +259,7 @@ class Client:
         """What the socket monitor saw. A completed handshake after the first re-sends what is outstanding;
         a failure that waiting cannot mend fails the requests now."""
         event = parse_monitor_message(frames)
-        self._link.observe(event["event"], event["value"], asyncio.get_running_loop().time())
+        self._link.observe(event["event"], event["value"], event["endpoint"], asyncio.get_running_loop().time())
         if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._give_up_if_hopeless()
             return
@@ -247,10 +269,11 @@ class Client:
             self._refusal = None  # perhaps another broker (or endpoint) now: ask it afresh
         if self._channel is None:
             return
-        if self._connections > 1:  # requests sent before the first connection were queued and went out with it
+        sent = self._send_held()  # requests made while no connection was up
+        if self._connections > 1:
             self.reconnects += 1
-            for outstanding in self._pending.values():
-                if outstanding.resend and not outstanding.future.done():
+            for rid, outstanding in self._pending.items():
+                if outstanding.resend and not outstanding.future.done() and rid not in sent:
                     self._channel.post(outstanding.message, outstanding.body)
             # A restarted broker forgot who watches which task: ask again, under the same rids.
             for rid, watch in self._watches.items():
@@ -363,12 +386,35 @@ class Client:
         self._sweeper = loop.call_later(self._sweep_interval(), self._sweep) if expiries else None
 
     def _on_unsent(self, items: list[tuple[Any, bytes | None]]) -> None:
-        """The send queue to the broker is full (it has been unreachable for long): fail those requests now."""
-        for message, _ in items:
+        """libzmq took none of `items`: no connection is up (ZMQ_IMMEDIATE), or the one that is has a full queue.
+        Hold them: they leave with the next connection, or on a retry while one is up (libzmq may attach a
+        new connection a moment after its monitor says so); request_timeout bounds their wait. Past as many
+        as a socket would queue (transport.HIGH_WATER_MARK), the broker has been away long: fail the rest now."""
+        room = max(0, transport.HIGH_WATER_MARK - len(self._held))
+        self._held.extend(items[:room])
+        for message, _ in items[room:]:
             outstanding = self._pending.pop(message.rid, None)
             if outstanding is not None and not outstanding.future.done():
                 outstanding.future.set_exception(Unavailable(self._link.silence(
                     f"the send queue to the broker at {self.address} is full")))
+        if self._link.up and self._held_retry is None:
+            self._held_retry = asyncio.get_running_loop().call_later(HELD_RETRY, self._retry_held)
+
+    def _retry_held(self) -> None:
+        self._held_retry = None
+        if self._channel is not None:
+            self._send_held()
+
+    def _send_held(self) -> set[int]:
+        """Post the held requests that are still waiting (the rest were given up on); returns their rids."""
+        held, self._held = self._held, []
+        sent: set[int] = set()
+        for message, body in held:
+            outstanding = self._pending.get(message.rid)
+            if outstanding is not None and not outstanding.future.done() and outstanding.message is message:
+                self._channel.post(message, body)  # type: ignore[union-attr]
+                sent.add(message.rid)
+        return sent
 
     async def _request(self, message: Any, body: bytes | None = None, *, resend: bool = True
                        ) -> tuple[Any, bytes | None]:
@@ -526,10 +572,14 @@ def _long_name(**names: Any) -> str:
     return f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got one of {len(name)}"
 
 
-def connect(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
+def connect(address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
             *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
             curve_public_key: str | bytes | os.PathLike[str] | None = None) -> Client:
     """A client for the broker at `address`: `await connect(...)` or `async with connect(...) as sched`.
+
+    `address` may list the client endpoints of a broker's primary and its standbys (a list, or one string
+    with commas): requests go to whichever serves, and after a takeover the client carries on with the new
+    one by itself, re-sending what was outstanding.
 
     With `curve_public_key` (the broker's, from `cronoq keygen`) the connection is encrypted.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Coroutine, Sequence, TypeVar
 
 from cronoq.book import TaskInfo
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT, Client
@@ -46,7 +46,7 @@ class SyncTaskHandle:
 class SyncClient:
     """A blocking connection to a broker; use as a context manager or call `close()`."""
 
-    def __init__(self, address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
+    def __init__(self, address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
                  *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT, curve_public_key: Any = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cronoq-client", daemon=True)
@@ -105,7 +105,8 @@ class SyncClient:
         self.close()
 
 
-def connect_sync(address: str = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
+def connect_sync(address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
                  *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT, curve_public_key: Any = None) -> SyncClient:
-    """A blocking client for the broker at `address`: `with cronoq.connect_sync(...) as sched:`."""
+    """A blocking client for the broker at `address`: `with cronoq.connect_sync(...) as sched:`. As with
+    `cronoq.connect`, `address` may list a primary's and its standbys' client endpoints."""
     return SyncClient(address, token, request_timeout=request_timeout, curve_public_key=curve_public_key)

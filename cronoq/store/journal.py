@@ -132,8 +132,8 @@ class Journal:
 
     @classmethod
     def open(cls, data_dir: Path, *, fsync_each_commit: bool = False, compact_min_bytes: int = COMPACT_MIN_BYTES,
-             compact_ratio: float = COMPACT_RATIO, archived_through: Callable[[], int] = lambda: 0) \
-            -> tuple["Journal", Replay]:
+             compact_ratio: float = COMPACT_RATIO, archived_through: Callable[[], int] = lambda: 0,
+             held_lock: int | None = None) -> tuple["Journal", Replay]:
         """Lock `data_dir`, read back its state, and return the journal ready to append, with what it read
         (leaving out the finished tasks numbered up to `archived_through()`, asked once the directory is
         locked: the results store holds them).
@@ -141,11 +141,16 @@ class Journal:
         A torn tail of a journal is reported (file, offset) and cut off.
         Raises StoreError when the directory is in use or unreadable, and
         DamagedFile (a StoreError) when a file is damaged; then nothing in
-        the directory has been changed.
+        the directory has been changed. `held_lock`: the fd of the lock a
+        standby already took (cronoq.store.reading.wait_for_lock), used (and
+        on failure closed) as one taken here.
         """
         try:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            lock_fd, created = lock(data_dir)
+            if held_lock is None:
+                data_dir.mkdir(parents=True, exist_ok=True)
+                lock_fd, created = lock(data_dir)
+            else:
+                lock_fd, created = held_lock, False
         except OSError as exc:
             raise StoreError(f"cannot use data_dir {data_dir}: {exc.strerror or exc}") from None
         try:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 
@@ -77,6 +79,59 @@ def lock(data_dir: Path) -> tuple[int, bool]:
         raise StoreError(f"data_dir {data_dir} is in use by another broker (pid {holder}); "
                          "give each broker its own data_dir") from None
     return fd, created
+
+
+def holder(data_dir: Path) -> str:
+    """Who holds data_dir's lock, as its lock file says ("unknown" when it says nothing)."""
+    try:
+        with open(data_dir / LOCK, "rb") as f:
+            return f.read(32).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def wait_for_lock(data_dir: Path, stopping: Callable[[], bool], interval: float) -> int | None:
+    """Wait until data_dir's lock is free and take it (a standby); returns its fd, or None once `stopping()`.
+
+    Tries every `interval` seconds, without blocking, so that a signal stops the wait at once. Only a lock
+    file a broker made is taken: a missing one (or a missing data_dir) is waited for, never created, since
+    on a standby's host it most likely means the shared storage is not mounted there yet. A lock taken on a
+    file that was replaced meanwhile (its inode is no longer the path's) is let go and the new one tried.
+    """
+    path = data_dir / LOCK
+    fd: int | None = None
+    try:
+        while not stopping():
+            if fd is None:
+                try:
+                    fd = os.open(path, os.O_RDWR)
+                except (FileNotFoundError, NotADirectoryError):
+                    fd = None
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass
+                else:
+                    if _same_file(fd, path):
+                        held, fd = fd, None
+                        return held
+                    os.close(fd)  # it was unlinked while we waited: the path's new file is the lock now
+                    fd = None
+                    continue
+            time.sleep(interval)
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def claim(lock_fd: int) -> None:

@@ -57,7 +57,9 @@ def load_pools(target: str) -> list[Pool]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronoq-worker", description="Run a cronoq worker for the pools at MODULE:ATTR.")
     parser.add_argument("target", metavar="MODULE:ATTR", help="a cronoq.Pool, or a list of them")
-    parser.add_argument("--broker", default=DEFAULT_WORKER_ADDRESS, help=f"the broker's worker endpoint (default {DEFAULT_WORKER_ADDRESS})")
+    parser.add_argument("--broker", action="append", metavar="ADDR",
+                        help=f"the broker's worker endpoint (default {DEFAULT_WORKER_ADDRESS}); a primary's and its "
+                             "standbys': repeat the option or separate them with commas")
     parser.add_argument("--token-env", default="CRONOQ_TOKEN", metavar="VAR", help="environment variable holding the worker token (default CRONOQ_TOKEN)")
     parser.add_argument("--concurrency", type=int, default=4, metavar="N", help="tasks run at once (default 4)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S", help="seconds between heartbeats (default 1.0)")
@@ -107,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pools = load_pools(args.target)
         token = os.environ.get(args.token_env) or None
         worker = Worker(
-            args.broker, pools, concurrency=args.concurrency, token=token,
+            args.broker or DEFAULT_WORKER_ADDRESS, pools, concurrency=args.concurrency, token=token,
             heartbeat_interval=args.heartbeat_interval, liveness=args.liveness,
             curve_public_key=args.curve_public_key,
         )

@@ -22,6 +22,11 @@ and the log says it once: a refused connection is waited out (workers often
 start before their broker), a CURVE mistake stops a worker that never got
 through, as a refused registration does.
 
+Given a broker's primary and standbys, the worker connects one socket to
+all of them (ZMQ_IMMEDIATE: messages go only over a completed connection)
+and registers on every new connection, so it serves a standby the moment
+that has taken over.
+
 Stopping is graceful (running tasks finish and report) or, with
 `stop(now=True)`, at once: the socket closes, and the broker, losing the
 connection, gives the running tasks to other workers.
@@ -37,7 +42,7 @@ import logging
 import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -45,7 +50,7 @@ from zmq.utils.monitor import parse_monitor_message
 from cronoq import protocol
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
-from cronoq.link import EVENTS as LINK_EVENTS, Link
+from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.pool import Pool
 from cronoq.transport import Channel, Item, context, token_bytes, tune
 
@@ -61,7 +66,7 @@ class Worker:
 
     def __init__(
         self,
-        broker: str,
+        broker: str | Sequence[str],
         pools: Pool | Iterable[Pool],
         *,
         concurrency: int = 4,
@@ -82,7 +87,9 @@ class Worker:
             self.pools[pool.name] = pool
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency must be a positive integer, got {concurrency!r}")
-        self.broker = broker
+        self.brokers = parse_addresses(broker, "broker address")
+        """The broker's worker endpoints: its primary's and its standbys' (one DEALER connects to them all)."""
+        self.broker = " or ".join(self.brokers)
         self.concurrency = concurrency
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
@@ -94,7 +101,7 @@ class Worker:
         """The rids of the latest `ready`s: an error under one of them is a refused registration."""
         self._channel: Channel | None = None
         self._monitor: Channel | None = None
-        self._link = Link(broker, encrypted=self._server_key is not None)
+        self._link = Links(self.brokers, encrypted=self._server_key is not None)
         self._told: tuple[str, bool] | None = None  # the link's trouble as last logged: each is said once
         self._running: set[asyncio.Task[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -215,8 +222,12 @@ class Worker:
         tune(sock)
         if self._server_key is not None:
             connect_encrypted(sock, self._server_key)
+        # Queue only on connections whose handshake completed: with a primary and standbys listed, the worker
+        # talks to whichever serves, and registers with a standby the moment it has taken over.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         monitor = sock.get_monitor_socket(LINK_EVENTS)
-        sock.connect(self.broker)
+        for address in self.brokers:
+            sock.connect(address)
         self._channel = Channel(sock, self._on_command, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
                                 prefix=[self._token], on_unsent=self._on_unsent)
         self._monitor = Channel(monitor, self._on_link_event)
@@ -240,7 +251,12 @@ class Worker:
         made from the start (the configuration is wrong: waiting cannot mend it)."""
         event = parse_monitor_message(frames)
         link = self._link
-        link.observe(event["event"], event["value"], asyncio.get_running_loop().time())
+        link.observe(event["event"], event["value"], event["endpoint"], asyncio.get_running_loop().time())
+        if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            # Register at once on every new connection: what was sent before it was dropped (ZMQ_IMMEDIATE), and
+            # the broker there may be another (a standby that took over) which does not know this worker yet.
+            self._registered.clear()
+            self._send_ready()
         if link.trouble is None:
             if self._told is not None:
                 log.info("reached the broker at %s again", self.broker)
@@ -259,9 +275,10 @@ class Worker:
             log.warning("%s (trying again until one answers)", link.trouble)
 
     def _on_unsent(self, items: list[Item]) -> None:
-        """The send queue is full: libzmq has no connection to queue for. Heartbeats and `ready` go again on
-        their own; the broker runs again the tasks whose `done` is lost."""
-        level = logging.DEBUG if self._link.trouble is not None else logging.WARNING  # the cause is logged
+        """libzmq has no connection to queue for (ZMQ_IMMEDIATE), or its queue is full. Heartbeats and `ready` go
+        again on their own; the broker runs again the tasks whose `done` is lost."""
+        # No connection is expected while the broker is away (its cause is logged); a full queue is not.
+        level = logging.WARNING if self._link.up else logging.DEBUG
         log.log(level, "no connection to the broker at %s; dropped %d message(s)", self.broker, len(items))
 
     # ----------------------------------------------------------------- messages

@@ -1,0 +1,241 @@
+"""A standby on the primary's data_dir, and the command-line overrides that let one config serve both.
+
+Real broker processes on 127.0.0.1 share one config file and so one data_dir; the standby gets its own
+endpoints with --clients/--workers. Clients and workers are given both addresses. A handler records each run
+in a file (tests/apps/counted.py), so the tests count executions instead of trusting the broker's word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import cronoq
+from tests.support import BrokerProcess, free_port, run_command, start_worker_process, until, wait_for_line, \
+    write_config
+
+WAIT = 60.0
+CONCURRENCY = 4
+POOLS = '[[pools]]\nname = "counted"\n'
+
+
+def standby_of(config: Path, tmp_path: Path, name: str = "standby") -> BrokerProcess:
+    """A `--standby` broker on `config` (so on its data_dir), on endpoints of its own; started, not yet serving."""
+    clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    standby = BrokerProcess(config, args=["--log-level", "INFO", "--standby", "--clients", clients,
+                                          "--workers", workers])
+    standby.start(wait=False, log=tmp_path / f"{name}.log")
+    standby.clients, standby.workers = clients, workers
+    wait_for_line(standby.proc, standby.log, "cronoq broker standing by")
+    return standby
+
+
+def refused(endpoint: str) -> bool:
+    """Whether nothing listens at a tcp:// endpoint (a TCP connection to it is refused)."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def runs_of(path: Path) -> collections.Counter[int]:
+    """How many times each task (by its number) ran, from the handler's record."""
+    return collections.Counter(int(line) for line in path.read_text().split()) if path.exists() else collections.Counter()
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def brokers():
+    """Broker processes a test starts itself (a primary, standbys); all are stopped at teardown."""
+    started: list[BrokerProcess] = []
+    yield started
+    for broker in started:
+        broker.kill()
+
+
+# --------------------------------------------------------------------- command-line overrides
+
+
+def test_flags_override_the_files_endpoints_and_data_dir(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    broker = BrokerProcess(config, args=["--log-level", "WARNING", "--clients", clients, "--workers", workers,
+                                         "--data-dir", "elsewhere"])
+    brokers.append(broker)
+    broker.start()
+    assert (broker.clients, broker.workers) == (clients, workers)
+    # Relative to the working directory (the tests run the broker beside its config), not the file's data_dir.
+    assert (tmp_path / "elsewhere" / "lock").exists() and not (tmp_path / "cronoq-data").exists()
+    assert broker.stop() == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--clients", "nowhere"], "--clients: expected an endpoint such as 'tcp://127.0.0.1:5555'"),
+    (["--workers", "tcp://127.0.0.1:99999"], "--workers: expected tcp://HOST:PORT with PORT 0-65535"),
+    (["--clients", "tcp://127.0.0.1:7000", "--workers", "tcp://127.0.0.1:7000"],
+     "the client and worker endpoints would both be 'tcp://127.0.0.1:7000'"),
+    (["--data-dir", ""], "--data-dir: expected a directory"),
+])
+def test_bad_override_flags_are_refused_like_bad_config_keys(tmp_path, flags, message):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    result = run_command(["-m", "cronoq.broker.cli", "-c", str(config), *flags], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "cronoq-data").exists()
+
+
+def test_a_standby_without_a_data_dir_is_refused(tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS, broker_extra='durability = "none"')
+    result = run_command(["-m", "cronoq.broker.cli", "-c", str(config), "--standby"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--standby takes over a data_dir" in result.stderr and "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------- standing by
+
+
+def test_a_standby_binds_nothing_while_the_primary_serves_and_stops_at_once_on_sigterm(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    assert f"data_dir {tmp_path / 'cronoq-data'}: it is in use (pid {primary.proc.pid})" in standby.log.read_text()
+    assert refused(standby.clients) and refused(standby.workers)
+    assert standby.proc.poll() is None and not refused(primary.clients)
+    # SIGTERM stops the wait at once, cleanly, having taken nothing over: the primary serves on.
+    standby.proc.send_signal(signal.SIGTERM)
+    assert standby.proc.wait(timeout=10) == 0
+    assert "SIGTERM while standing by: stopped" in standby.log.read_text()
+    assert primary.proc.poll() is None and not refused(primary.clients)
+
+
+def test_a_standby_never_starts_a_data_dir_afresh(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    assert "holds no broker's lock file yet" in standby.log.read_text()
+    assert not (tmp_path / "cronoq-data").exists() and refused(standby.clients)
+    # Once a primary has used the directory (and gone), the standby takes it over.
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    assert primary.stop() == 0
+    standby.wait_ready()
+    assert not refused(standby.clients)
+
+
+async def test_a_standby_takes_over_after_kill_9_under_load_losing_and_rerunning_nothing(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    runs = tmp_path / "runs"
+    worker = start_worker_process(f"{primary.workers},{standby.workers}", "tests.apps.counted:pools",
+                                  tmp_path / "worker.log", concurrency=CONCURRENCY)
+    try:
+        async with cronoq.connect([primary.clients, standby.clients], request_timeout=WAIT) as client:
+            def payload(n: int) -> dict:
+                return {"n": n, "runs": str(runs), "sleep": 0.01}
+
+            handles = [await client.submit(payload(n), pool="counted") for n in range(300)]
+            results = [asyncio.ensure_future(handle.result(timeout=WAIT)) for handle in handles]
+
+            async def some_finished() -> bool:
+                return sum(result.done() for result in results) >= 40
+
+            await until(some_finished, "40 tasks finished before the kill", WAIT)
+            finished_before = {n for n, result in enumerate(results) if result.done()}
+            assert len(finished_before) < 300, "the kill must come while the load runs"
+            primary.kill()
+            # Submits made while no broker serves wait for the standby; the waiting results carry on.
+            later = [asyncio.ensure_future(client.submit(payload(n), pool="counted")) for n in range(300, 400)]
+            await asyncio.to_thread(standby.wait_ready)
+            later_handles = await asyncio.gather(*later)
+            results += [asyncio.ensure_future(handle.result(timeout=WAIT)) for handle in later_handles]
+            values = await asyncio.gather(*results)
+            assert client.reconnects >= 1
+        assert values == list(range(400)), "every acknowledged task has its own result"
+        counts = runs_of(runs)
+        assert set(counts) == set(range(400)), "no acknowledged task was lost"
+        assert all(counts[n] == 1 for n in finished_before), "a task that had finished ran again"
+        again = sorted(n for n, count in counts.items() if count > 1)
+        # At least once: only the tasks the worker held at the kill (at most its concurrency) may run twice.
+        assert len(again) <= CONCURRENCY and all(counts[n] == 2 for n in again), again
+        assert worker.poll() is None, "the worker carried on with the standby"
+        assert (tmp_path / "worker.log").read_text().count("registered with") >= 2
+    finally:
+        stop(worker)
+
+
+async def test_a_primary_stopped_with_sigterm_hands_over_to_the_standby(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    runs = tmp_path / "runs"
+    async with cronoq.connect(f"{primary.clients},{standby.clients}", request_timeout=WAIT) as client:
+        # No worker yet: the tasks wait in the primary, then in the standby that took its data_dir over.
+        handles = [await client.submit({"n": n, "runs": str(runs)}, pool="counted") for n in range(50)]
+        results = [asyncio.ensure_future(handle.result(timeout=WAIT)) for handle in handles]
+        assert primary.stop() == 0
+        await asyncio.to_thread(standby.wait_ready)
+        assert "taking over data_dir" in standby.log.read_text()
+        worker = start_worker_process(f"{primary.workers},{standby.workers}", "tests.apps.counted:pools",
+                                      tmp_path / "worker.log", concurrency=CONCURRENCY)
+        try:
+            assert await asyncio.gather(*results) == list(range(50))
+            info = await client.status(handles[0].id)
+            assert info.state == "succeeded" and info.attempts == 1
+        finally:
+            stop(worker)
+    assert runs_of(runs) == collections.Counter(range(50)), "each ran exactly once"
+
+
+def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    with cronoq.connect_sync([standby.clients, primary.clients], request_timeout=WAIT) as client:
+        task = client.submit({"n": 1, "runs": str(tmp_path / "runs")}, pool="counted")
+        assert client.status(task.id).state == "queued"
+    # The standby's address comes first and refuses connections: the command is not put off by it.
+    result = run_command(["-m", "cronoq.cli", "status", "--broker", standby.clients, "--broker", primary.clients])
+    assert result.returncode == 0, result.stderr
+    assert "counted" in result.stdout
+
+
+async def test_sighup_while_standing_by_rereads_the_config_it_takes_over_with(brokers, tmp_path):
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    good = config.read_text()
+    config.write_text(good + "[[pools]]\nname = 1\n")
+    standby.proc.send_signal(signal.SIGHUP)
+    wait_for_line(standby.proc, standby.log, "reload refused, standing by with the config read before")
+    config.write_text(good + '[[pools]]\nname = "added"\n')
+    standby.proc.send_signal(signal.SIGHUP)
+    wait_for_line(standby.proc, standby.log, "while standing by: it applies at takeover")
+    assert standby.proc.poll() is None and refused(standby.clients)
+    primary.kill()
+    await asyncio.to_thread(standby.wait_ready)
+    async with cronoq.connect(standby.clients, request_timeout=WAIT) as client:
+        assert set((await client.stats())["pools"]) == {"counted", "added"}
