@@ -69,6 +69,7 @@ def status_text(stats: dict[str, Any]) -> str:
                 f"{t['dispatched']:>10} {actual:>6.0%} {fair_text} {t.get('lag', 0.0):>6.1f}"
             )
         lines += _more_tenants(pool, "  ")
+        lines += _ceiling_lines(pool, capped_only=False)
     schedules = stats.get("schedules", {})
     if schedules:
         lines += ["", "schedules:"]
@@ -85,6 +86,37 @@ def _more_tenants(pool: dict[str, Any], indent: str) -> list[str]:
     if count <= shown:
         return []
     return [f"{indent}... and {count - shown:,} more tenants (the {shown:,} busiest are shown)"]
+
+
+def _ceiling_lines(pool: dict[str, Any], *, capped_only: bool) -> list[str]:
+    """The pool's ceilings (`top`: only the nodes at theirs), capped ones first, longest capped first."""
+    ceilings = pool.get("ceilings") or {}
+    shown = [(name, c) for name, c in ceilings.items() if c.get("capped") or not capped_only]
+    if not shown:
+        return []
+    shown.sort(key=lambda item: (not item[1].get("capped"), -(item[1].get("capped_for") or 0.0), item[0]))
+    lines = ["  at their ceilings:" if capped_only else "  ceilings (running of limit):"]
+    for name, c in shown:
+        text = f"    {_tenant_name(name):<16} {c['running']:>5} of {c['limit']:<5}"
+        if c.get("capped"):
+            since = c.get("capped_for")
+            text += " capped" + (f" for {_duration(since)}" if since is not None else "")
+        lines.append(text)
+    more = pool.get("ceiling_count", len(ceilings)) - len(ceilings)
+    if more > 0:
+        lines.append(f"    ... and {more:,} more ceilings (the capped ones are shown first)")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4 min 05 s, 2 h 07 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
 
 
 def _clock_time(stamp: float) -> str:
@@ -120,6 +152,7 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
                 f"{target}, queued {t['queued']}, lag {t.get('lag', 0.0):+.1f}"
             )
         lines += _more_tenants(pool, "  ")
+        lines += _ceiling_lines(pool, capped_only=True)
     return "\n".join(lines)
 
 

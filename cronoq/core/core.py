@@ -627,16 +627,18 @@ class SchedulerCore:
         [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
         "queued", "delayed", "running", "dispatched", "lag"}},
         "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since",
-        "capped_for"}}}}
+        "capped_for"}}, "ceiling_count"}}
 
         `tenants` names, for some pools, the only tenants to list (None in
         it stands for the untenanted); the other pools list all of theirs,
         or their first `limit` when given ("tenant_count" tells how many
         there are in all). A tenant's weight and lag are its node's (the lag
         among its siblings); "ceilings" lists every node with a ceiling the
-        pool has met, with the running tasks of its subtree and, while it is
-        capped, since when (on the caller's clock) and, given `now`, for how
-        many seconds so far ("capped_for"; None otherwise).
+        pool has met (with `limit`, at most that many, the capped ones first;
+        "ceiling_count" counts them all), with the running tasks of its
+        subtree and, while it is capped, since when (on the caller's clock)
+        and, given `now`, for how many seconds so far ("capped_for"; None
+        otherwise).
         """
         chosen = tenants or {}
         return {name: pool.stats(chosen.get(name), limit, now) for name, pool in self._pools.items()}

@@ -354,7 +354,7 @@ class Pool:
                 "capped_since": c.since,
                 "capped_for": None if now is None or c.since is None else max(0.0, now - c.since),
             }
-            for c in self.ceilings.values()
+            for c in self._ceilings_to_list(limit)
         }
         return {
             "paused": self.paused,
@@ -371,7 +371,18 @@ class Pool:
             "tenants": tenant_entries,
             "tenant_count": len(self.tenants),
             "ceilings": ceilings,
+            "ceiling_count": len(self.ceilings),
         }
+
+    def _ceilings_to_list(self, limit: int | None) -> list[Ceiling]:
+        """Every ceiling met, or with `limit`, at most that many: the capped ones first (a default ceiling per
+        tenant may make a million of them; this costs O(limit), not O(ceilings))."""
+        if limit is None or len(self.ceilings) <= limit:
+            return list(self.ceilings.values())
+        names = list(islice(self.capped, limit))
+        if len(names) < limit:
+            names += islice((name for name in self.ceilings if name not in self.capped), limit - len(names))
+        return [self.ceilings[name] for name in names]
 
     # -- ceilings ------------------------------------------------------------
 
