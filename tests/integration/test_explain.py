@@ -67,6 +67,26 @@ async def test_explain_a_task_of_a_capped_tenant(backend):
         assert await second.result(timeout=30) == "second"
 
 
+async def test_explain_a_task_behind_a_critical_backlog(backend):
+    release = asyncio.Event()
+
+    async def held(payload):
+        await release.wait()
+        return payload
+
+    async with backend.open([cronoq.Pool("llm", held, fair_share=True)], concurrency=1) as sched:
+        critical = [await sched.submit(i, pool="llm", tenant="ops", priority="critical") for i in range(4)]
+        await until(_state(sched, critical[0].id, "running"), "the first critical task runs")
+        mine = await sched.submit("mine", pool="llm", tenant="acme", deadline=600)
+        later = await sched.submit("later", pool="llm", tenant="acme")
+        why = (await sched.explain(later.id)).waiting
+        assert (why.higher_classes_ahead, why.deadline_ahead, why.queue_ahead) == (3, 1, 0)
+        assert (why.ready_workers, why.running) == (0, 1)
+        assert (await sched.explain(mine.id)).waiting.higher_classes_ahead == 3
+        release.set()
+        assert await later.result(timeout=30) == "later"
+
+
 async def test_explain_a_retried_task_lists_how_each_attempt_ended(backend):
     calls = []
 
