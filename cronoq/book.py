@@ -145,7 +145,8 @@ class AttemptEnd:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Why a task is where it is: `cronoq explain`, `Scheduler.explain()` and `Client.explain()` return it.
+    """Why a task is where it is (`cronoq.Explanation`): `cronoq explain`, `Scheduler.explain()` and
+    `Client.explain()` return it.
 
     The task's fields as `TaskInfo` has them (times are Unix seconds), `max_retries`, `not_before` (when a
     delayed task may run), `history` (how each attempt ended, first first) and, while it is queued or

@@ -101,7 +101,7 @@ def _ceiling_lines(pool: dict[str, Any], *, capped_only: bool) -> list[str]:
         if c.get("capped"):
             since = c.get("capped_for")
             text += " capped" + (f" for {_duration(since)}" if since is not None else "")
-        lines.append(text)
+        lines.append(text.rstrip())
     more = pool.get("ceiling_count", len(ceilings)) - len(ceilings)
     if more > 0:
         lines.append(f"    ... and {more:,} more ceilings (the capped ones are shown first)")

@@ -28,7 +28,7 @@ def test_status_lists_every_ceiling_capped_first():
     text = status_text({"pools": capped_core().stats(now=112.3), "workers": 1})
     lines = text.split("  ceilings (running of limit):\n")[1].splitlines()
     assert lines[0] == "    acme                 1 of 1     capped for 12.3 s"
-    assert lines[1] == "    globex               2 of 3    "
+    assert lines[1] == "    globex               2 of 3"
 
 
 def test_stats_list_at_most_limit_ceilings_the_capped_first():
