@@ -6,7 +6,7 @@ one process. The reference for all of it, errors and scheduling rules
 included, is docs/api.md in the repository; the README starts there.
 """
 
-from cronoq.book import TaskInfo
+from cronoq.book import AttemptEnd, Explanation, TaskInfo
 from cronoq.client import Client, SyncClient, connect, connect_sync
 from cronoq.embedded import Scheduler
 from cronoq.errors import (
@@ -29,7 +29,7 @@ from cronoq.worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cancelled", "Client", "SyncClient", "connect_sync", "CronoqError", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument",
+    "AttemptEnd", "Cancelled", "Client", "Explanation", "SyncClient", "connect_sync", "CronoqError", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument",
     "NotFound", "PermissionDenied", "Pool", "ResourceExhausted", "Scheduler", "TaskFailed", "TaskHandle",
     "TaskInfo", "Unauthenticated", "Unavailable", "Worker", "connect",
 ]

@@ -23,6 +23,7 @@ import msgspec
 
 from cronoq.core import (
     CANCELLED,
+    DELAYED,
     EXPIRED,
     FAILED,
     PRIORITIES,
@@ -32,6 +33,7 @@ from cronoq.core import (
     SUCCEEDED,
     PoolSettings,
     SchedulerCore,
+    Waiting,
 )
 from cronoq.core.checks import tenant_problem
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
@@ -122,6 +124,51 @@ class TaskInfo:
     finished_at: float | None = None
     deadline: float | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt (dispatch) of a task ended, as far as the book knows.
+
+    `ended` is `succeeded` or `failed` (the last attempt, by its outcome), `retried` (the handler raised and
+    the task was queued again), `worker_lost` (its worker was lost, or the broker stopped, while it ran),
+    `running` (the attempt under way), or `unknown` (not kept: the ends of earlier attempts live in memory
+    only, and a restarted broker has lost them). `at` is when it ended (Unix seconds), `error` what the
+    handler raised (`"Type: message"`), when known.
+    """
+
+    attempt: int
+    ended: str
+    at: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a task is where it is (`cronoq.Explanation`): `cronoq explain`, `Scheduler.explain()` and
+    `Client.explain()` return it.
+
+    The task's fields as `TaskInfo` has them (times are Unix seconds), `max_retries`, `not_before` (when a
+    delayed task may run), `history` (how each attempt ended, first first) and, while it is queued or
+    delayed, `waiting` (cronoq.core.explain.Waiting: what stands before it, and when it may start).
+    docs/scheduling.md ("Why is my task waiting?") describes every field.
+    """
+
+    id: str
+    pool: str
+    tenant: str | None
+    priority: str
+    state: str
+    attempts: int
+    max_retries: int
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    deadline: float | None = None
+    not_before: float | None = None
+    error: str | None = None
+    history: tuple[AttemptEnd, ...] = ()
+    waiting: Waiting | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +326,9 @@ class TaskBook:
         self._unshipped: list[TaskRecord] = []
         self.max_unarchived = MAX_UNARCHIVED
         """Finished records waiting for the archive past which nothing more is dispatched."""
+        # task id -> how its attempts that did not end it ended (retried, worker lost), for `explain`. Only
+        # tasks that ran more than once have an entry, kept as long as their record is in memory; not durable.
+        self._attempt_ends: dict[str, list[AttemptEnd]] = {}
 
     # ----------------------------------------------------------------- submit
 
@@ -400,6 +450,7 @@ class TaskBook:
                 record.not_before = None
                 if journal is not None:
                     journal.requeued(record)
+                self._attempt_ended(record, "worker_lost", now)
                 counts["requeued"] += 1
                 tasks.append(record)
         # A record is the core's task; and the book's map of records can serve as the core's map of its tasks.
@@ -442,9 +493,10 @@ class TaskBook:
             if record.finished_at is None:
                 yield record
 
-    def configure(self, pools: Iterable[PoolSettings]) -> None:
-        """Take new pool settings (a reload): new weights apply to the queued backlog at once."""
-        self.core.configure(pools)
+    def configure(self, pools: Iterable[PoolSettings], now: float | None = None) -> None:
+        """Take new pool settings (a reload): new weights apply to the queued backlog at once; a node capped by
+        new ceilings counts as capped since `now` (None: the last time the core was told)."""
+        self.core.configure(pools, now)
         self._accepting = frozenset(self.core.pool_names())
 
     def paused_pools(self) -> list[str]:
@@ -495,6 +547,7 @@ class TaskBook:
             retry_at = now + self._backoff(task.attempts)
             self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
             record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
+            self._attempt_ended(record, "retried", now, f"{error_type}: {error_message}")
             self._requeued(record)
             return record
         self.core.finish(task_id, now, worker_id=worker_id, attempt=attempt, state=SUCCEEDED if ok else FAILED)
@@ -515,6 +568,7 @@ class TaskBook:
         requeued = []
         for task in self.core.remove_worker(worker_id, now):
             record: TaskRecord = task  # type: ignore[assignment]
+            self._attempt_ended(record, "worker_lost", now)
             if task.attempts >= self.max_deliveries:
                 self.core.cancel(task.id, now)
                 self._fail_lost(record, now)
@@ -586,6 +640,42 @@ class TaskBook:
             finished_at=record.finished_at, deadline=record.deadline, error=error,
         )
 
+    def explain(self, task_id: str, now: float, dispatch_rate: float | None = None) -> Explanation:
+        """Why the task is where it is (see `Explanation`), or NotFound. `dispatch_rate` is its pool's recent
+        dispatches per second, measured by the caller (None: none to tell). Bounded cost: see
+        cronoq.core.explain."""
+        info = self.info(task_id)
+        record = self.get(task_id)
+        return Explanation(
+            id=info.id, pool=info.pool, tenant=info.tenant, priority=info.priority, state=info.state,
+            attempts=info.attempts, max_retries=record.max_retries, submitted_at=info.submitted_at,
+            started_at=info.started_at, finished_at=info.finished_at, deadline=info.deadline,
+            not_before=record.not_before if info.state == DELAYED else None, error=info.error,
+            history=self._history(record, info), waiting=self.core.explain(task_id, now, dispatch_rate),
+        )
+
+    def _history(self, record: TaskRecord, info: TaskInfo) -> tuple[AttemptEnd, ...]:
+        """How each attempt ended: those logged, the last one from the task's state, the rest unknown."""
+        logged = {end.attempt: end for end in self._attempt_ends.get(record.id, ())}
+        out = []
+        for attempt in range(1, info.attempts + 1):
+            end = logged.get(attempt)
+            if end is None and attempt == info.attempts:
+                if info.state == RUNNING:
+                    end = AttemptEnd(attempt, "running")
+                elif info.state in (SUCCEEDED, FAILED):
+                    end = AttemptEnd(attempt, info.state, info.finished_at,
+                                     info.error if info.state == FAILED else None)
+            out.append(end or AttemptEnd(attempt, "unknown"))
+        return tuple(out)
+
+    def _attempt_ended(self, record: TaskRecord, how: str, now: float, error: str | None = None) -> None:
+        """An attempt ended without ending the task (or before the task's own end is known): log how."""
+        ends = self._attempt_ends.get(record.id)
+        if ends is None:
+            ends = self._attempt_ends[record.id] = []
+        ends.append(AttemptEnd(record.attempts, how, now, error))
+
     def next_wakeup(self) -> float | None:
         return self.core.next_wakeup()
 
@@ -642,6 +732,7 @@ class TaskBook:
     def _forget(self, record: TaskRecord) -> None:
         task_id = record.id
         self.records.pop(task_id, None)
+        self._attempt_ends.pop(task_id, None)
         if record.key is not None:
             key = (record.pool, record.tenant, record.key)
             if self._keys.get(key) == task_id:

@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any, Awaitable, Callable, Sequence
 
+import msgspec
+
 from cronoq import curve, views
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, Client
 from cronoq.errors import CronoqError, Unauthenticated
@@ -114,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("task_id", metavar="TASK_ID", help="the id `cronoq submit` (or `submit()`) returned")
     inspect.add_argument("--json", action="store_true", help="print the fields as JSON (times in ISO 8601, null when unset)")
 
+    explain = _subcommand(commands, "explain", "why a task has not started (or how its attempts ended)", [common])
+    explain.add_argument("task_id", metavar="TASK_ID", help="the id `cronoq submit` (or `submit()`) returned")
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON (times in Unix seconds)")
+
     cancel = _subcommand(commands, "cancel", "cancel a task that has not started", [common])
     cancel.add_argument("task_id", metavar="TASK_ID", help="the id of the task to cancel")
 
@@ -204,6 +210,15 @@ async def _inspect(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _explain(client: Client, args: argparse.Namespace) -> int:
+    explanation = await client.explain(args.task_id)
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(explanation), indent=2))
+    else:
+        print(views.explain_text(explanation))
+    return 0
+
+
 async def _cancel(client: Client, args: argparse.Namespace) -> int:
     if await client.cancel(args.task_id):
         print(f"cancelled {args.task_id}")
@@ -245,7 +260,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
-    "status": _status, "top": _top, "submit": _submit, "inspect": _inspect,
+    "status": _status, "top": _top, "submit": _submit, "inspect": _inspect, "explain": _explain,
     "cancel": _cancel, "pause": _pause, "resume": _resume, "reload": _reload,
 }
 

@@ -28,6 +28,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
+from cronoq.book import MAX_NAME_LENGTH
 from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
 from cronoq.retention import DEFAULT_RETENTION_BYTES
@@ -282,7 +283,7 @@ def _tokens(top: _Section, environ: Mapping[str, str]) -> tuple[TokenSpec, ...]:
     for number, s in auth.array_of_tables("tokens", "[[auth.tokens]]", _TOKEN_KEYS):
         env = s.require("token_env", _env_name, "the name of an environment variable such as 'CRONOQ_TOKEN'")
         role = s.require("role", _choice(ROLES), "one of 'client', 'worker', 'admin'")
-        tenant = s.get("tenant", _string, None)
+        tenant = s.get("tenant", _tenant, None)
         value = environ.get(env)
         if value is None:
             raise s.error("token_env", f"environment variable {env} is not set; export the token in it before starting")
@@ -319,7 +320,7 @@ def _schedules(top: _Section, pool_names: set[str]) -> tuple[Schedule, ...]:
                 cron=s.require("cron", _string, "a cron expression such as '0 3 * * *'"),
                 pool=pool,
                 timezone=s.get("timezone", _string, "UTC"),
-                tenant=s.get("tenant", _string, None),
+                tenant=s.get("tenant", _tenant, None),
                 priority=s.get("priority", _choice(PRIORITIES), "normal"),
                 payload=s.table.get("payload"),
                 catch_up=s.get("catch_up", _bool, True),
@@ -439,6 +440,17 @@ def _resolve(base_dir: Path, path: str) -> Path:
 def _string(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise _Invalid(f"expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def _tenant(value: Any) -> str:
+    """A tenant a token is pinned to or a schedule submits as: a name or a path, by the rules of submit."""
+    value = _string(value)
+    problem = tenant_problem(value)
+    if problem is not None:
+        raise _Invalid(problem)
+    if len(value) > MAX_NAME_LENGTH:
+        raise _Invalid(f"a tenant has at most {MAX_NAME_LENGTH} characters, got one of {len(value)}")
     return value
 
 

@@ -14,15 +14,18 @@ import traceback
 import uuid
 from typing import Any, Iterable
 
-from cronoq.book import SubmitRequest, TaskBook, TaskInfo, TaskRecord, seconds_from_now
+from cronoq.book import Explanation, SubmitRequest, TaskBook, TaskInfo, TaskRecord, seconds_from_now
 from cronoq.core import SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.pool import Pool
 from cronoq.protocol import decode_body, encode_body
+from cronoq.rates import DispatchRates
 from cronoq.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES
 
 LOCAL_WORKER = "local"
+# Seconds between samples of the dispatch counts (the broker samples at each heartbeat, once a second).
+RATE_SAMPLE_INTERVAL = 1.0
 
 
 class Scheduler:
@@ -68,6 +71,7 @@ class Scheduler:
             self._core, new_id=lambda: uuid.uuid4().hex, on_terminal=self._on_terminal,
             max_payload_bytes=max_payload_bytes, result_ttl=result_ttl, result_retention_bytes=result_retention_bytes,
         )
+        self._rates = DispatchRates(self._core)
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -143,6 +147,14 @@ class Scheduler:
         self._pump()
         return cancelled
 
+    async def explain(self, task_id: str) -> Explanation:
+        """Why the task is where it is: what stands before a waiting task and when it may start, or how each
+        attempt of one that ran ended (docs/scheduling.md, "Why is my task waiting?"). NotFound if unknown."""
+        record = self._book.get(task_id)
+        now = time.time()
+        self._sample_rates(now)
+        return self._book.explain(task_id, now, self._rates.rate(record.pool, now))
+
     async def pause(self, pool: str) -> None:
         """Stop dispatching `pool`; it still accepts tasks."""
         self._core.pause(pool)
@@ -153,8 +165,8 @@ class Scheduler:
         self._pump()
 
     async def stats(self) -> dict[str, Any]:
-        """Per pool: backlog and running by class and tenant, dispatch counts and lag."""
-        return self._core.stats()
+        """Per pool: backlog and running by class and tenant, dispatch counts, lag and ceilings."""
+        return self._core.stats(now=time.time())
 
     # ----------------------------------------------------------------- the loop
 
@@ -168,11 +180,17 @@ class Scheduler:
         if self._closed:
             return
         now = time.time()
+        self._sample_rates(now)
         for _, record, attempt in self._book.dispatch(now):
             job = asyncio.get_running_loop().create_task(self._run(record, attempt))
             self._running.add(job)
             job.add_done_callback(self._running.discard)
         self._arm_timer(now)
+
+    def _sample_rates(self, now: float) -> None:
+        last = self._rates.last_sampled()
+        if last is None or now - last >= RATE_SAMPLE_INTERVAL:
+            self._rates.sample(now)
 
     def _arm_timer(self, now: float) -> None:
         wake = self._book.next_wakeup()

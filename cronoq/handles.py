@@ -9,7 +9,7 @@ from cronoq.errors import Cancelled, CronoqError, DeadlineExceeded, TaskFailed
 from cronoq.protocol import decode_body
 
 if TYPE_CHECKING:
-    from cronoq.book import TaskInfo
+    from cronoq.book import Explanation, TaskInfo
 
 
 class _ResultSource(Protocol):
@@ -21,6 +21,7 @@ class _Scheduler(_ResultSource, Protocol):
 
     async def status(self, task_id: str) -> "TaskInfo": ...
     async def cancel(self, task_id: str) -> bool: ...
+    async def explain(self, task_id: str) -> "Explanation": ...
 
 
 def outcome_value(task_id: str, state: str, body: bytes | None, error_type: str,
@@ -63,6 +64,10 @@ class TaskHandle:
     async def cancel(self) -> bool:
         """Cancel the task if it has not been dispatched; False if it already runs or has finished."""
         return await self._scheduler().cancel(self.id)
+
+    async def explain(self) -> "Explanation":
+        """Why the task is where it is (as `sched.explain(id)`)."""
+        return await self._scheduler().explain(self.id)
 
     def _scheduler(self) -> _Scheduler:
         # A client's handle holds its submit's watch rather than the client: the watch keeps the

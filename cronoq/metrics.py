@@ -131,6 +131,17 @@ class BrokerCollector:
         yield _gauge("cronoq_tenant_lag_dispatches",
                      "Dispatches the tenant trails (+) or leads (-) its weighted share; see docs/scheduling.md.",
                      ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+        ceilings = [(name, node, c) for name, p in pools.items() for node, c in (p.get("ceilings") or {}).items()]
+        yield _gauge("cronoq_tenant_ceiling", "The most tasks of the tenant's subtree that may run at once "
+                     "(tenant_limits).", ["pool", "tenant"], [([pool, node], c["limit"]) for pool, node, c in ceilings])
+        yield _gauge("cronoq_tenant_ceiling_running_tasks", "Running tasks of the tenant's subtree, counted "
+                     "against its ceiling.", ["pool", "tenant"],
+                     [([pool, node], c["running"]) for pool, node, c in ceilings])
+        yield _gauge("cronoq_tenant_capped", "1 while the tenant is at its ceiling (none of its tasks starts).",
+                     ["pool", "tenant"], [([pool, node], int(c["capped"])) for pool, node, c in ceilings])
+        yield _gauge("cronoq_tenant_capped_seconds", "How long the tenant has been at its ceiling (0 when it is "
+                     "not).", ["pool", "tenant"],
+                     [([pool, node], c.get("capped_for") or 0.0) for pool, node, c in ceilings])
         dispatches = CounterMetricFamily("cronoq_dispatches", "Tasks handed to workers.", labels=["pool", "tenant"])
         for pool, tenant, t in tenants:
             dispatches.add_metric([pool, tenant], t["dispatched"])

@@ -97,6 +97,14 @@ class Status(_Message, tag="status"):
     id: str
 
 
+class Explain(_Message, tag="explain"):
+    """Ask why a task is where it is (`cronoq explain`); answered with `Ok` whose value is a map (the fields of
+    `cronoq.book.Explanation`, described in docs/protocol.md)."""
+
+    rid: int
+    id: str
+
+
 class Cancel(_Message, tag="cancel"):
     """Cancel a task that has not been dispatched; answered with `Ok` (value: bool)."""
 
@@ -146,7 +154,7 @@ class Hello(_Message, tag="hello"):
     rid: int
 
 
-ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping, Hello]
+ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping, Hello, Explain]
 
 
 class RequestBatch(_Message, tag="batch"):

@@ -69,6 +69,7 @@ def status_text(stats: dict[str, Any]) -> str:
                 f"{t['dispatched']:>10} {actual:>6.0%} {fair_text} {t.get('lag', 0.0):>6.1f}"
             )
         lines += _more_tenants(pool, "  ")
+        lines += _ceiling_lines(pool, capped_only=False)
     schedules = stats.get("schedules", {})
     if schedules:
         lines += ["", "schedules:"]
@@ -85,6 +86,37 @@ def _more_tenants(pool: dict[str, Any], indent: str) -> list[str]:
     if count <= shown:
         return []
     return [f"{indent}... and {count - shown:,} more tenants (the {shown:,} busiest are shown)"]
+
+
+def _ceiling_lines(pool: dict[str, Any], *, capped_only: bool) -> list[str]:
+    """The pool's ceilings (`top`: only the nodes at theirs), capped ones first, longest capped first."""
+    ceilings = pool.get("ceilings") or {}
+    shown = [(name, c) for name, c in ceilings.items() if c.get("capped") or not capped_only]
+    if not shown:
+        return []
+    shown.sort(key=lambda item: (not item[1].get("capped"), -(item[1].get("capped_for") or 0.0), item[0]))
+    lines = ["  at their ceilings:" if capped_only else "  ceilings (running of limit):"]
+    for name, c in shown:
+        text = f"    {_tenant_name(name):<16} {c['running']:>5} of {c['limit']:<5}"
+        if c.get("capped"):
+            since = c.get("capped_for")
+            text += " capped" + (f" for {_duration(since)}" if since is not None else "")
+        lines.append(text.rstrip())
+    more = pool.get("ceiling_count", len(ceilings)) - len(ceilings)
+    if more > 0:
+        lines.append(f"    ... and {more:,} more ceilings (the capped ones are shown first)")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4 min 05 s, 2 h 07 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
 
 
 def _clock_time(stamp: float) -> str:
@@ -120,4 +152,89 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
                 f"{target}, queued {t['queued']}, lag {t.get('lag', 0.0):+.1f}"
             )
         lines += _more_tenants(pool, "  ")
+        lines += _ceiling_lines(pool, capped_only=True)
     return "\n".join(lines)
+
+
+_ENDED = {"retried": "the handler raised; retried", "worker_lost": "its worker was lost (or the broker stopped)",
+          "succeeded": "succeeded", "failed": "failed", "running": "running now",
+          "unknown": "not known (earlier attempts are kept in memory only)"}
+
+
+def _count(n: int, exact: bool, what: str) -> str:
+    """"3 tasks", "1 task", "at least 1000 tasks"."""
+    return f"{'' if exact else 'at least '}{n} {what}{'' if n == 1 and exact else 's'}"
+
+
+def explain_text(e: Any) -> str:
+    """`cronoq explain`: a `cronoq.book.Explanation` as text, the reasons a waiting task waits first."""
+    tenant = e.tenant if e.tenant is not None else "(none)"
+    lines = [f"task {e.id}: {e.state} — pool {e.pool}, tenant {tenant}, class {e.priority}"]
+    w = e.waiting
+    if w is not None:
+        lines.append("why it has not started:")
+        lines += [f"  - {reason}" for reason in _waiting_reasons(e, w)]
+        if w.nodes:
+            lines.append("its tenant's place in the fair share of its class, from the top:")
+            parent = f"pool {e.pool}"
+            width = max(len(n.name or "(none)") + (7 if n.own_tasks else 0) for n in w.nodes)
+            for node in w.nodes:
+                name = (node.name or "(none)") + (" (own)" if node.own_tasks else "")
+                share = f"{node.share:.0%} of {parent}" if node.backlogged else "nothing queued"
+                text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
+                if node.ceiling is not None:
+                    c = node.ceiling
+                    text += f", ceiling {c.limit}: {c.running} running"
+                    if c.capped:
+                        text += f", capped for {c.capped_for:.1f} s" if c.capped_for is not None else ", capped"
+                lines.append(text)
+                parent = node.name or "(none)"
+            if w.tenant_share is not None:
+                lines.append(f"  its queue gets {w.tenant_share:.0%} of the class's fair dispatches now")
+        estimate = "unknown" if w.estimate is None else f"in about {w.estimate:.1f} s"
+        lines.append(f"expected to start: {estimate} ({w.estimate_note})")
+    if e.attempts:
+        retries = f" (max_retries {e.max_retries})" if e.max_retries else ""
+        lines.append(f"attempts: {e.attempts}{retries}")
+        for end in e.history:
+            when = f" at {_clock_time(end.at)}" if end.at is not None else ""
+            error = f": {end.error}" if end.error else ""
+            lines.append(f"  {end.attempt}: {_ENDED.get(end.ended, end.ended)}{when}{error}")
+    elif w is None:
+        lines.append(f"never dispatched{': ' + e.error if e.error else ''}")
+    return "\n".join(lines)
+
+
+def _waiting_reasons(e: Any, w: Any) -> list[str]:
+    """What holds a waiting task back, the pool-wide reasons first."""
+    reasons = []
+    if w.paused:
+        reasons.append(f"pool {e.pool} is paused (`cronoq resume {e.pool}` dispatches it again)")
+    if not w.workers:
+        reasons.append(f"no worker serves pool {e.pool}")
+    elif not w.ready_workers:
+        reasons.append(f"every worker serving pool {e.pool} is busy ({w.workers} connected)")
+    if w.max_in_flight is not None and w.running >= w.max_in_flight:
+        reasons.append(f"pool {e.pool} is at max_in_flight ({w.running} of {w.max_in_flight} running)")
+    if w.delayed_for is not None:
+        why = "retry back-off" if w.retry else "delay"
+        reasons.append(f"its {why} has {w.delayed_for:.1f} s to go")
+    for node in w.nodes:
+        if node.ceiling is not None and node.ceiling.capped:
+            reasons.append(f"{node.name or '(none)'} is at its ceiling ({node.ceiling.running} of "
+                           f"{node.ceiling.limit} running)")
+    if w.higher_classes_ahead:
+        reasons.append(f"{_count(w.higher_classes_ahead, True, 'queued task')} of higher classes "
+                       f"{'goes' if w.higher_classes_ahead == 1 else 'go'} first")
+    if w.deadline_ahead:
+        what = "deadline task" if e.deadline is None else "task with an earlier deadline"
+        one = w.deadline_ahead == 1 and w.deadline_ahead_exact
+        reasons.append(f"{_count(w.deadline_ahead, w.deadline_ahead_exact, what)} of its class "
+                       f"{'goes' if one else 'go'} first")
+    if w.queue_ahead:
+        whose = f"tenant {e.tenant}'s" if w.fair and e.tenant is not None else "its"
+        reasons.append(f"{_count(w.queue_ahead, w.queue_ahead_exact, 'task')} ahead of it in {whose} queue "
+                       f"(of {w.queue_length})")
+    if not reasons:
+        reasons.append("nothing: it should start at the next dispatch")
+    return reasons

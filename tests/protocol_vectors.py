@@ -31,6 +31,7 @@ FIELDS: dict[str, list[tuple[str, Any]]] = {
     "wait": [("rid", REQUIRED), ("id", REQUIRED)],
     "unwait": [("rid", REQUIRED), ("id", REQUIRED)],
     "status": [("rid", REQUIRED), ("id", REQUIRED)],
+    "explain": [("rid", REQUIRED), ("id", REQUIRED)],
     "cancel": [("rid", REQUIRED), ("id", REQUIRED)],
     "pause": [("rid", REQUIRED), ("pool", REQUIRED)],
     "resume": [("rid", REQUIRED), ("pool", REQUIRED)],
@@ -319,6 +320,24 @@ case("status-cancel-wait",
     .send("client", msg("cancel", 16, Cap("task")), expect={"client": [ok(16, False)]}) \
     .send("client", msg("wait", 17, Cap("task")), expect={"client": [
         outcome(17, same("task"), "cancelled", "Cancelled", "the task was cancelled")]})
+
+case("explain",
+     "explain answers ok with a map: the task's fields as info has them, history (how each attempt ended: none "
+     "yet) and waiting (what stands before it; here its delay, and no worker serving default; default shares "
+     "nothing fairly, so no tenant nodes). An unknown id is "
+     "NOT_FOUND, as for status (and so is another tenant's task, to a token pinned to a tenant).") \
+    .send("client", msg("submit", 150, tenant="acme", delay=300.0), OK_PAYLOAD,
+          expect={"client": [accepted(150, cap("task"))]}) \
+    .send("client", msg("explain", 151, Cap("task")), expect={"client": [
+        ok(151, {"type": "map", "has": {
+            "id": same("task"), "pool": "default", "tenant": "acme", "priority": "normal", "state": "delayed",
+            "attempts": 0, "submitted_at": FLOAT, "not_before": FLOAT, "history": [],
+            "waiting": {"type": "map", "has": {
+                "delayed_for": {"type": "float"}, "retry": False, "paused": False, "workers": 0,
+                "higher_classes_ahead": 0, "queue_ahead": None, "estimate": None,
+                "estimate_note": says("no worker serves pool 'default'"),
+                "fair": False, "nodes": []}}}})]}) \
+    .refused("client", msg("explain", 152, "0123456789abcdef0123456789abcdef"), rid=152, code="NOT_FOUND")
 
 case("watched-submit-cancelled",
      "A watched task that is cancelled: its outcome comes under the submit's rid, before the cancel's ok.") \

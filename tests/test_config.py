@@ -319,6 +319,15 @@ CASES = [
     ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'worker'\ntenant = ''", ["[[auth.tokens]] #1 tenant", "non-empty"]),
     ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'worker'\ntenant = 1", ["[[auth.tokens]] #1 tenant", "string"]),
     ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'worker'\nsecret = 'x'", ["[[auth.tokens]] #1 secret", "unknown key"]),
+    # A pinned tenant is a tenant path by the rules of submit: segments, at most 8 levels, 200 characters.
+    ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'client'\ntenant = 'acme//search'",
+     ["[[auth.tokens]] #1 tenant", "'acme//search' has an empty segment"]),
+    ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'client'\ntenant = 'acme/'", ["[[auth.tokens]] #1 tenant", "empty segment"]),
+    ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'client'\ntenant = '/acme'", ["[[auth.tokens]] #1 tenant", "empty segment"]),
+    ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'client'\ntenant = 'a/b/c/d/e/f/g/h/i'",
+     ["[[auth.tokens]] #1 tenant", "has 9 levels; at most 8 are allowed"]),
+    ("[[auth.tokens]]\ntoken_env = 'W'\nrole = 'client'\ntenant = '" + "a" * 201 + "'",
+     ["[[auth.tokens]] #1 tenant", "at most 200 characters, got one of 201"]),
     (("[[auth.tokens]]\ntoken_env = 'CRONOQ_ACME_TOKEN'\nrole = 'client'\n"
       "[[auth.tokens]]\ntoken_env = 'SAME'\nrole = 'admin'"),
      ["[[auth.tokens]] #2 token_env", "SAME holds the same token as #1 (CRONOQ_ACME_TOKEN)"]),
@@ -332,6 +341,11 @@ CASES = [
     ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\npool = 'gone'", ["[[schedules]] 'n' pool", "no pool named 'gone'"]),
     ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\ncatch_up = 1", ["[[schedules]] 'n' catch_up", "true or false"]),
     ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\nwhen = 1", ["[[schedules]] #1 when", "unknown key"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\ntenant = 'acme//x'",
+     ["[[schedules]] 'n' tenant", "'acme//x' has an empty segment"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\ntenant = 'a/b/c/d/e/f/g/h/i'",
+     ["[[schedules]] 'n' tenant", "9 levels"]),
+    ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\ntenant = 3", ["[[schedules]] 'n' tenant", "string"]),
     ("[[schedules]]\nname = 'n'\ncron = '* * * * *'\n[[schedules]]\nname = 'n'\ncron = '* * * * *'",
      ["[[schedules]] 'n' name", "duplicate schedule name"]),
 ]  # fmt: skip
@@ -382,3 +396,12 @@ def test_config_is_immutable(tmp_path: Path) -> None:
         c.liveness = 4  # type: ignore[misc]
     with pytest.raises(TypeError):
         c.limits["x"] = PoolLimits()  # type: ignore[index]
+
+
+def test_token_and_schedule_tenants_may_be_paths(tmp_path: Path) -> None:
+    text = (
+        "[[auth.tokens]]\ntoken_env = 'CRONOQ_ACME_TOKEN'\nrole = 'client'\ntenant = 'acme/search/alice'\n"
+        "[[schedules]]\nname = 'n'\ncron = '* * * * *'\ntenant = 'a/b/c/d/e/f/g/h'\n"
+    )
+    c = load(tmp_path, text)
+    assert c.tokens[0].tenant == "acme/search/alice" and c.schedules[0].tenant == "a/b/c/d/e/f/g/h"

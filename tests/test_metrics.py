@@ -61,3 +61,18 @@ def test_histogram_buckets_are_cumulative_and_bounds_inclusive():
         histogram.observe(value)
     assert histogram.buckets() == [("1.0", 2), ("2.0", 3), ("+Inf", 4)]
     assert histogram.sum == 6.0
+
+
+def test_each_ceiling_is_exposed_with_how_long_its_node_has_been_capped():
+    core = SchedulerCore([PoolSettings("llm", tenant_limits={"acme": 2, "acme/search": 5})])
+    for i in range(3):
+        core.submit(Task(f"a{i}", "llm", tenant="acme/search"), 0.0)
+    core.add_worker("w", ["llm"], 10)
+    core.dispatch(4.0)  # two run: acme is capped from 4.0
+    text = generate_latest(registry_for(lambda: {"pools": core.stats(now=10.5), "workers": 1}, BrokerMetrics()))
+    got = samples(text.decode())
+    acme, search = (("pool", "llm"), ("tenant", "acme")), (("pool", "llm"), ("tenant", "acme/search"))
+    assert (got[("cronoq_tenant_ceiling", acme)], got[("cronoq_tenant_ceiling", search)]) == (2, 5)
+    assert got[("cronoq_tenant_ceiling_running_tasks", acme)] == 2
+    assert (got[("cronoq_tenant_capped", acme)], got[("cronoq_tenant_capped", search)]) == (1, 0)
+    assert (got[("cronoq_tenant_capped_seconds", acme)], got[("cronoq_tenant_capped_seconds", search)]) == (6.5, 0)

@@ -3,7 +3,7 @@
 With no `[[auth.tokens]]` the broker is open and every caller may do
 everything. With any, each message carries a token: a missing or unknown
 one is `UNAUTHENTICATED`; a role doing what it may not is
-`PERMISSION_DENIED` (clients submit, wait, ask for status and cancel;
+`PERMISSION_DENIED` (clients submit, wait, ask for status or an explanation, and cancel;
 workers serve pools; admins do everything). A token pinned to a tenant
 covers that tenant's subtree: pinned to `acme`, it may submit as `acme` or
 any `acme/...` tenant and see their tasks; pinned to `acme/search`, only
@@ -25,7 +25,7 @@ from cronoq.errors import PermissionDenied, Unauthenticated
 CLIENT, WORKER, ADMIN = "client", "worker", "admin"
 
 # What each role may do. Admin may do everything.
-CLIENT_ACTIONS = frozenset({"submit", "wait", "unwait", "status", "cancel", "ping"})
+CLIENT_ACTIONS = frozenset({"submit", "wait", "unwait", "status", "explain", "cancel", "ping"})
 WORKER_ACTIONS = frozenset({"serve", "ping"})
 
 # How a refusal names each action: "a client token may not <phrase>".
@@ -34,6 +34,7 @@ ACTION_PHRASES = {
     "wait": "wait for results",
     "unwait": "stop waiting for results",
     "status": "ask for a task's status",
+    "explain": "ask why a task waits",
     "cancel": "cancel tasks",
     "pause": "pause a pool",
     "resume": "resume a pool",

@@ -35,14 +35,15 @@ class ClientRequests:
 
     `identify` maps a token frame to its principal (the broker's current tokens, which a reload
     swaps); `stats` and `reload` are the broker's admin operations (`stats` calls back with its answer,
-    perhaps a few passes of the loop later).
+    perhaps a few passes of the loop later); `explain(task_id, now)` is the broker's answer to `explain`.
     """
 
     def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes], Principal],
                  authenticate: Callable[[Connection, Principal], None],
                  refusal_allowed: Callable[[Connection, float], bool],
                  stats: Callable[[Callable[[dict[str, Any]], None]], None],
-                 reload: Callable[[], dict[str, Any]], worker_endpoint: str = "the one in its config") -> None:
+                 reload: Callable[[], dict[str, Any]], explain: Callable[[str, float], dict[str, Any]],
+                 worker_endpoint: str = "the one in its config") -> None:
         self._book = book
         self._worker_endpoint = worker_endpoint
         self._outbox = outbox
@@ -51,6 +52,7 @@ class ClientRequests:
         self._refusal_allowed = refusal_allowed
         self._stats = stats
         self._reload = reload
+        self._explain = explain
 
     def on_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
         """Handle one message from a client (a request or a batch of them); returns how many requests."""
@@ -121,6 +123,10 @@ class ClientRequests:
                     info.state, info.attempts, info.submitted_at, info.started_at, info.finished_at,
                     info.deadline, info.error,
                 ))
+            case protocol.Explain():
+                principal.require("explain")
+                self._visible_record(principal, request.id)
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._explain(request.id, now)))
             case protocol.Cancel():
                 principal.require("cancel")
                 self._visible_record(principal, request.id)

@@ -28,9 +28,9 @@ import logging
 import os
 import resource
 import time
-from collections import deque
 from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from cronoq import protocol
@@ -46,6 +46,7 @@ from cronoq.broker.cron import CronRunner
 from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
+from cronoq.rates import DispatchRates
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
@@ -83,8 +84,6 @@ REFUSAL_INTERVAL = 1.0
 SPARE_DESCRIPTORS = 64
 # Connections per endpoint when the config does not say (fewer when the open-file limit is lower).
 DEFAULT_MAX_CONNECTIONS = 10_000
-# Seconds over which `stats` reports each pool's dispatch rate.
-RATE_WINDOW = 10.0
 # Config keys a reload cannot change in a running broker.
 # max_payload_bytes is among them: libzmq fixes the largest frame it accepts when the sockets bind.
 RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file",
@@ -115,6 +114,7 @@ class Broker:
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
                                         stats=self._stats_replies.request, reload=self.reload,
+                                        explain=self.explain,
                                         worker_endpoint=config.workers)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
@@ -131,8 +131,8 @@ class Broker:
         self._writing: tuple[concurrent.futures.Future[float], Outbox, Outbox] | None = None
         self._stopped: asyncio.Event | None = None
         self._cron: CronRunner | None = None
-        # (time, dispatches per pool) at each heartbeat over the last RATE_WINDOW seconds, for stats' rates.
-        self._dispatch_samples: deque[tuple[float, dict[str, int]]] = deque()
+        # Sampled at each heartbeat, for the rates of `stats` and the estimates of `explain`.
+        self._rates = DispatchRates(self._core)
         self.metrics = BrokerMetrics()
         self._collector = CollectorPolicy(self.metrics.gc_paused)
         self._busy = False
@@ -215,7 +215,7 @@ class Broker:
         self._stopped = asyncio.Event()
         if self.config.schedules:
             self._cron = CronRunner(self.config.schedules, self.config.data_dir, self._clock())
-        self._sample_dispatches(self._clock())  # rates count from the start, not from the first heartbeat
+        self._rates.sample(self._clock())  # rates count from the start, not from the first heartbeat
         self._collector.start()
         for sock in self._watched_sockets():
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
@@ -506,7 +506,7 @@ class Broker:
         self._client_conns.sweep(now)  # type: ignore[union-attr]
         self._worker_conns.sweep(now)  # type: ignore[union-attr]
         self._book.forget_expired_records(now)
-        self._sample_dispatches(now)
+        self._rates.sample(now)
         self._compact_if_worthwhile()
         if not self._busy:
             self._collector.quiet(loop.time(), len(self._book.records))
@@ -515,24 +515,6 @@ class Broker:
         self._beat_due = loop.time() + interval
         self._heartbeat = loop.call_later(interval, self._on_heartbeat_tick)
         self._pump()
-
-    def _sample_dispatches(self, now: float) -> None:
-        samples = self._dispatch_samples
-        samples.append((now, {name: self._core.dispatched(name) for name in self._core.pool_names()}))
-        while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW:
-            samples.popleft()
-
-    def _dispatch_rates(self, now: float) -> dict[str, float]:
-        """Dispatches per second of each pool over the last RATE_WINDOW seconds (0 until sampled)."""
-        if not self._dispatch_samples:
-            return {}
-        then, counts = self._dispatch_samples[0]
-        elapsed = now - then
-        if elapsed <= 0:
-            return {}
-        accepting = set(self._core.pool_names())
-        return {name: (self._core.dispatched(name) - count) / elapsed for name, count in counts.items()
-                if name in accepting}
 
     def _on_sync_tick(self) -> None:
         """With durability "sync", bound what a power loss could take to about SYNC_INTERVAL. The fdatasync runs
@@ -607,7 +589,7 @@ class Broker:
             new = dataclasses.replace(new, **{key: getattr(self.config, key) for key in needs_restart})
         old_pools = {pool.name for pool in self.config.pools}
         weights_changed = _weight_changes(self.config.pools, new.pools)
-        self._book.configure(new.pools)
+        self._book.configure(new.pools, self._clock())  # a node the reload caps is capped since now, on our clock
         self._book.max_deliveries = new.max_deliveries
         self._book.set_retention(new.result_ttl, new.result_retention_bytes)
         self._auth = Authenticator(new.tokens)
@@ -625,6 +607,14 @@ class Broker:
         log.info("reloaded %s: %s", new.source, _reload_summary(changes))
         return changes
 
+    def explain(self, task_id: str, now: float | None = None) -> dict[str, Any]:
+        """Why the task is where it is, as plain maps and lists (cronoq.book.Explanation's fields), or NotFound.
+        Sees every tenant's tasks: whoever calls it checks that the asker may see this one."""
+        now = self._clock() if now is None else now
+        record = self._book.get(task_id)
+        explanation = self._book.explain(task_id, now, self._rates.rate(record.pool, now))
+        return msgspec.to_builtins(explanation)
+
     def stats(self) -> dict[str, Any]:
         """Per-pool statistics from the core, plus the workers serving each pool, at once (the metrics endpoint
         asks this way); a pool with more than STATS_TENANTS tenants lists those the last search found busiest."""
@@ -632,8 +622,9 @@ class Broker:
 
     def _stats_of(self, chosen: dict[str, list[str | None]]) -> dict[str, Any]:
         """The stats, listing for each pool in `chosen` those tenants, and for any other at most STATS_TENANTS."""
-        pools = self._core.stats(chosen, limit=STATS_TENANTS)
-        rates = self._dispatch_rates(self._clock())
+        now = self._clock()
+        pools = self._core.stats(chosen, limit=STATS_TENANTS, now=now)
+        rates = self._rates.rates(now)
         for name, pool_stats in pools.items():
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)

@@ -42,11 +42,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Generator, Sequence
 
+import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol, transport
-from cronoq.book import MAX_NAME_LENGTH, TaskInfo, seconds_from_now
+from cronoq.book import MAX_NAME_LENGTH, Explanation, TaskInfo, seconds_from_now
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.handles import TaskHandle, outcome_value
@@ -533,6 +534,16 @@ class Client:
             attempts=reply.attempts, submitted_at=reply.submitted_at, started_at=reply.started_at,
             finished_at=reply.finished_at, deadline=reply.deadline, error=reply.error,
         )
+
+    async def explain(self, task_id: str) -> Explanation:
+        """Why the task is where it is: what stands before a waiting task and when it may start, or how each
+        attempt of one that ran ended (docs/scheduling.md, "Why is my task waiting?"). NotFound if unknown,
+        or another tenant's to a pinned token."""
+        reply, _ = await self._request(protocol.Explain(protocol.PROTOCOL_VERSION, next(self._rids), task_id))
+        try:
+            return msgspec.convert(reply.value, Explanation)
+        except msgspec.ValidationError as exc:
+            raise Unavailable(f"the broker's explanation of task {task_id} cannot be read: {exc}") from None
 
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task not yet dispatched; False if it already runs or has finished."""

@@ -11,7 +11,7 @@ import asyncio
 import threading
 from typing import Any, Coroutine, Sequence, TypeVar
 
-from cronoq.book import TaskInfo
+from cronoq.book import Explanation, TaskInfo
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT, Client
 
 T = TypeVar("T")
@@ -38,6 +38,10 @@ class SyncTaskHandle:
     def cancel(self) -> bool:
         """Cancel the task if it has not been dispatched; False if it already runs or has finished."""
         return self._client.cancel(self.id)
+
+    def explain(self) -> Explanation:
+        """Why the task is where it is (see `Client.explain`)."""
+        return self._client.explain(self.id)
 
     def __repr__(self) -> str:
         return f"SyncTaskHandle({self.id!r})"
@@ -76,6 +80,10 @@ class SyncClient:
 
     def cancel(self, task_id: str) -> bool:
         return self._call(self._client.cancel(task_id))
+
+    def explain(self, task_id: str) -> Explanation:
+        """Why the task is where it is (see `Client.explain`)."""
+        return self._call(self._client.explain(task_id))
 
     def pause(self, pool: str) -> None:
         self._call(self._client.pause(pool))

@@ -6,6 +6,7 @@ and docs/scheduling.md for the rules.
 """
 
 from cronoq.core.core import SchedulerCore
+from cronoq.core.explain import CeilingState, NodeState, Waiting
 from cronoq.core.settings import PRIORITIES, PRIORITY_CLASS, PoolSettings
 from cronoq.core.task import (
     CANCELLED,
@@ -22,10 +23,12 @@ from cronoq.core.task import (
 
 __all__ = [
     "CANCELLED",
+    "CeilingState",
     "DELAYED",
     "EXPIRED",
     "FAILED",
     "LIVE_STATES",
+    "NodeState",
     "PRIORITIES",
     "PRIORITY_CLASS",
     "QUEUED",
@@ -35,4 +38,5 @@ __all__ = [
     "PoolSettings",
     "SchedulerCore",
     "Task",
+    "Waiting",
 ]

@@ -68,6 +68,7 @@ from cronoq.core.task import (
     Task,
 )
 from cronoq.core.checks import check_settings, check_task, is_time, no_pool_message
+from cronoq.core.explain import Waiting, explain_waiting
 from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
 from cronoq.core.workers import Worker
@@ -214,6 +215,7 @@ class SchedulerCore:
             else:
                 cls.tree.push(entry, ts.ceilings)
             self._expiry.push(entry)
+            cls.deadlined += 1
         cls.queued += 1
         pool.queued += 1
         ts.queued += 1
@@ -273,6 +275,7 @@ class SchedulerCore:
                 entry = (deadline, seq, task)
                 heappush(cls.edf, entry)
                 self._expiry.push(entry)
+                cls.deadlined += 1
             elif cls.rest.__class__ is FifoQueue:  # Chain.append, inline: the common case, a million times
                 rest = cls.rest
                 task._next = None
@@ -329,6 +332,7 @@ class SchedulerCore:
             touched.add(pool)
             cls = pool.classes[task.priority]
             cls.queued -= 1
+            cls.deadlined -= 1  # the expiry heap holds only tasks with a deadline
             pool.queued -= 1
             task._ts.queued -= 1  # type: ignore[union-attr]
             self._forget(task, EXPIRED)
@@ -614,7 +618,7 @@ class SchedulerCore:
         return self._pool(pool).lag(tenant)
 
     def stats(self, tenants: Mapping[str, Collection[str | None]] | None = None,
-              limit: int | None = None) -> dict[str, dict]:
+              limit: int | None = None, now: float | None = None) -> dict[str, dict]:
         """A JSON-friendly picture of every pool: flags, counts per class and per tenant, lag.
 
         {pool: {"paused", "draining", "fair", "max_in_flight", "running",
@@ -622,18 +626,31 @@ class SchedulerCore:
         "classes": {"critical": {"queued", "delayed", "running", "dispatched"
         [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
         "queued", "delayed", "running", "dispatched", "lag"}},
-        "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since"}}}}
+        "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since",
+        "capped_for"}}, "ceiling_count"}}
 
         `tenants` names, for some pools, the only tenants to list (None in
         it stands for the untenanted); the other pools list all of theirs,
         or their first `limit` when given ("tenant_count" tells how many
         there are in all). A tenant's weight and lag are its node's (the lag
         among its siblings); "ceilings" lists every node with a ceiling the
-        pool has met, with the running tasks of its subtree and, while it is
-        capped, since when (on the caller's clock).
+        pool has met (with `limit`, at most that many, the capped ones first;
+        "ceiling_count" counts them all), with the running tasks of its
+        subtree and, while it is capped, since when (on the caller's clock)
+        and, given `now`, for how many seconds so far ("capped_for"; None
+        otherwise).
         """
         chosen = tenants or {}
-        return {name: pool.stats(chosen.get(name), limit) for name, pool in self._pools.items()}
+        return {name: pool.stats(chosen.get(name), limit, now) for name, pool in self._pools.items()}
+
+    def explain(self, task_id: str, now: float, dispatch_rate: float | None = None) -> Waiting | None:
+        """Why a queued or delayed task has not started (cronoq.core.explain); None if the core holds no such
+        task or it is running. `dispatch_rate` is the pool's recent dispatches per second, measured by the
+        caller; None when it has none. O(classes + depth), plus two walks bounded by EXPLAIN_SCAN steps."""
+        task = self.get(task_id)
+        if task is None or task.state is RUNNING:
+            return None
+        return explain_waiting(self._pools[task.pool], task, now, dispatch_rate)
 
     def tenant_count(self, pool: str) -> int:
         """Tenants of `pool` that have counts: those with tasks, and recently idle ones."""
@@ -662,6 +679,7 @@ class SchedulerCore:
         entry = cls.push(task)
         if entry is not None:
             self._expiry.push(entry)
+            cls.deadlined += 1
         cls.queued += 1
         pool.queued += 1
         task._ts.queued += 1  # type: ignore[union-attr]
@@ -694,6 +712,7 @@ class SchedulerCore:
             self._forget(task, state)
             cls.discard(task)
             if task.deadline is not None:
+                cls.deadlined -= 1
                 self._expiry.stale()
         else:
             cls.delayed -= 1

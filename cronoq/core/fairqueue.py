@@ -112,6 +112,23 @@ class Flow(Chain):
         self.served = False
 
 
+def flow_lag(flow: Flow) -> float:
+    """Dispatches the node trails (+) or leads (-) its weighted share among its siblings, over its current
+    backlogged period (0 while it has nothing queued)."""
+    if not (flow.live or flow.nq):
+        return 0.0
+    lag = flow.share - flow.got
+    if flow.on:
+        lag += flow.weight * (flow.parent.rsum - flow.rmark)
+    return lag
+
+
+def flow_share(flow: Flow) -> float:
+    """The fraction of its parent's dispatches the node gets now: its weight over the weights of the siblings
+    that can go; 0 while it cannot go (nothing queued, or capped)."""
+    return flow.weight / flow.parent.wsum if flow.on and flow.parent.wsum > 0 else 0.0
+
+
 HeapEntry = tuple[Tag, int, int, Flow]  # (start tag, arrival seq of the task it would hand out, flow gen, flow)
 
 
@@ -262,12 +279,7 @@ class FairQueue:
         """Dispatches node `tenant` trails (+) or leads (-) its weighted share among its siblings,
         over its current backlogged period."""
         flow = self.find(tenant_path(tenant))
-        if flow is None or not (flow.live or flow.nq):
-            return 0.0
-        lag = flow.share - flow.got
-        if flow.on:
-            lag += flow.weight * (flow.parent.rsum - flow.rmark)
-        return lag
+        return 0.0 if flow is None else flow_lag(flow)
 
     def virtual_time(self) -> float:
         """V of this group in dispatches of a weight-1 tenant."""

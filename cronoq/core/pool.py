@@ -55,7 +55,7 @@ class TenantStats:
 class ClassQueue:
     """One priority class of one pool: deadline tasks by EDF, then the rest."""
 
-    __slots__ = ("edf", "edf_stale", "tree", "rest", "queued", "delayed", "running", "dispatched")
+    __slots__ = ("edf", "edf_stale", "tree", "rest", "queued", "deadlined", "delayed", "running", "dispatched")
 
     def __init__(self, rest: FairQueue | FifoQueue) -> None:
         # (deadline, arrival seq, task): earliest deadline first, ties by arrival.
@@ -65,6 +65,7 @@ class ClassQueue:
         self.tree: EdfTree | None = None
         self.rest = rest
         self.queued = 0  # tasks in state QUEUED in this class
+        self.deadlined = 0  # those of them that have a deadline (so `explain` counts them in O(1))
         self.delayed = 0
         self.running = 0
         self.dispatched = 0
@@ -233,6 +234,8 @@ class Pool:
                 task = cls.pop(now) if cls.edf else cls.rest.pop()
                 if task is not None:
                     cls.queued -= 1
+                    if task.deadline is not None:
+                        cls.deadlined -= 1
                     cls.running += 1
                     cls.dispatched += 1
                     self.queued -= 1
@@ -313,10 +316,11 @@ class Pool:
         heap.sort(key=lambda entry: entry[:3], reverse=True)
         yield [entry[3].tenant for entry in heap]
 
-    def stats(self, tenants: Collection[str | None] | None = None, limit: int | None = None) -> dict[str, object]:
+    def stats(self, tenants: Collection[str | None] | None = None, limit: int | None = None,
+              now: float | None = None) -> dict[str, object]:
         """This pool's part of SchedulerCore.stats(): plain dicts, ints, floats and bools. With `tenants`,
         only those tenants (the ones that still have counts) are listed, else the first `limit` (None: all);
-        "tenant_count" counts them all."""
+        "tenant_count" counts them all. `now` gives each capped node's "capped_for"."""
         if tenants is None and limit is not None and len(self.tenants) > limit:
             tenants = list(islice(self.tenants, limit))
         classes: dict[str, dict[str, object]] = {}
@@ -348,8 +352,9 @@ class Pool:
                 "running": c.running,
                 "capped": c.capped,
                 "capped_since": c.since,
+                "capped_for": None if now is None or c.since is None else max(0.0, now - c.since),
             }
-            for c in self.ceilings.values()
+            for c in self._ceilings_to_list(limit)
         }
         return {
             "paused": self.paused,
@@ -366,7 +371,18 @@ class Pool:
             "tenants": tenant_entries,
             "tenant_count": len(self.tenants),
             "ceilings": ceilings,
+            "ceiling_count": len(self.ceilings),
         }
+
+    def _ceilings_to_list(self, limit: int | None) -> list[Ceiling]:
+        """Every ceiling met, or with `limit`, at most that many: the capped ones first (a default ceiling per
+        tenant may make a million of them; this costs O(limit), not O(ceilings))."""
+        if limit is None or len(self.ceilings) <= limit:
+            return list(self.ceilings.values())
+        names = list(islice(self.capped, limit))
+        if len(names) < limit:
+            names += islice((name for name in self.ceilings if name not in self.capped), limit - len(names))
+        return [self.ceilings[name] for name in names]
 
     # -- ceilings ------------------------------------------------------------
 

@@ -127,6 +127,7 @@ pub static CLIENT_REQUESTS: &[Schema] = &[
     Schema { tag: "wait", fields: &[req("rid", K::Int), req("id", K::Str)] },
     Schema { tag: "unwait", fields: &[req("rid", K::Int), req("id", K::Str)] },
     Schema { tag: "status", fields: &[req("rid", K::Int), req("id", K::Str)] },
+    Schema { tag: "explain", fields: &[req("rid", K::Int), req("id", K::Str)] },
     Schema { tag: "cancel", fields: &[req("rid", K::Int), req("id", K::Str)] },
     Schema { tag: "pause", fields: &[req("rid", K::Int), req("pool", K::Str)] },
     Schema { tag: "resume", fields: &[req("rid", K::Int), req("pool", K::Str)] },

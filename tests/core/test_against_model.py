@@ -304,6 +304,9 @@ class CoreVersusModel(RuleBasedStateMachine):
                     count(DELAYED, in_class),
                     count(RUNNING, in_class),
                 )
+                # `explain` counts a class's queued deadline tasks in O(1): the count must follow every move.
+                with_deadline = [t for t in in_class if t.deadline is not None]
+                assert self.core._pools[name].classes[number].deadlined == count(QUEUED, with_deadline)
             for key, ts in s["tenants"].items():
                 tenant = key or None
                 mine = [t for t in tasks if t.tenant == tenant]

@@ -367,8 +367,9 @@ def test_a_capped_node_is_passed_over_and_rejoins_at_its_fair_position():
     run.submit("globex", 5)
     first = core.dispatch(1.0)  # one for each worker: acme (now capped), then globex
     assert [t.tenant for _, t in first] == ["acme", "globex"]
-    stats = core.stats()["p"]["ceilings"]["acme"]
-    assert stats == {"limit": 1, "running": 1, "capped": True, "capped_since": 1.0}
+    stats = core.stats(now=2.5)["p"]["ceilings"]["acme"]
+    assert stats == {"limit": 1, "running": 1, "capped": True, "capped_since": 1.0, "capped_for": 1.5}
+    assert core.stats()["p"]["ceilings"]["acme"]["capped_for"] is None  # no `now`, no duration
     # globex's tasks are not held behind acme's: the other worker keeps taking them.
     (_, g1), = [p for p in first if p[1].tenant == "globex"]
     core.finish(g1.id, 2.0, worker_id="w2", attempt=1, state=SUCCEEDED)
@@ -377,7 +378,8 @@ def test_a_capped_node_is_passed_over_and_rejoins_at_its_fair_position():
     # When acme's task ends it rejoins: no credit for the time it was capped, no loss of its turn.
     (_, a1), = [p for p in first if p[1].tenant == "acme"]
     core.finish(a1.id, 3.0, worker_id="w", attempt=1, state=SUCCEEDED)
-    assert core.stats()["p"]["ceilings"]["acme"]["capped_since"] is None
+    assert core.stats(now=3.0)["p"]["ceilings"]["acme"]["capped_since"] is None
+    assert core.stats(now=3.0)["p"]["ceilings"]["acme"]["capped_for"] is None
     core.grant("w")
     assert [t.tenant for _, t in core.dispatch(3.0)] == ["acme"]
 
@@ -403,7 +405,8 @@ def test_a_ceiling_lowered_by_a_reload_caps_at_once_and_raised_uncaps():
         core.submit(Task(f"a{i}", "p", tenant="acme/search"), 0.0)
     core.dispatch(0.0, 3)
     core.configure([PoolSettings("p", tenant_limits={"acme": 2})], now=7.0)
-    assert core.stats()["p"]["ceilings"]["acme"] == {"limit": 2, "running": 3, "capped": True, "capped_since": 7.0}
+    assert core.stats(now=8.0)["p"]["ceilings"]["acme"] == {
+        "limit": 2, "running": 3, "capped": True, "capped_since": 7.0, "capped_for": 1.0}
     assert core.dispatch(8.0) == []
     core.configure([PoolSettings("p", tenant_limits={"acme": 5})], now=9.0)
     assert len(core.dispatch(9.0)) == 2

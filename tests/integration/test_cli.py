@@ -1,4 +1,5 @@
-"""The `cronoq` command against a real broker: status, top, submit, inspect, cancel, pause, resume."""
+"""The `cronoq` command against a real broker: status, top, submit, inspect, cancel, pause, resume (explain:
+test_explain.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import cronoq
 from cronoq.cli import build_parser
-from tests.support import _env, free_port, run_command, until
+from tests.support import _env, free_port, run_command, start_worker_process, until
 
 TWO_TENANTS = """
 [[pools]]
@@ -230,3 +232,40 @@ def test_every_subcommand_and_option_explains_itself():
             assert action.help, f"`cronoq {name}` {action.option_strings or action.dest} has no help text"
     shown = run_command(["-m", "cronoq.cli", "submit", "--help"])
     assert shown.returncode == 0 and "--text" in shown.stdout and "idempotency" in shown.stdout
+
+
+CAPPED = """
+[[pools]]
+name = "default"
+
+[[pools]]
+name = "slow"
+[pools.tenant_limits]
+acme = 1
+"""
+
+
+def test_status_and_top_show_a_capped_tenant_and_for_how_long(broker_factory, tmp_path):
+    broker = broker_factory(CAPPED)
+    worker = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "worker.log", concurrency=3)
+    try:
+        for tenant in ("acme/search", "acme", "globex"):
+            assert cli(broker, "submit", "60", "--pool", "slow", "--tenant", tenant, env={}).returncode == 0
+
+        def acme() -> dict:
+            return json.loads(cli(broker, "status", "--json", env={}).stdout)["pools"]["slow"]["ceilings"]["acme"]
+
+        deadline = time.monotonic() + 30
+        while not acme()["capped"]:  # polled with a generous bound, never a speed assertion
+            assert time.monotonic() < deadline, "acme never reached its ceiling"
+        first = acme()
+        assert (first["limit"], first["running"], first["capped"]) == (1, 1, True)
+        assert first["capped_since"] is not None and first["capped_for"] >= 0
+        assert acme()["capped_for"] >= first["capped_for"]  # it grows while acme stays capped
+        frame = cli(broker, "top", "--once", env={}).stdout
+        assert "  at their ceilings:" in frame and "    acme                 1 of 1     capped for " in frame
+        text = cli(broker, "status", env={}).stdout
+        assert "  ceilings (running of limit):" in text and "capped for" in text
+    finally:
+        worker.kill()
+        worker.wait()

@@ -1,0 +1,53 @@
+"""Each pool's recent dispatch rate, measured from samples of the core's dispatch counts.
+
+The core keeps counts but reads no clock; the shell (the broker at each
+heartbeat, the embedded Scheduler as it runs) samples them with its own
+time. `cronoq status` shows the rates, and `explain` estimates a waiting
+task's start from its pool's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from cronoq.core import SchedulerCore
+
+RATE_WINDOW = 10.0
+"""Seconds over which a rate is measured."""
+
+
+class DispatchRates:
+    """Dispatches per second of each pool over about the last `window` seconds."""
+
+    def __init__(self, core: SchedulerCore, window: float = RATE_WINDOW) -> None:
+        self._core = core
+        self.window = window
+        # (time, dispatches per pool) of each sample, the oldest one kept just before the window.
+        self._samples: deque[tuple[float, dict[str, int]]] = deque()
+
+    def sample(self, now: float) -> None:
+        """Take the core's counts now; samples older than the window go (but the one that starts it)."""
+        samples = self._samples
+        samples.append((now, {name: self._core.dispatched(name) for name in self._core.pool_names()}))
+        while len(samples) > 2 and samples[1][0] <= now - self.window:
+            samples.popleft()
+
+    def last_sampled(self) -> float | None:
+        """When the last sample was taken (None: never)."""
+        return self._samples[-1][0] if self._samples else None
+
+    def rates(self, now: float) -> dict[str, float]:
+        """Dispatches per second of each pool accepting tasks since the oldest sample kept ({} before any)."""
+        if not self._samples:
+            return {}
+        then, counts = self._samples[0]
+        elapsed = now - then
+        if elapsed <= 0:
+            return {}
+        accepting = set(self._core.pool_names())
+        return {name: (self._core.dispatched(name) - count) / elapsed for name, count in counts.items()
+                if name in accepting}
+
+    def rate(self, pool: str, now: float) -> float | None:
+        """The pool's rate, or None when there is none yet to tell (no sample, or no time since)."""
+        return self.rates(now).get(pool)
