@@ -55,7 +55,7 @@ from heapq import heappush
 from typing import Collection, Hashable, Iterable, Iterator, Mapping
 
 from cronoq.core.pool import Pool
-from cronoq.core.settings import PoolSettings
+from cronoq.core.settings import PoolSettings, tenant_path
 from cronoq.core.task import (
     CANCELLED,
     DELAYED,
@@ -219,6 +219,7 @@ class SchedulerCore:
         cls.queued += 1
         pool.queued += 1
         ts.queued += 1
+        pool.tree_backlog[ts.top] = pool.tree_backlog.get(ts.top, 0) + 1
         if not pool.dispatchable:
             pool.stuck = False
             self._refresh(pool)
@@ -290,6 +291,7 @@ class SchedulerCore:
             cls.queued += 1
             pool.queued += 1
             ts.queued += 1
+            pool.tree_backlog[ts.top] = pool.tree_backlog.get(ts.top, 0) + 1
         self._seq = seq
         if held is not None and len(held) != count + len(tasks):
             raise InvalidArgument("restore() was given a task id twice, or one already held")
@@ -321,6 +323,7 @@ class SchedulerCore:
             pool.classes[task.priority].delayed -= 1
             pool.delayed -= 1
             task._ts.delayed -= 1  # type: ignore[union-attr]
+            pool.tree_backlog[task._ts.top] -= 1  # type: ignore[union-attr]
             deadline = task.deadline
             if deadline is not None and deadline <= now:
                 self._forget(task, EXPIRED)
@@ -335,6 +338,7 @@ class SchedulerCore:
             cls.deadlined -= 1  # the expiry heap holds only tasks with a deadline
             pool.queued -= 1
             task._ts.queued -= 1  # type: ignore[union-attr]
+            pool.tree_backlog[task._ts.top] -= 1  # type: ignore[union-attr]
             self._forget(task, EXPIRED)
             cls.discard(task)
             expired.append(task)
@@ -613,6 +617,11 @@ class SchedulerCore:
         ts = self._pool(pool).tenants.get(tenant or None)  # "" names the untenanted, as in stats()
         return ts.queued + ts.delayed if ts is not None else 0
 
+    def tree_backlog(self, pool: str, tenant: str | None) -> int:
+        """Tasks not yet running (queued + delayed) in `pool` of the whole tree of `tenant`'s top-level tenant
+        (`acme` for `acme/search/alice`; for a flat name, the tenant's own), O(1)."""
+        return self._pool(pool).tree_backlog.get(tenant_path(tenant or None)[0], 0)
+
     def lag(self, pool: str, tenant: str | None) -> float:
         """Dispatches `tenant` trails (+) or leads (-) its weighted share in `pool` (docs/scheduling.md)."""
         return self._pool(pool).lag(tenant)
@@ -683,6 +692,8 @@ class SchedulerCore:
         cls.queued += 1
         pool.queued += 1
         task._ts.queued += 1  # type: ignore[union-attr]
+        top = task._ts.top  # type: ignore[union-attr]
+        pool.tree_backlog[top] = pool.tree_backlog.get(top, 0) + 1
         if not pool.dispatchable:
             pool.stuck = False
             self._refresh(pool)
@@ -700,6 +711,8 @@ class SchedulerCore:
         pool.classes[task.priority].delayed += 1
         pool.delayed += 1
         task._ts.delayed += 1  # type: ignore[union-attr]
+        top = task._ts.top  # type: ignore[union-attr]
+        pool.tree_backlog[top] = pool.tree_backlog.get(top, 0) + 1
 
     def _unqueue(self, pool: Pool, task: Task, state: str) -> None:
         """Remove a queued or delayed task from its structures (lazily) and end it in `state`."""
@@ -709,6 +722,7 @@ class SchedulerCore:
             cls.queued -= 1
             pool.queued -= 1
             ts.queued -= 1  # type: ignore[union-attr]
+            pool.tree_backlog[ts.top] -= 1  # type: ignore[union-attr]
             self._forget(task, state)
             cls.discard(task)
             if task.deadline is not None:
@@ -718,6 +732,7 @@ class SchedulerCore:
             cls.delayed -= 1
             pool.delayed -= 1
             ts.delayed -= 1  # type: ignore[union-attr]
+            pool.tree_backlog[ts.top] -= 1  # type: ignore[union-attr]
             self._forget(task, state)
             self._timers.stale()
 

@@ -40,11 +40,12 @@ class TenantStats:
     """Counts of one tenant's tasks in one pool (untenanted tasks count under None), its place in
     the tenant tree and the ceilings its tasks count against."""
 
-    __slots__ = ("tenant", "path", "ceilings", "queued", "delayed", "running", "dispatched")
+    __slots__ = ("tenant", "path", "top", "ceilings", "queued", "delayed", "running", "dispatched")
 
     def __init__(self, tenant: str | None, ceilings: tuple[Ceiling, ...] = ()) -> None:
         self.tenant = tenant
         self.path = tenant_path(tenant)  # the nodes from the top down to this tenant
+        self.top = self.path[0]  # the top-level tenant whose tree this one is in
         self.ceilings = ceilings  # of the nodes on its path that have one, top first
         self.queued = 0
         self.delayed = 0
@@ -153,6 +154,7 @@ class Pool:
         "tenants",
         "tenant_order",
         "tenants_sweep_at",
+        "tree_backlog",
         "ceilings",
         "capped",
         "stuck",
@@ -181,6 +183,9 @@ class Pool:
         self.tenant_order: list[TenantStats] = []
         self.tenants_sweep_at = _KEEP_IDLE_TENANTS
         self.ceilings: dict[str | None, Ceiling] = {}
+        # Waiting (queued + delayed) tasks of each top-level tenant's whole tree: what max_tenant_backlog caps,
+        # so that a token pinned to `acme` cannot pass it by spreading tasks over `acme/...` names.
+        self.tree_backlog: dict[str | None, int] = {}
         # Set when take() found nothing it may hand out although tasks are
         # queued (all overdue or capped); cleared by anything that could change that.
         self.stuck = False
@@ -205,6 +210,7 @@ class Pool:
                 }
                 self.tenants_sweep_at = max(_KEEP_IDLE_TENANTS, 2 * len(self.tenants))
                 self.tenant_order = list(self.tenants.values())
+                self.tree_backlog = {top: count for top, count in self.tree_backlog.items() if count}
                 if self.ceilings:
                     self._sweep_ceilings()
             ts = self.tenants[tenant] = TenantStats(tenant)
@@ -242,6 +248,7 @@ class Pool:
                     self.running += 1
                     ts = task._ts
                     ts.queued -= 1  # type: ignore[union-attr]
+                    self.tree_backlog[ts.top] -= 1  # type: ignore[union-attr]
                     ts.running += 1  # type: ignore[union-attr]
                     ts.dispatched += 1  # type: ignore[union-attr]
                     if ts.ceilings:  # type: ignore[union-attr]

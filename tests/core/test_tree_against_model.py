@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.core import DELAYED, QUEUED, PoolSettings, SchedulerCore
 from tests.core import test_against_model as flat
 from tests.core.model import Model, prefixes
 
@@ -166,6 +166,16 @@ class TreeVersusModel(flat.CoreVersusModel):
                 assert c["running"] == self.model._running(name, node), (name, node)
                 assert c["capped"] == self.model._capped(name, node)
                 assert (c["capped_since"] is not None) == c["capped"]
+
+    @invariant()
+    def tree_backlogs_agree(self) -> None:
+        # max_tenant_backlog caps a top-level tenant's whole tree: its count must follow every move.
+        for name in self.model.pools:
+            waiting = [t for t in self.model.tasks.values() if t.pool == name and t.state in (QUEUED, DELAYED)]
+            for node in NODES:
+                top = node.split("/")[0] if node else None
+                expected = sum(1 for t in waiting if (t.tenant.split("/")[0] if t.tenant else None) == top)
+                assert self.core.tree_backlog(name, node) == expected, (name, node)
 
 
 TreeVersusModel.TestCase.settings = settings(

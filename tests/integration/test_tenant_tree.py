@@ -156,6 +156,22 @@ def _done(client, task_id: str):
     return check
 
 
+async def test_a_pinned_token_cannot_pass_max_tenant_backlog_by_spreading_over_sub_tenants(broker_factory):
+    config = CONFIG.replace('name = "default"\n', 'name = "default"\nmax_tenant_backlog = 5\n', 1)
+    broker = broker_factory(config + '\n[[auth.tokens]]\ntoken_env = "T_GLOBEX"\nrole = "client"\n'
+                            'tenant = "globex"\n', env={**TOKENS, "T_GLOBEX": "globex-secret"})
+    async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, cronoq.connect(
+        broker.clients, token="globex-secret"
+    ) as globex:
+        spread = [await acme.submit(n, tenant=f"acme/team{n}", delay=600) for n in range(5)]
+        for tenant in ("acme/team9", "acme", "acme/team0/alice"):
+            with pytest.raises(cronoq.ResourceExhausted, match="tenant 'acme' .*max_tenant_backlog"):
+                await acme.submit("one too many", tenant=tenant, delay=600)
+        assert (await globex.submit("others still can", delay=600)).id  # its own tree, its own count
+        assert await acme.cancel(spread[0].id)  # a waiting task leaves: room for one more
+        await acme.submit("room again", tenant="acme/team7", delay=600)
+
+
 async def test_a_worker_whose_ceilings_disagree_with_the_broker_s_is_refused(broker_factory):
     broker = broker_factory('[[pools]]\nname = "llm"\n[pools.tenant_limits]\n"acme/search" = 5\n')
 
