@@ -6,7 +6,7 @@ import cronoq
 
 
 async def work(payload):
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
     return payload
 
 

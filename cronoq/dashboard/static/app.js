@@ -45,6 +45,8 @@ function el(tag, attrs, ...children) {
 function $(id) { return document.getElementById(id); }
 const percent = (x) => (x === null || x === undefined) ? "–" : (100 * x).toFixed(1) + " %";
 const number = (x) => Number(x).toLocaleString("en-US");
+// A lag to one decimal with its sign; one that rounds to zero is plain 0.0 (not -0.0).
+const signed = (x) => Math.abs(x) < 0.05 ? "0.0" : (x > 0 ? "+" : "") + x.toFixed(1);
 
 function replaceRows(tbody, rows) { tbody.replaceChildren(...rows); }
 
@@ -161,7 +163,7 @@ function renderTenants(o) {
       el("td", { class: "share num" }, percent(t.share)),
       el("td", { class: "weighted num" }, pool.fair ? percent(t.weighted_share) : "first come"),
       el("td", { class: "weight num" }, t.weight),
-      el("td", { class: "lag num" }, (t.lag >= 0 ? "+" : "") + t.lag.toFixed(1)),
+      el("td", { class: "lag num" }, signed(t.lag)),
       el("td", { class: "queued num" }, number(t.queued)),
       el("td", { class: "running num" }, number(t.running)),
       el("td", { class: "ceiling" }, ceiling));
