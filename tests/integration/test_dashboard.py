@@ -15,7 +15,7 @@ import pytest
 
 import cronoq
 from cronoq.dashboard.http import MAX_CONNECTIONS, MAX_HEADERS, REQUEST_TIMEOUT
-from tests.support import ROOT, free_port, start_worker_process
+from tests.support import ROOT, free_port, run_command, start_worker_process
 
 POOLS = '[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n\n[[pools]]\nname = "failing"\n'
 TOKENS = {"T_ADMIN": "admin-secret", "T_VIEWER": "viewer-secret", "T_CLIENT": "client-secret"}
@@ -236,3 +236,25 @@ def test_stalled_and_surplus_connections_cost_the_broker_nothing(broker_factory)
     finally:
         stalled.close()
         greedy.close()
+
+
+def test_a_reload_keeps_the_dashboard_where_it_is(broker_factory):
+    port = free_port()
+    broker = broker_factory(POOLS, broker_extra=f'dashboard = "127.0.0.1:{port}"')
+    text = broker.config_path.read_text()
+    broker.config_path.write_text(text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"))
+    with cronoq.connect_sync(broker.clients) as admin:
+        assert admin.reload()["needs_restart"] == ["dashboard"]
+    assert get_json(port, "/api/session")["role"] == "admin"
+
+
+def test_a_dashboard_address_in_use_stops_the_broker_before_it_starts(broker_factory, tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        config = tmp_path / "busy.toml"
+        config.write_text(f'[broker]\nclients = "tcp://127.0.0.1:{free_port()}"\nworkers = "tcp://127.0.0.1:{free_port()}"\n'
+                          f'dashboard = "127.0.0.1:{port}"\ndata_dir = "busy-data"\n')
+        result = run_command(["-m", "cronoq.broker.cli", "-c", str(config)], timeout=30)
+    assert result.returncode == 1
+    assert f"cannot serve the dashboard at 127.0.0.1:{port}" in result.stderr
+    assert not (tmp_path / "busy-data").exists()  # nothing touched
