@@ -28,7 +28,7 @@ import os
 import resource
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
@@ -53,6 +53,9 @@ from cronoq.broker.messages import (
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_routed, tune
+
+if TYPE_CHECKING:
+    from cronoq.dashboard import Dashboard
 
 log = logging.getLogger("cronoq.broker")
 
@@ -134,7 +137,7 @@ class Broker:
         """Whether clients asked anything or tasks were dispatched since the last heartbeat."""
         self._data = DataDir(config, self._book, self.metrics)
         self._metrics_server: asyncio.base_events.Server | None = None
-        self._dashboard: Any = None  # a cronoq.dashboard.Dashboard while one is served
+        self._dashboard: Dashboard | None = None
         self.failures = RecentFailures()
         """The last tasks that failed, for the dashboard (a bounded ring)."""
         self.failure: str | None = None
