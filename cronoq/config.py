@@ -53,7 +53,7 @@ DEFAULTS_SOURCE = "<defaults>"
 DURABILITIES: tuple[str, ...] = ("sync", "none", "fsync")
 """sync: written to the OS before acknowledging (fdatasync'ed within a second); none: memory only;
 fsync: fdatasync'ed before acknowledging (see docs/durability.md)."""
-ROLES: tuple[str, ...] = ("client", "worker", "admin")
+ROLES: tuple[str, ...] = ("client", "worker", "admin", "viewer")
 ENDPOINT_SCHEMES: tuple[str, ...] = ("tcp://", "ipc://", "inproc://")
 
 _POOL_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -109,6 +109,8 @@ class BrokerConfig:
     data_dir: Path | None
     durability: str = "sync"
     metrics: str | None = None
+    dashboard: str | None = None
+    """Where the web dashboard listens ("HOST:PORT", see cronoq.dashboard), or None: off."""
     heartbeat_interval: float = 1.0
     liveness: int = 3
     max_payload_bytes: int = 1048576
@@ -205,7 +207,7 @@ def override(config: BrokerConfig, *, clients: str | None = None, workers: str |
 # --- sections -----------------------------------------------------------------
 
 _BROKER_KEYS = (
-    "clients", "workers", "data_dir", "durability", "metrics", "heartbeat_interval", "liveness",
+    "clients", "workers", "data_dir", "durability", "metrics", "dashboard", "heartbeat_interval", "liveness",
     "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "curve_secret_key_file",
     "auth_timeout", "max_connections", "connection_buffer_bytes",
 )  # fmt: skip
@@ -225,6 +227,7 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "workers": s.get("workers", _endpoint, DEFAULT_WORKERS),
         "durability": s.get("durability", _choice(DURABILITIES), "sync"),
         "metrics": s.get("metrics", _host_port, None),
+        "dashboard": s.get("dashboard", _host_port, None),
         "heartbeat_interval": s.get("heartbeat_interval", _positive_number, 1.0),
         "liveness": s.get("liveness", _positive_int, 3),
         "max_payload_bytes": s.get("max_payload_bytes", _positive_int, 1048576),
@@ -235,6 +238,8 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "max_connections": s.get("max_connections", _positive_int, None),
         "connection_buffer_bytes": s.get("connection_buffer_bytes", _positive_int, 4 * 1048576),
     }
+    if out["dashboard"] is not None and out["dashboard"] == out["metrics"]:
+        raise s.error("dashboard", f"must differ from metrics ({out['metrics']!r}); each is a server of its own")
     if out["clients"] == out["workers"] and not _is_ephemeral(out["clients"]):
         raise s.error("workers", f"must differ from clients ({out['clients']!r}); give each socket its own endpoint")
     # data_dir is accepted with durability = "none" so that switching the
@@ -282,8 +287,12 @@ def _tokens(top: _Section, environ: Mapping[str, str]) -> tuple[TokenSpec, ...]:
     owner_of: dict[bytes, tuple[int, str]] = {}
     for number, s in auth.array_of_tables("tokens", "[[auth.tokens]]", _TOKEN_KEYS):
         env = s.require("token_env", _env_name, "the name of an environment variable such as 'CRONOQ_TOKEN'")
-        role = s.require("role", _choice(ROLES), "one of 'client', 'worker', 'admin'")
+        role = s.require("role", _choice(ROLES), "one of 'client', 'worker', 'admin', 'viewer'")
         tenant = s.get("tenant", _tenant, None)
+        if role == "viewer" and tenant is not None:
+            # A viewer reads the whole broker (the dashboard, `cronoq status`): a pin could not hold there.
+            raise s.error("tenant", "a viewer token sees every tenant and cannot be pinned to one; "
+                                    "drop `tenant`, or give a client token the tenant instead")
         value = environ.get(env)
         if value is None:
             raise s.error("token_env", f"environment variable {env} is not set; export the token in it before starting")

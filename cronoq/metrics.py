@@ -112,6 +112,8 @@ class BrokerCollector:
         stats = self._stats()
         pools = stats.get("pools", {})
         yield _gauge("cronoq_workers_connected", "Workers registered with the broker.", [], [([], stats.get("workers", 0))])
+        yield _gauge("cronoq_pool_workers", "Registered workers serving the pool.", ["pool"],
+                     [([name], p.get("workers", 0)) for name, p in pools.items()])
         yield _gauge("cronoq_pool_paused", "1 when the pool is paused (accepts but does not dispatch).", ["pool"],
                      [([name], int(p["paused"])) for name, p in pools.items()])
         yield _gauge("cronoq_queued_tasks", "Tasks waiting to be dispatched, by pool and priority class.",

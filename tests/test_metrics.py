@@ -34,6 +34,7 @@ def test_backlog_dispatches_completions_and_histograms_are_exposed():
     text = generate_latest(registry_for(lambda: {"pools": core.stats(), "workers": 1}, metrics)).decode()
     got = samples(text)
     assert got[("cronoq_workers_connected", ())] == 1
+    assert got[("cronoq_pool_workers", (("pool", "llm"),))] == 1
     assert got[("cronoq_queued_tasks", (("class", "normal"), ("pool", "llm")))] == 3
     assert got[("cronoq_running_tasks", (("class", "critical"), ("pool", "llm")))] == 1
     assert got[("cronoq_tenant_queued_tasks", (("pool", "llm"), ("tenant", "acme")))] == 3

@@ -4,7 +4,8 @@ With no `[[auth.tokens]]` the broker is open and every caller may do
 everything. With any, each message carries a token: a missing or unknown
 one is `UNAUTHENTICATED`; a role doing what it may not is
 `PERMISSION_DENIED` (clients submit, wait, ask for status or an explanation, and cancel;
-workers serve pools; admins do everything). A token pinned to a tenant
+workers serve pools; viewers only look: the broker's statistics, a task's
+status, the web dashboard; admins do everything). A token pinned to a tenant
 covers that tenant's subtree: pinned to `acme`, it may submit as `acme` or
 any `acme/...` tenant and see their tasks; pinned to `acme/search`, only
 that subtree. Presented tokens are looked up by their SHA-256 digest, so the lookup takes
@@ -22,11 +23,13 @@ from typing import Iterable
 from cronoq.config import TokenSpec
 from cronoq.errors import PermissionDenied, Unauthenticated
 
-CLIENT, WORKER, ADMIN = "client", "worker", "admin"
+CLIENT, WORKER, ADMIN, VIEWER = "client", "worker", "admin", "viewer"
 
 # What each role may do. Admin may do everything.
 CLIENT_ACTIONS = frozenset({"submit", "wait", "unwait", "status", "explain", "cancel", "ping"})
 WORKER_ACTIONS = frozenset({"serve", "ping"})
+# A viewer reads what an on-call person needs and changes nothing. Not `wait`: results are the tenants' data.
+VIEWER_ACTIONS = frozenset({"stats", "status", "explain", "ping", "dashboard"})
 
 # How a refusal names each action: "a client token may not <phrase>".
 ACTION_PHRASES = {
@@ -42,13 +45,16 @@ ACTION_PHRASES = {
     "reload": "reload the broker's config",
     "serve": "serve pools",
     "ping": "ping the broker",
+    "dashboard": "read the web dashboard",
 }
+
+_ACTIONS_OF_ROLE = {CLIENT: CLIENT_ACTIONS, WORKER: WORKER_ACTIONS, VIEWER: VIEWER_ACTIONS}
 
 
 def _roles_allowed(action: str) -> str:
     """The roles that may do `action`, as a phrase: "a worker or admin"."""
-    roles = [role for role, actions in ((CLIENT, CLIENT_ACTIONS), (WORKER, WORKER_ACTIONS)) if action in actions]
-    return "a " + " or ".join([*roles, ADMIN]) if roles else "an admin"
+    roles = [role for role, actions in _ACTIONS_OF_ROLE.items() if action in actions]
+    return "a " + ", ".join(roles) + " or admin" if roles else "an admin"
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,7 @@ class Principal:
     def allows(self, action: str) -> bool:
         if self.role == ADMIN:
             return True
-        if self.role == CLIENT:
-            return action in CLIENT_ACTIONS
-        return action in WORKER_ACTIONS
+        return action in _ACTIONS_OF_ROLE.get(self.role, ())
 
     def require(self, action: str) -> None:
         """Raise PermissionDenied if this principal's role may not do `action`."""

@@ -57,15 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_free(address: str | None) -> None:
-    """Raise OSError if the metrics address ("host:port") cannot be bound now; it is served once the loop runs."""
+def _check_free(address: str | None, what: str = "metrics") -> None:
+    """Raise OSError if the address ("host:port") of the metrics or the dashboard cannot be bound now; each is
+    served once the loop runs."""
     if address is None:
         return
     host, _, port = address.rpartition(":")
     try:
-        socket.create_server((host, int(port))).close()
+        socket.create_server((host.strip("[]"), int(port))).close()
     except OSError as exc:
-        raise OSError(f"cannot serve metrics at {address}: {exc.strerror or exc}") from None
+        raise OSError(f"cannot serve {what} at {address}: {exc.strerror or exc}") from None
 
 
 def _reload(broker: Broker) -> None:
@@ -85,6 +86,10 @@ async def _serve(broker: Broker) -> None:
         await broker.start_metrics()
     except OSError as exc:
         raise _StartFailed(f"cannot serve metrics at {broker.config.metrics}: {exc}") from None
+    try:
+        await broker.start_dashboard()
+    except OSError as exc:
+        raise _StartFailed(f"cannot serve the dashboard at {broker.config.dashboard}: {exc}") from None
     clients, workers = broker.endpoints
     print(f"cronoq broker ready clients={clients} workers={workers}", flush=True)
     await broker.serve()
@@ -122,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         broker.bind()
         _check_free(config.metrics)
+        _check_free(config.dashboard, "the dashboard")
         opening = True  # from here the journal owns the held lock, and closes it if it fails
         recovered = broker.open(held_lock)
     except (OSError, StoreError) as exc:

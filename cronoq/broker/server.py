@@ -28,7 +28,8 @@ import logging
 import os
 import resource
 import time
-from typing import Any, Callable
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
 import zmq
@@ -38,11 +39,12 @@ from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.connections import Connection, Connections, peer_label
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
-from cronoq.core import PRIORITIES, PoolSettings, SchedulerCore
-from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied
+from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
+from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
 from cronoq.broker.clients import ClientRequests
 from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.cron import CronRunner
+from cronoq.broker.failures import RecentFailures
 from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
@@ -54,6 +56,9 @@ from cronoq.broker.messages import (
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerRegistry
 from cronoq.transport import recv_routed, tune
+
+if TYPE_CHECKING:
+    from cronoq.dashboard import Dashboard
 
 log = logging.getLogger("cronoq.broker")
 
@@ -86,7 +91,7 @@ SPARE_DESCRIPTORS = 64
 DEFAULT_MAX_CONNECTIONS = 10_000
 # Config keys a reload cannot change in a running broker.
 # max_payload_bytes is among them: libzmq fixes the largest frame it accepts when the sockets bind.
-RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "curve_secret_key_file",
+RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "dashboard", "curve_secret_key_file",
                 "max_payload_bytes", "auth_timeout", "max_connections", "connection_buffer_bytes")
 
 
@@ -139,6 +144,9 @@ class Broker:
         """Whether clients asked anything or tasks were dispatched since the last heartbeat."""
         self._data = DataDir(config, self._book, self.metrics)
         self._metrics_server: asyncio.base_events.Server | None = None
+        self._dashboard: Dashboard | None = None
+        self.failures = RecentFailures()
+        """The last tasks that failed, for the dashboard (a bounded ring)."""
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
@@ -208,6 +216,28 @@ class Broker:
             registry = registry_for(self.stats, self.metrics)
             self._metrics_server = await serve_metrics(self.config.metrics, registry)
 
+    async def start_dashboard(self) -> None:
+        """Serve the web dashboard when the config asks for it. Raises OSError when the address cannot be bound."""
+        if self.config.dashboard is not None:
+            from cronoq.dashboard import BrokerParts, Dashboard  # only a broker that serves it loads it
+
+            self._dashboard = Dashboard(BrokerParts(
+                stats=self.stats, identify=self._identify, pools=lambda: self.config.pools, core=self._core,
+                book=self._book, workers=self._workers.describe, failures=self.failures, act=self.act,
+                clock=self._clock, explain=self.explain,
+            ))
+            await self._dashboard.start(self.config.dashboard)
+
+    def act(self, action: Callable[[float], Any]) -> Any:
+        """Do an admin action that did not come through a socket (the dashboard's), given the time, then one pass
+        of the loop: it reaches the journal before this returns, and its effects (dispatches after a resume, the
+        outcome of a cancel to whoever waits) go out. Unavailable if the broker could not commit it."""
+        result = action(self._clock())
+        self._pump()
+        if self.failure is not None:
+            raise Unavailable(f"the broker stopped: {self.failure}")
+        return result
+
     async def serve(self) -> None:
         """Run until `stop()`; `bind()` must have been called."""
         assert self._clients is not None and self._workers_sock is not None, "bind() first"
@@ -237,6 +267,8 @@ class Broker:
         self._workers_sock.close(linger=0)
         if self._metrics_server is not None:
             self._metrics_server.close()
+        if self._dashboard is not None:
+            self._dashboard.close()
         self._collector.stop()
         self.close()
 
@@ -566,6 +598,9 @@ class Broker:
         self.metrics.task_finished(record.pool, record.state, record.submitted_at, record.started_at,
                                    record.finished_at)
         self._requests.deliver_outcome(record)
+        if record.state == FAILED:
+            self.failures.add(record.id, record.pool, record.tenant, record.error_type, record.error_message,
+                              record.traceback, record.attempts, record.finished_at)
 
     def reload(self) -> dict[str, Any]:
         """Reread the config file and apply it; FailedPrecondition (the running config stays) if it is invalid.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from cronoq import protocol
 from cronoq.book import TaskBook
@@ -59,6 +59,18 @@ class WorkerRegistry:
 
     def get(self, conn: Connection) -> WorkerEntry | None:
         return self._entries.get(conn)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every registered worker as the dashboard lists it: its name (as logs give it), pools, busy slots (its
+        leases, and the tasks from before it registered again), concurrency (busy and free slots), whether it is
+        leaving, and when it was last heard from."""
+        out = []
+        for conn, entry in self._entries.items():
+            busy = len(self._core.worker_tasks(conn)) + entry.owed
+            out.append({"name": conn.label, "pools": list(entry.pools), "busy": busy,
+                        "concurrency": busy + self._core.free_slots(conn), "leaving": entry.leaving,
+                        "last_seen_at": entry.last_seen})
+        return out
 
     def serving(self, pool: str) -> int:
         """How many registered workers serve `pool`."""

@@ -136,7 +136,7 @@ def test_permission_refusals_read_as_sentences(broker_factory):
     as_client = {**ENV, "CRONOQ_TOKEN": ENV["T_CLIENT"]}
     stats = cli(broker, "status", env=as_client)
     assert stats.returncode == 1
-    assert "a client token may not ask for the broker's statistics; that takes an admin token" in stats.stderr
+    assert "a client token may not ask for the broker's statistics; that takes a viewer or admin token" in stats.stderr
     pause = cli(broker, "pause", "llm", env=as_client)
     assert "a client token may not pause a pool; that takes an admin token" in pause.stderr
 

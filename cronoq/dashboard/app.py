@@ -1,0 +1,256 @@
+"""The dashboard's routes: the page, its JSON API, its admin actions, and who may use them.
+
+Every /api/ request is authorized like a message on the broker's sockets:
+with `[[auth.tokens]]` configured it must carry `Authorization: Bearer
+<token>` of an admin or viewer token (pause, resume and cancel take an
+admin); without tokens the broker is open and so is the dashboard. The
+page, its script and its styles are served to anyone: they hold no data,
+and the page asks for the token before it asks for any.
+
+The overview is one snapshot, built at most once per SNAPSHOT_INTERVAL and
+shared, encoded, by every viewer: a hundred browsers cost what one does.
+The admin actions go through the broker's `act`, which commits them to the
+journal before the answer leaves, as the same actions on the client socket.
+See docs/dashboard.md for each endpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from cronoq.book import Explanation, TaskBook, unknown_task
+from cronoq.broker.auth import OPEN, Principal
+from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut
+from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.dashboard.http import HttpServer, Request, Response, plain
+from cronoq.dashboard.views import DispatchHistory, dispatch_counts, failure_row, pool_view, worker_rows
+from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from cronoq.views import explain_text
+
+log = logging.getLogger("cronoq.dashboard")
+
+# Seconds an overview snapshot is served before the next request builds a new one.
+SNAPSHOT_INTERVAL = 1.0
+# The header every POST must carry. A page of another site cannot send it without the browser first asking
+# this server's leave (CORS), which it never gives: so no other site can make a browser pause a pool.
+ACTION_HEADER = "x-cronoq-dashboard"
+MAX_ID_LENGTH = 200
+
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/index.html": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+_HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
+    "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
+}
+_POOL_ACTION = re.compile(r"/api/pools/(?P<pool>[^/]+)/(?P<action>pause|resume)")
+_TASK = re.compile(r"/api/tasks/(?P<id>[^/]+)")
+_TASK_CANCEL = re.compile(r"/api/tasks/(?P<id>[^/]+)/cancel")
+_FAILURE = re.compile(r"/api/failures/(?P<id>[^/]+)")
+
+
+@dataclass(frozen=True)
+class BrokerParts:
+    """What the dashboard reads and steers of a running broker (the broker builds it: see Broker.start_dashboard)."""
+
+    stats: Callable[[], dict[str, Any]]
+    """The broker's stats map, at once (Broker.stats)."""
+    identify: Callable[[bytes], Principal]
+    """The principal of a token by the broker's current tokens (an open broker: an admin for any)."""
+    pools: Callable[[], Iterable[PoolSettings]]
+    """The pools of the running config (node weights of a tenant tree's ancestors come from there)."""
+    core: SchedulerCore
+    book: TaskBook
+    workers: Callable[[], list[dict[str, Any]]]
+    """Each worker: name, pools, busy, concurrency, leaving, last_seen_at (broker clock)."""
+    failures: RecentFailures
+    act: Callable[[Callable[[float], Any]], Any]
+    """Run an admin action (given the broker's time) and commit it before returning its result."""
+    clock: Callable[[], float]
+    explain: Callable[[str], Any] | None = None
+    """The broker's `explain(task_id)` (why it waits, how its attempts ended); the task view includes it."""
+
+
+def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
+    """What the dashboard shows of one task: its status and attempts as `status` reports them, its error and
+    traceback, and the broker's explanation of it (`parts.explain`, as `cronoq explain` shows it). NotFound, worded as
+    for an id that never existed, when the task is unknown or not the principal's to see."""
+    record = parts.book.get(task_id)
+    if not principal.may_see_tenant(record.tenant):
+        raise unknown_task(task_id)
+    view = dataclasses.asdict(parts.book.info(task_id))
+    view["traceback"] = cut(record.traceback, MAX_TRACEBACK_CHARS)
+    if parts.explain is not None:
+        explanation = parts.explain(task_id)
+        view["explain"] = explanation
+        view["explain_text"] = explain_text(msgspec.convert(explanation, Explanation))
+    return view
+
+
+class Dashboard:
+    """The web dashboard of one broker: `start(address)` serves it on the running loop, `close()` stops it."""
+
+    def __init__(self, parts: BrokerParts, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._parts = parts
+        self._monotonic = monotonic
+        self._history = DispatchHistory()
+        self._snapshot: tuple[float, dict[str, Any], bytes] | None = None
+        self._static = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
+        self.server = HttpServer(self.handle)
+
+    async def start(self, address: str) -> tuple[str, int]:
+        """Listen on "host:port"; returns the address bound. Raises OSError when it cannot be bound."""
+        bound = await self.server.start(address)
+        log.info("dashboard at http://%s:%d/", *bound)
+        return bound
+
+    def close(self) -> None:
+        self.server.close()
+
+    # ----------------------------------------------------------------- routing
+
+    def handle(self, request: Request) -> Response:
+        """Answer one request (see docs/dashboard.md)."""
+        path, method = request.path, request.method
+        if not path.startswith("/api/"):
+            static = self._static.get(path)
+            if static is None:
+                return plain(404, "not found; the dashboard is at /")
+            if method not in ("GET", "HEAD"):
+                return _method_not_allowed("GET")
+            return Response(200, static[0], static[1])
+        try:
+            return self._api(request)
+        except CronoqError as exc:
+            headers = [("WWW-Authenticate", 'Bearer realm="cronoq"')] if isinstance(exc, Unauthenticated) else []
+            return Response(_HTTP_STATUS.get(exc.code, 400),
+                            _json({"error": {"code": exc.code, "message": exc.message}}), headers=headers)
+
+    def _api(self, request: Request) -> Response:
+        principal = self._principal(request)
+        principal.require("dashboard")
+        path = request.path
+        if request.method == "POST":
+            if ACTION_HEADER not in request.headers:
+                raise PermissionDenied(f"an action must carry the header {ACTION_HEADER}: 1 (the page sends it)")
+            if (match := _POOL_ACTION.fullmatch(path)) is not None:
+                return self._pool_action(principal, match["pool"], match["action"])
+            if (match := _TASK_CANCEL.fullmatch(path)) is not None:
+                return self._cancel(principal, _task_id(match["id"]))
+        elif request.method in ("GET", "HEAD"):
+            if path == "/api/overview":
+                return Response(200, self._overview(principal))
+            if path == "/api/session":
+                return Response(200, _json({"role": principal.role, "auth": principal is not OPEN,
+                                            "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL}))
+            if (match := _TASK.fullmatch(path)) is not None:
+                return Response(200, _json(task_view(self._parts, principal, _task_id(match["id"]))))
+            if (match := _FAILURE.fullmatch(path)) is not None:
+                return Response(200, _json(self._failure(principal, _task_id(match["id"]))))
+        else:
+            return _method_not_allowed("GET, POST")
+        raise NotFound(f"no dashboard endpoint {request.method} {path}; see docs/dashboard.md")
+
+    def _principal(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if header and scheme.lower() != "bearer":
+            raise Unauthenticated("send the token as `Authorization: Bearer <token>`")
+        return self._parts.identify(token.strip().encode())
+
+    # ----------------------------------------------------------------- reading
+
+    def _overview(self, principal: Principal) -> bytes:
+        """The shared snapshot, encoded; built anew when it is older than SNAPSHOT_INTERVAL."""
+        now = self._monotonic()
+        if self._snapshot is None or now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
+            value = self._build()
+            self._snapshot = (now, value, _json(value))
+        _, value, encoded = self._snapshot
+        if principal.tenant is None:
+            return encoded
+        # A token pinned to a tenant sees the failures of its own subtree only (rare: built per request).
+        return _json({**value, "failures": [f for f in value["failures"] if principal.may_see_tenant(f["tenant"])]})
+
+    def _build(self) -> dict[str, Any]:
+        parts = self._parts
+        now = parts.clock()
+        stats = parts.stats()
+        recent, covers = self._history.recent(now, dispatch_counts(stats))
+        settings = {pool.name: pool for pool in parts.pools()}
+        pools = []
+        for name, pool in sorted(stats.get("pools", {}).items()):
+            configured = settings.get(name, PoolSettings(name))
+            pools.append(pool_view(name, pool, recent.get(name, {}), configured.weight,
+                                   lambda node, pool_name=name: parts.core.lag(pool_name, node)))
+        workers = parts.workers()
+        return {
+            "now": now,
+            "interval": SNAPSHOT_INTERVAL,
+            "share_window": covers,
+            "workers_connected": len(workers),
+            "pools": pools,
+            "workers": worker_rows(workers, now),
+            "failures": [failure_row(f) for f in parts.failures],
+        }
+
+    def _failure(self, principal: Principal, task_id: str) -> dict[str, Any]:
+        failure = self._parts.failures.find(task_id)
+        if failure is None or not principal.may_see_tenant(failure.tenant):
+            raise NotFound(f"no recent failure of task {task_id!r} (the dashboard keeps the last "
+                           f"{self._parts.failures.size}); its status may still be known: GET /api/tasks/{task_id}")
+        return failure_row(failure, with_traceback=True)
+
+    # ----------------------------------------------------------------- acting
+
+    def _pool_action(self, principal: Principal, pool: str, action: str) -> Response:
+        principal.require(action)
+        book = self._parts.book
+        if pool not in book.core.pool_names():
+            raise NotFound(f"no pool named {pool!r}; declared pools: {', '.join(sorted(book.core.pool_names()))}")
+        self._parts.act(lambda now: book.pause(pool) if action == "pause" else book.resume(pool))
+        self._snapshot = None  # the next poll shows it
+        log.info("dashboard: pool %s %s by %s", pool, "paused" if action == "pause" else "resumed", principal.name)
+        return Response(200, _json({"pool": pool, "paused": action == "pause"}))
+
+    def _cancel(self, principal: Principal, task_id: str) -> Response:
+        principal.require("cancel")
+        record = self._parts.book.get(task_id)
+        if not principal.may_see_tenant(record.tenant):
+            raise unknown_task(task_id)
+        cancelled = self._parts.act(lambda now: self._parts.book.cancel(task_id, now))
+        self._snapshot = None
+        return Response(200, _json({"id": task_id, "cancelled": bool(cancelled)}))
+
+
+def _task_id(text: str) -> str:
+    if not text or len(text) > MAX_ID_LENGTH or not text.isprintable():
+        raise InvalidArgument(f"a task id is 1 to {MAX_ID_LENGTH} printable characters")
+    return text
+
+
+def _method_not_allowed(allowed: str) -> Response:
+    response = plain(405, f"method not allowed; this path takes {allowed}")
+    return dataclasses.replace(response, headers=[("Allow", allowed)])
+
+
+def _json(value: Any) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def _read_static(name: str) -> bytes:
+    return resources.files("cronoq.dashboard").joinpath("static", name).read_bytes()
+
+
+__all__ = ["ACTION_HEADER", "BrokerParts", "Dashboard", "SNAPSHOT_INTERVAL", "task_view"]

@@ -1,0 +1,51 @@
+"""The dashboard's config key and the viewer role: validation, and what a viewer may do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cronoq.broker.auth import Principal
+from cronoq.config import ConfigError, parse_config, tomllib
+from cronoq.errors import PermissionDenied
+
+
+def parse(text: str, environ: dict[str, str] | None = None):
+    return parse_config(tomllib.loads(text), source="c.toml", base_dir=Path("/tmp"), environ=environ or {})
+
+
+def test_the_dashboard_key_takes_a_host_and_port_and_is_off_by_default():
+    assert parse("").dashboard is None
+    assert parse('[broker]\ndashboard = "127.0.0.1:9465"\n').dashboard == "127.0.0.1:9465"
+    with pytest.raises(ConfigError, match=r"c.toml: \[broker\] dashboard: expected 'HOST:PORT'"):
+        parse('[broker]\ndashboard = "9465"\n')
+    with pytest.raises(ConfigError, match="dashboard: must differ from metrics"):
+        parse('[broker]\ndashboard = "127.0.0.1:9464"\nmetrics = "127.0.0.1:9464"\n')
+
+
+def test_a_viewer_token_is_accepted_but_never_pinned_to_a_tenant():
+    config = parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "viewer"\n', {"V": "viewer-secret"})
+    assert config.tokens[0].role == "viewer"
+    with pytest.raises(ConfigError, match=r"#1 tenant: a viewer token sees every tenant and cannot be pinned"):
+        parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "viewer"\ntenant = "acme"\n', {"V": "viewer-secret"})
+    with pytest.raises(ConfigError, match="one of 'client', 'worker', 'admin', 'viewer'"):
+        parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "reader"\n', {"V": "viewer-secret"})
+
+
+@pytest.mark.parametrize("action", ["stats", "status", "ping", "dashboard"])
+def test_a_viewer_may_look(action):
+    Principal("viewer").require(action)
+
+
+@pytest.mark.parametrize("action", ["submit", "wait", "cancel", "pause", "resume", "reload", "serve"])
+def test_a_viewer_may_change_nothing_nor_read_results(action):
+    with pytest.raises(PermissionDenied, match="a viewer token may not"):
+        Principal("viewer").require(action)
+
+
+def test_refusals_name_every_role_that_may():
+    with pytest.raises(PermissionDenied, match="that takes a client, viewer or admin token"):
+        Principal("worker").require("status")
+    with pytest.raises(PermissionDenied, match="that takes a viewer or admin token"):
+        Principal("client").require("dashboard")
