@@ -31,6 +31,8 @@ class _StartFailed(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronoq-broker", description="Run the cronoq broker.")
     parser.add_argument("-c", "--config", metavar="FILE", help="the TOML config (default: built-in defaults)")
+    parser.add_argument("--member", metavar="NAME",
+                        help="which member of the config's [cluster] this broker is (overrides [broker] member)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="key=value lines (text, the default) or one JSON object per line")
@@ -69,7 +71,8 @@ async def _serve(broker: Broker) -> None:
     except OSError as exc:
         raise _StartFailed(f"cannot serve metrics at {broker.config.metrics}: {exc}") from None
     clients, workers = broker.endpoints
-    print(f"cronoq broker ready clients={clients} workers={workers}", flush=True)
+    member = f" member={broker.config.member}" if broker.config.member is not None else ""
+    print(f"cronoq broker ready clients={clients} workers={workers}{member}", flush=True)
     await broker.serve()
 
 
@@ -77,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     try:
-        config: BrokerConfig = load_config(args.config) if args.config else default_config()
+        if args.member is not None and not args.config:
+            raise ConfigError("--member names a member of a cluster: give the config that declares it with -c FILE")
+        config: BrokerConfig = load_config(args.config, member=args.member) if args.config else default_config()
     except ConfigError as exc:
         print(f"cronoq-broker: invalid config: {exc}", file=sys.stderr)
         return 2

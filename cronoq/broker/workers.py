@@ -75,9 +75,15 @@ class WorkerRegistry:
             yield conn, entry, entry.last_seen < deadline
 
     def register(self, conn: Connection, ready: protocol.Ready, configured: Mapping[str, PoolSettings],
-                 now: float) -> None:
-        """Accept a worker's `Ready`, or raise the refusal: NotFound, FailedPrecondition, InvalidArgument."""
+                 now: float, *, draining_served: bool = False) -> None:
+        """Accept a worker's `Ready`, or raise the refusal: NotFound, FailedPrecondition, InvalidArgument.
+
+        With `draining_served` (a cluster member), a worker may also serve the pools a reload moved away that
+        still hold tasks here: they are served until empty.
+        """
         accepting = set(self._core.pool_names())
+        if draining_served:
+            accepting.update(self._core.draining_pools())
         if not ready.pools:
             raise InvalidArgument("a worker must serve at least one pool")
         for name in ready.pools:

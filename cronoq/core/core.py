@@ -139,6 +139,10 @@ class SchedulerCore:
         """Names of the pools that accept tasks (draining pools excluded)."""
         return [name for name, pool in self._pools.items() if not pool.draining]
 
+    def draining_pools(self) -> list[str]:
+        """Names of the pools a reload left out that still hold tasks (they accept none, and go once empty)."""
+        return [name for name, pool in self._pools.items() if pool.draining]
+
     def pause(self, pool: str) -> None:
         """Stop dispatching from `pool`; it still accepts tasks and deadlines still expire."""
         p = self._pool(pool)
