@@ -204,7 +204,7 @@ class Broker:
     async def start_metrics(self) -> None:
         """Serve /metrics when the config asks for it. Raises OSError when the address cannot be bound."""
         if self.config.metrics is not None:
-            registry = registry_for(self.stats, self.metrics)
+            registry = registry_for(self.stats, self.metrics, self.config.member)
             self._metrics_server = await serve_metrics(self.config.metrics, registry)
 
     async def serve(self) -> None:

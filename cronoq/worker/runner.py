@@ -25,6 +25,15 @@ through, as a refused registration does.
 Stopping is graceful (running tasks finish and report) or, with
 `stop(now=True)`, at once: the socket closes, and the broker, losing the
 connection, gives the running tasks to other workers.
+
+Before registering, a worker asks its broker for the cluster map. A lone
+broker answers nil (an older one refuses the question): the worker then
+registers as it always did. A cluster member answers with the map: the
+worker then serves each member that owns some of its pools through a
+connection of its own (a "member worker", this same class), with a share of
+the slots (`cronoq.worker.cluster`), and follows the map as the members
+report it: a pool a reload moved is served on its old member until drained
+and on its new one from then on.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import logging
 import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -48,10 +57,13 @@ from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_
 from cronoq.link import EVENTS as LINK_EVENTS, Link
 from cronoq.pool import Pool
 from cronoq.transport import Channel, Item, context, token_bytes, tune
+from cronoq.worker.cluster import split_slots, wanted_pools
 
 log = logging.getLogger("cronoq.worker")
 
 RECONNECT_DELAY_MAX = 32.0
+# A member worker asks its member for the cluster map every this many heartbeats, to follow reloads.
+MAP_POLL_BEATS = 5
 # A failing handler's message in the worker's log is cut to this many bytes (the task's outcome keeps more).
 LOGGED_MESSAGE_BYTES = 1024
 
@@ -84,6 +96,18 @@ class Worker:
             raise InvalidArgument(f"concurrency must be a positive integer, got {concurrency!r}")
         self.broker = broker
         self.concurrency = concurrency
+        self._curve_public_key = curve_public_key
+        # Cluster: whether to ask for the map before registering (a member worker does not), the rids of those
+        # questions, the member workers by member name, and (in a member worker) whom to tell the maps it hears.
+        self._routing = True
+        self._map_rids: collections.deque[int] = collections.deque(maxlen=16)
+        self._members: dict[str, Worker] = {}
+        self._member_runs: dict[str, asyncio.Task[None]] = {}
+        self._draining: dict[str, list[str]] = {}
+        self._clustered = False
+        self._on_map: Callable[[Any], None] | None = None
+        self._gate: asyncio.Semaphore | None = None  # at most `concurrency` handlers at once, over every member
+        self._beats = 0
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
         self._token = token_bytes(token)
@@ -114,20 +138,30 @@ class Worker:
 
     @property
     def registered(self) -> bool:
-        """Whether the broker has accepted this worker on the current connection."""
+        """Whether the broker has accepted this worker on the current connection (in a cluster: whether every
+        member serving its pools has)."""
+        if self._clustered:
+            return bool(self._members) and all(m.registered for m in self._members.values())
         return self._registered.is_set()
 
     @property
     def running(self) -> int:
         """How many tasks run now."""
-        return len(self._running)
+        return len(self._running) + sum(m.running for m in self._members.values())
+
+    @property
+    def members(self) -> dict[str, list[str]]:
+        """In a cluster, the pools this worker serves on each member; empty for a lone broker."""
+        return {name: list(m.pools) for name, m in self._members.items()}
 
     # ----------------------------------------------------------------- lifecycle
 
     async def run(self) -> None:
         """Serve until `stop()`; raises the broker's refusal (e.g. NotFound, FailedPrecondition) if it rejects us."""
         loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
+        owns_executor = self._executor is None  # a member worker runs its handlers in its parent's threads
+        if owns_executor:
+            self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
         self._connect()
         try:
             while not self._stopped.is_set():
@@ -137,9 +171,15 @@ class Worker:
         finally:
             self._abandon_running()
             self._disconnect()
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
-                     "" if self.finished == 1 else "s", self.abandoned)
+            for member in list(self._members.values()):
+                await member.stop(now=True)
+                self.finished += member.finished
+                self.abandoned += member.abandoned
+            if owns_executor:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._on_map is None:
+                log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
+                         "" if self.finished == 1 else "s", self.abandoned)
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
@@ -148,6 +188,8 @@ class Worker:
             return
         except asyncio.TimeoutError:
             pass
+        if self._clustered:
+            return  # the member workers keep their own connections alive
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
             if self._link.trouble is None:
@@ -164,8 +206,11 @@ class Worker:
             self._connect()
         elif self._registered.is_set():
             self._send(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
+            self._beats += 1
+            if self._on_map is not None and self._beats % MAP_POLL_BEATS == 0:
+                self._ask_map()  # follow the cluster's map: a reload may have moved a pool
         else:
-            self._send_ready()  # the broker may have come up since; ask again
+            self._register()  # the broker may have come up since; ask again
 
     async def stop(self, *, now: bool = False) -> None:
         """Take no more tasks, let the running ones finish and report, then leave.
@@ -178,12 +223,18 @@ class Worker:
             self._stopping = True
             self._abandon_running()
             self._disconnect()
+            for member in list(self._members.values()):
+                await member.stop(now=True)
             self._stopped.set()
             return
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
+        if self._clustered:
+            await asyncio.gather(*(member.stop() for member in list(self._members.values())))
+            self._stopped.set()
+            return
         if self._channel is not None and self._registered.is_set():
             self._send(protocol.Leave(protocol.PROTOCOL_VERSION))
             # Tasks sent before the broker saw Leave are still on their way.
@@ -222,7 +273,7 @@ class Worker:
         self._monitor = Channel(monitor, self._on_link_event)
         self._registered.clear()
         self._last_heard = asyncio.get_running_loop().time()
-        self._send_ready()
+        self._register()
 
     def _disconnect(self) -> None:
         if self._monitor is not None:
@@ -271,6 +322,19 @@ class Worker:
         if self._channel is not None:
             self._channel.post(message, body)
 
+    def _register(self) -> None:
+        """Register with the broker; first, unless this is a member worker or the broker is known to be alone,
+        ask whether it is a cluster member."""
+        if self._routing:
+            self._ask_map()
+        else:
+            self._send_ready()
+
+    def _ask_map(self) -> None:
+        rid = next(self._rids)
+        self._map_rids.append(rid)
+        self._send(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, rid))
+
     def _send_ready(self) -> None:
         if self._stopping:
             return
@@ -278,9 +342,9 @@ class Worker:
         self._ready_rids.append(rid)
         self._send(protocol.Ready(
             protocol.PROTOCOL_VERSION, rid, pools=list(self.pools),
-            slots=self.concurrency - len(self._running),
+            slots=max(0, self.concurrency - len(self._running)),
             settings={name: pool.explicit_settings() for name, pool in self.pools.items() if pool.explicit_settings()},
-            concurrency=self.concurrency,
+            concurrency=max(self.concurrency, len(self._running)),
         ))
 
     def _on_command(self, frames: list[bytes]) -> None:
@@ -311,14 +375,121 @@ class Worker:
                 self._send_ready()
             case protocol.Left():
                 self._left.set()
+            case protocol.Ok() if command.rid in self._map_rids:
+                self._take_map(command.value)
+            case protocol.Ok():
+                pass
+            case protocol.Error() if command.rid and command.rid in self._map_rids:
+                # A broker that does not know `cluster` (an older one) is a lone broker.
+                self._take_map(None)
+            case protocol.Error() if (command.rid in self._ready_rids and self._on_map is not None
+                                      and isinstance(command.details, dict) and "member" in command.details):
+                # A member worker's pool moved to another member between the map it had and its `ready`: read
+                # the map again (its parent then moves the pool) rather than stop.
+                log.warning("%s: %s; reading the cluster map again", self.broker, command.message)
+                self._ask_map()
             case protocol.Error() if command.rid and command.rid not in self._ready_rids:
                 log.warning("the broker refused a message of this worker: %s %s", command.code, command.message)
             case protocol.Error():
                 # A refused registration (or a message the broker could not take at all: the wrong endpoint, a
                 # bad token) is a mistake of configuration: stop and report it.
-                self._fatal = error_from_code(command.code, command.message)
+                self._fatal = error_from_code(command.code, command.message, command.details)
                 log.error("the broker refused this worker: %s %s", command.code, command.message)
                 self._stopped.set()
+
+    # ----------------------------------------------------------------- cluster
+
+    def _take_map(self, value: Any) -> None:
+        """The broker's answer to `cluster`: register alone (nil), or serve the cluster through member workers."""
+        if self._on_map is not None:  # a member worker: its parent decides
+            if value is not None:
+                self._on_map(value)
+            return
+        if value is None:
+            if not self._clustered:
+                self._routing = False  # a lone broker: register as always
+                self._send_ready()
+            return
+        if not self._clustered:
+            log.info("%s is cluster member %s: serving the members that own pools %s", self.broker,
+                     value.get("member"), ", ".join(self.pools))
+            self._clustered = True
+            self._gate = asyncio.Semaphore(self.concurrency)
+            self._disconnect()  # each member worker has its own connection; this one has told what it could
+        self._follow(value)
+
+    def _follow(self, value: Any) -> None:
+        """Serve the map `value`: start, retarget or stop member workers so that each member that owns (or still
+        drains) some of this worker's pools serves them with its share of the slots."""
+        if self._stopping:
+            return
+        member_name = value.get("member")
+        if isinstance(member_name, str):
+            self._draining[member_name] = list(value.get("draining", ()))
+        wanted = wanted_pools(value, self.pools, self._draining)
+        try:
+            shares = split_slots(self.concurrency, {name: len(owned) for name, (owned, _) in wanted.items()})
+        except InvalidArgument as exc:
+            if not self._members:
+                self._fatal = exc
+                log.error("cannot serve: %s", exc)
+                self._stopped.set()
+                return
+            log.error("%s; serving with one slot per member (at most %d handlers run at once)", exc, self.concurrency)
+            shares = {name: 1 for name in wanted}
+        addresses = {m["name"]: m.get("workers") or [] for m in value.get("members", ())}
+        for name, (owned, leftover) in wanted.items():
+            pools = [self.pools[p] for p in self.pools if p in owned or p in leftover]
+            member = self._members.get(name)
+            if member is None:
+                if not addresses.get(name):
+                    continue
+                self._start_member(name, addresses[name], pools, shares[name])
+            else:
+                member._retarget(pools, shares[name])
+        for name in list(self._members):
+            if name not in wanted:
+                log.info("cluster member %s no longer owns any of this worker's pools: leaving it", name)
+                member = self._members.pop(name)
+                asyncio.get_running_loop().create_task(member.stop())
+
+    def _start_member(self, name: str, addresses: list[str], pools: list[Pool], share: int) -> None:
+        """Serve `pools` on member `name` with `share` slots, through a connection of its own (its first worker
+        address until connections fail over between a member's addresses)."""
+        member = Worker(addresses[0], pools, concurrency=share, token=self._token,
+                        heartbeat_interval=self.heartbeat_interval, liveness=self.liveness,
+                        curve_public_key=self._curve_public_key)
+        member._routing = False
+        member._executor = self._executor
+        member._gate = self._gate
+        member._on_map = self._follow
+        self._members[name] = member
+        run = asyncio.get_running_loop().create_task(member.run())
+        self._member_runs[name] = run
+        run.add_done_callback(functools.partial(self._member_ended, name))
+
+    def _member_ended(self, name: str, run: asyncio.Task[None]) -> None:
+        """A member worker stopped: by itself only on a refusal, which stops the whole worker as it would alone."""
+        if self._member_runs.get(name) is run:
+            del self._member_runs[name]
+        if run.cancelled() or self._stopping:
+            return
+        error = run.exception()
+        if error is not None and self._fatal is None:
+            self._fatal = error if isinstance(error, CronoqError) else Unavailable(str(error))
+            self._stopped.set()
+
+    def _retarget(self, pools: list[Pool], share: int) -> None:
+        """Serve other pools, or another share of slots: register again when either changed."""
+        names = [pool.name for pool in pools]
+        if names == list(self.pools) and share == self.concurrency:
+            return
+        log.info("serving pools %s on %s with %d slot%s", ", ".join(names), self.broker, share,
+                 "" if share == 1 else "s")
+        self.pools = {pool.name: pool for pool in pools}
+        self.concurrency = share
+        if self._channel is not None:
+            self._send_ready()
 
     # ----------------------------------------------------------------- tasks
 
@@ -333,7 +504,11 @@ class Worker:
         try:
             if pool is None:
                 raise LookupError(f"this worker does not serve pool {assign.pool!r}")
-            value = await pool.call(protocol.decode_body(body), self._executor)
+            if self._gate is None:
+                value = await pool.call(protocol.decode_body(body), self._executor)
+            else:
+                async with self._gate:
+                    value = await pool.call(protocol.decode_body(body), self._executor)
             result = protocol.encode_body(value)
         except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
             error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
