@@ -90,8 +90,9 @@ class BrokerProcess:
     """A real `cronoq-broker -c FILE` child process."""
 
     def __init__(self, config_path: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None,
-                 nofile: tuple[int, int] | None = None) -> None:
+                 nofile: tuple[int, int] | None = None, log: Path | None = None) -> None:
         self.config_path = config_path
+        self.log_path = log  # None: beside the config, named after it (members sharing one file need their own)
         self.env = env
         self.nofile = nofile
         self.args = args or ["--log-level", "WARNING"]
@@ -100,7 +101,7 @@ class BrokerProcess:
         self.workers = ""
 
     def start(self) -> "BrokerProcess":
-        self.log = self.config_path.with_suffix(".log")
+        self.log = self.log_path or self.config_path.with_suffix(".log")
         self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), *self.args],
                            self.log, env=self.env, cwd=self.config_path.parent, nofile=self.nofile)
         line = wait_for_line(self.proc, self.log, "cronoq broker ready")

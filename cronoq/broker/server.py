@@ -541,7 +541,8 @@ class Broker:
         if self.config.source == DEFAULTS_SOURCE:
             raise FailedPrecondition("this broker runs on built-in defaults: there is no config file to reload")
         try:
-            new = load_config(self.config.source)
+            # A member stays the member it is (--member, or the file's key when it started): that takes a restart.
+            new = load_config(self.config.source, member=self.config.member)
         except ConfigError as exc:
             log.error("reload refused, the running config stays: %s", exc)
             raise FailedPrecondition(f"reload refused, the running config stays: {exc}") from None

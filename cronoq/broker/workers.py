@@ -103,7 +103,7 @@ class WorkerRegistry:
             if ready.slots > ready.concurrency or owed < 0:
                 raise InvalidArgument(f"slots ({ready.slots}) and the tasks held cannot exceed concurrency "
                                       f"({ready.concurrency})")
-        self._core.add_worker(conn, ready.pools, ready.slots)
+        self._core.add_worker(conn, ready.pools, ready.slots, draining_ok=draining_served)
         self._entries[conn] = WorkerEntry(list(ready.pools), now, owed=owed)
         log.info("worker %s ready for pools %s with %d slot%s", conn.label, ", ".join(ready.pools),
                  ready.slots, "" if ready.slots == 1 else "s")

@@ -47,7 +47,9 @@ from cronoq import protocol
 from cronoq.book import MAX_NAME_LENGTH, TaskInfo, seconds_from_now
 from cronoq.client.cluster import STATS_WAIT, ClusterRoutes, cluster_stats, routed
 from cronoq.curve import connect_encrypted, public_key
-from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
+from cronoq.errors import (
+    CronoqError, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable, error_from_code,
+)
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.link import EVENTS as LINK_EVENTS, Link
 from cronoq.transport import Channel, context, token_bytes, tune
@@ -337,7 +339,19 @@ class Client:
         if not self._routing:
             return None
         if not self._heard_hello:
-            await self._payload_limit()
+            self._check_sendable()
+            self._ask_rules()
+            hello = self._hello
+            assert hello is not None
+            try:
+                await asyncio.shield(hello)
+            except (Unavailable, Unauthenticated, PermissionDenied):
+                # A refused token: the broker answers such a connection once a second and drops the rest, so
+                # the request must not follow; it fails as its `hello` did.
+                raise
+            except CronoqError:
+                pass  # a broker that does not know `hello`: a lone broker
+            self._take_rules(hello)
         if self._member is None:
             return None
         if self._routes is None:

@@ -439,8 +439,11 @@ class Worker:
             shares = {name: 1 for name in wanted}
         addresses = {m["name"]: m.get("workers") or [] for m in value.get("members", ())}
         for name, (owned, leftover) in wanted.items():
-            pools = [self.pools[p] for p in self.pools if p in owned or p in leftover]
             member = self._members.get(name)
+            # Only a member knows which pools it still drains: another's map may add pools to its member
+            # worker, never take them away.
+            keep = set(owned) | set(leftover) | (set() if member is None or name == member_name else set(member.pools))
+            pools = [self.pools[p] for p in self.pools if p in keep]
             if member is None:
                 if not addresses.get(name):
                     continue
@@ -448,7 +451,7 @@ class Worker:
             else:
                 member._retarget(pools, shares[name])
         for name in list(self._members):
-            if name not in wanted:
+            if name not in wanted and name == member_name:
                 log.info("cluster member %s no longer owns any of this worker's pools: leaving it", name)
                 member = self._members.pop(name)
                 asyncio.get_running_loop().create_task(member.stop())
