@@ -47,10 +47,13 @@ def split_slots(concurrency: int, owned: Mapping[str, int]) -> dict[str, int]:
             f"({', '.join(sorted(owned))}); give it at least {len(owned)}, or run one worker per member")
     weights = {name: max(1, count) for name, count in owned.items()}
     total = sum(weights.values())
-    spare = concurrency - len(weights)  # one slot each first, the rest in proportion
-    exact = {name: spare * w / total for name, w in weights.items()}
-    shares = {name: 1 + int(x) for name, x in exact.items()}
-    left = concurrency - sum(shares.values())
-    for name in sorted(exact, key=lambda n: (-(exact[n] - int(exact[n])), n))[:left]:
+    exact = {name: concurrency * w / total for name, w in weights.items()}
+    shares = {name: max(1, int(x)) for name, x in exact.items()}
+    # Largest remainders: take from those furthest above their exact share, give to those furthest below.
+    while sum(shares.values()) > concurrency:
+        name = max((n for n in shares if shares[n] > 1), key=lambda n: (shares[n] - exact[n], n))
+        shares[name] -= 1
+    while sum(shares.values()) < concurrency:
+        name = max(shares, key=lambda n: (exact[n] - shares[n], n))
         shares[name] += 1
     return shares
