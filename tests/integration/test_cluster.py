@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
