@@ -62,8 +62,10 @@ from cronoq.worker.cluster import split_slots, wanted_pools
 log = logging.getLogger("cronoq.worker")
 
 RECONNECT_DELAY_MAX = 32.0
-# A member worker asks its member for the cluster map every this many heartbeats, to follow reloads.
+# A member worker asks its member for the cluster map every this many heartbeats, to follow reloads; a worker
+# asks the members it does not serve (one may still drain a pool of it) every PROBE_BEATS.
 MAP_POLL_BEATS = 5
+PROBE_BEATS = 20
 # A failing handler's message in the worker's log is cut to this many bytes (the task's outcome keeps more).
 LOGGED_MESSAGE_BYTES = 1024
 
@@ -108,6 +110,9 @@ class Worker:
         self._on_map: Callable[[Any], None] | None = None
         self._gate: asyncio.Semaphore | None = None  # at most `concurrency` handlers at once, over every member
         self._beats = 0
+        self._map: Any = None  # the latest cluster map heard, and the version whose members were last probed
+        self._probed: str | None = None
+        self._probes: set[asyncio.Task[None]] = set()
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
         self._token = token_bytes(token)
@@ -171,6 +176,8 @@ class Worker:
         finally:
             self._abandon_running()
             self._disconnect()
+            for probe in list(self._probes):
+                probe.cancel()
             for member in list(self._members.values()):
                 await member.stop(now=True)
                 self.finished += member.finished
@@ -189,7 +196,12 @@ class Worker:
         except asyncio.TimeoutError:
             pass
         if self._clustered:
-            return  # the member workers keep their own connections alive
+            # The member workers keep their own connections alive; the members without one are asked now and
+            # then whether they still drain a pool of this worker (only a member knows: after its restart, say).
+            self._beats += 1
+            if self._beats % PROBE_BEATS == 0 and self._map is not None:
+                self._probe_others(self._map)
+            return
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
             if self._link.trouble is None:
@@ -426,6 +438,10 @@ class Worker:
         member_name = value.get("member")
         if isinstance(member_name, str):
             self._draining[member_name] = list(value.get("draining", ()))
+        self._map = value
+        if value.get("version") != self._probed:
+            self._probed = value.get("version")
+            self._probe_others(value)
         wanted = wanted_pools(value, self.pools, self._draining)
         try:
             shares = split_slots(self.concurrency, {name: len(owned) for name, (owned, _) in wanted.items()})
@@ -455,6 +471,51 @@ class Worker:
                 log.info("cluster member %s no longer owns any of this worker's pools: leaving it", name)
                 member = self._members.pop(name)
                 asyncio.get_running_loop().create_task(member.stop())
+
+    def _probe_others(self, value: Any) -> None:
+        """Ask each member this worker has no member worker for (save the one that answered `value`) for its own
+        map: it may still drain a pool of this worker, which only its own answer says."""
+        for member in value.get("members", ()):
+            name, workers = member.get("name"), member.get("workers") or []
+            if name in self._members or name == value.get("member") or not workers:
+                continue
+            probe = asyncio.get_running_loop().create_task(self._probe(workers[0]))
+            self._probes.add(probe)
+            probe.add_done_callback(self._probes.discard)
+
+    async def _probe(self, address: str) -> None:
+        """One `cluster` question to the worker endpoint at `address`, on a socket of its own; its answer is
+        followed like a member worker's. No answer within a liveness period: the next probe asks again."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        rid = next(self._rids)
+
+        def on_message(frames: list[bytes]) -> None:
+            try:
+                commands = protocol.unbatch(protocol.decode_worker_command(frames[0]),
+                                            frames[1] if len(frames) > 1 else None)
+            except CronoqError:
+                return
+            for command, _ in commands:
+                if isinstance(command, protocol.Ok) and command.rid == rid and not answer.done():
+                    answer.set_result(command.value)
+
+        sock = context().socket(zmq.DEALER)
+        tune(sock)
+        if self._server_key is not None:
+            connect_encrypted(sock, self._server_key)
+        channel = Channel(sock, on_message, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
+                          prefix=[self._token])
+        try:
+            sock.connect(address)
+            channel.post(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, rid))
+            value = await asyncio.wait_for(answer, self.heartbeat_interval * self.liveness)
+        except (asyncio.TimeoutError, zmq.ZMQError):
+            return
+        finally:
+            channel.close()
+        if value is not None and not self._stopping:
+            self._follow(value)
 
     def _start_member(self, name: str, addresses: list[str], pools: list[Pool], share: int) -> None:
         """Serve `pools` on member `name` with `share` slots, through a connection of its own (its first worker

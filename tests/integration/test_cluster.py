@@ -257,3 +257,33 @@ async def _owner_is(address: str, pool: str, member: str) -> bool:
     async with cronoq.Client(address, routing=False, request_timeout=2) as direct:
         value = await direct.cluster()
     return any(pool in m["pools"] and m["name"] == member for m in value["members"])
+
+
+async def test_a_member_restarted_while_it_drains_a_moved_pool_still_runs_its_tasks(cluster):
+    c = cluster(["b1", "b2"])
+    pools_before = '[[pools]]\nname = "moving"\nmember = "b1"\n'
+    c.write(pools_before)
+    c.start("b1")
+    c.start("b2")
+    async with cronoq.connect(c.clients("b1")) as client:
+        old = [await client.submit(f"old-{i}", pool="moving") for i in range(5)]  # no worker yet: queued on b1
+        c.write(pools_before.replace('"b1"', '"b2"'))
+        for member in c.members.values():
+            member.proc.send_signal(signal.SIGHUP)
+        await until(lambda: _owner_is(c.clients("b1"), "moving", "b2"), "b1 reloaded")
+        c.members["b1"].stop()
+        c.start("b1")  # recovers the pool's tasks though it owns the pool no more: it drains them
+        async with cronoq.Client(c.clients("b1"), routing=False) as direct:
+            assert (await direct.cluster())["draining"] == ["moving"]
+
+        async def echo(payload: Any) -> Any:
+            return payload
+
+        worker = cronoq.Worker(c.workers("b2"), [cronoq.Pool("moving", echo)], concurrency=2, heartbeat_interval=0.2)
+        serving = asyncio.create_task(worker.run())
+        try:
+            assert [await h.result(timeout=30) for h in old] == [f"old-{i}" for i in range(5)]
+            assert (await client.submit("new", pool="moving")).id.startswith("b2:")
+        finally:
+            await worker.stop()
+            await serving
