@@ -142,6 +142,8 @@ class Broker:
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
+        self._owners: dict[str, str] = {}
+        self._place(config)
 
     def _pool_limits(self, pool: str) -> tuple[int | None, int | None]:
         limits = self.config.limits.get(pool)
@@ -563,6 +565,7 @@ class Broker:
             else:
                 self._cron.configure(schedules, self._clock())
         self.config = new
+        self._place(new)
         self._requests.member = new.member
         new_pools = {pool.name for pool in new.owned_pools}
         changes = {
@@ -582,13 +585,18 @@ class Broker:
         owned = {pool.name for pool in config.owned_pools}
         return tuple(schedule for schedule in config.schedules if schedule.pool in owned)
 
+    def _place(self, config: BrokerConfig) -> None:
+        """Remember which member owns each declared pool (asked on every submit: hashed once per config)."""
+        cluster = config.cluster
+        self._owners = {} if cluster is None else {p.name: cluster.owner(p.name) for p in config.pools}
+
     def _require_owned(self, pool: str) -> None:
         """FailedPrecondition naming the owner (in its details too) when `pool` is another member's."""
         cluster = self.config.cluster
-        if cluster is None or not isinstance(pool, str):
+        if cluster is None:
             return
-        owner = cluster.owner(pool)
-        if owner != self.config.member and any(p.name == pool for p in self.config.pools):
+        owner = self._owners.get(pool) if isinstance(pool, str) else None
+        if owner is not None and owner != self.config.member:
             addresses = ", ".join(cluster.member(owner).clients)
             raise FailedPrecondition(
                 f"pool {pool!r} belongs to cluster member {owner!r} ({addresses}), not to {self.config.member!r}; "
