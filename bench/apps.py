@@ -30,3 +30,6 @@ noop = cronoq.Pool("default", _noop)
 fair = cronoq.Pool("fair", _arrival)
 probe = cronoq.Pool("probe", _noop)
 """The soak's probe pool (`bench/soak.py`): one task at a time, on a worker of its own."""
+
+pair = [cronoq.Pool("p0", _noop), cronoq.Pool("p1", _noop)]
+"""The cluster bench's two pools (`bench/cluster.py`): one per member in the cluster, both on the lone broker."""

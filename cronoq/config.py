@@ -29,6 +29,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 from cronoq.book import MAX_NAME_LENGTH
+from cronoq.cluster import Cluster, Member
 from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
 from cronoq.retention import DEFAULT_RETENTION_BYTES
@@ -126,6 +127,17 @@ class BrokerConfig:
     tokens: tuple[TokenSpec, ...] = ()
     curve_secret_key_file: Path | None = None
     schedules: tuple[Schedule, ...] = ()
+    member: str | None = None
+    """This broker's name in `cluster` (None: a lone broker)."""
+    cluster: Cluster | None = None
+    """The `[cluster]` table: the members and the pools pinned to one (None: a lone broker owning every pool)."""
+
+    @property
+    def owned_pools(self) -> tuple[PoolSettings, ...]:
+        """The declared pools this broker schedules: all of them, or in a cluster those its member owns."""
+        if self.cluster is None:
+            return self.pools
+        return tuple(pool for pool in self.pools if self.cluster.owner(pool.name) == self.member)
 
     @property
     def auth_enabled(self) -> bool:
@@ -139,11 +151,13 @@ def default_config(cwd: Path | None = None) -> BrokerConfig:
     return BrokerConfig(source=DEFAULTS_SOURCE, data_dir=base / DEFAULT_DATA_DIR)
 
 
-def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> BrokerConfig:
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *,
+                member: str | None = None) -> BrokerConfig:
     """Read and validate the config file at `path`; raise `ConfigError` if it is unusable.
 
     Relative paths in the file are taken relative to the file's directory;
-    token secrets come from `environ` (default: `os.environ`).
+    token secrets come from `environ` (default: `os.environ`). `member`
+    (`cronoq-broker --member`) overrides `[broker] member`.
     """
     source = os.fsdecode(os.fspath(path))
     try:
@@ -158,14 +172,19 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: {_toml_problem(str(e))}") from None
     base_dir = Path(os.path.abspath(os.path.dirname(source)))
-    return parse_config(data, source=source, base_dir=base_dir, environ=os.environ if environ is None else environ)
+    return parse_config(data, source=source, base_dir=base_dir, environ=os.environ if environ is None else environ,
+                        member=member)
 
 
-def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, environ: Mapping[str, str]) -> BrokerConfig:
-    """Validate already-parsed TOML `data`; `source` names it in messages, `base_dir` anchors relative paths."""
-    top = _Section(source, "", _table(source, "config", data), ("auth", "broker", "pools", "schedules"))
-    broker = _broker_settings(top.subsection("broker", _BROKER_KEYS), base_dir)
+def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path, environ: Mapping[str, str],
+                 member: str | None = None) -> BrokerConfig:
+    """Validate already-parsed TOML `data`; `source` names it in messages, `base_dir` anchors relative paths;
+    `member`, when given, overrides `[broker] member` (the command line's --member)."""
+    top = _Section(source, "", _table(source, "config", data), ("auth", "broker", "cluster", "pools", "schedules"))
+    broker_section = top.subsection("broker", _BROKER_KEYS)
+    broker = _broker_settings(broker_section, base_dir)
     pools, limits = _pools(top)
+    broker.update(_cluster_settings(top, broker_section, base_dir, member, pools))
     return BrokerConfig(
         source=source,
         pools=pools,
@@ -209,12 +228,13 @@ def override(config: BrokerConfig, *, clients: str | None = None, workers: str |
 _BROKER_KEYS = (
     "clients", "workers", "data_dir", "durability", "metrics", "dashboard", "heartbeat_interval", "liveness",
     "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "curve_secret_key_file",
-    "auth_timeout", "max_connections", "connection_buffer_bytes",
+    "auth_timeout", "max_connections", "connection_buffer_bytes", "member",
 )  # fmt: skip
 _POOL_KEYS = (
     "name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog",
-    "tenant_limits", "default_weight", "default_tenant_limit",
+    "tenant_limits", "default_weight", "default_tenant_limit", "member",
 )  # fmt: skip
+_MEMBER_KEYS = ("name", "clients", "workers")
 _TOKEN_KEYS = ("token_env", "role", "tenant")
 _SCHEDULE_KEYS = (
     "name", "cron", "timezone", "pool", "tenant", "priority", "payload", "catch_up", "deadline", "max_retries",
@@ -248,6 +268,78 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
     out["data_dir"] = None if out["durability"] == "none" else data_dir
     key_file = s.get("curve_secret_key_file", _string, None)
     out["curve_secret_key_file"] = None if key_file is None else _resolve(base_dir, key_file)
+    return out
+
+
+def _cluster_settings(top: _Section, broker: _Section, base_dir: Path, override: str | None,
+                      pools: tuple[PoolSettings, ...]) -> dict[str, Any]:
+    """`member` and `cluster`, and in a cluster the defaults of this member's endpoints and data_dir.
+
+    Without a `[cluster]` table nothing changes (and `member` keys are mistakes). In one, the endpoints not
+    set in `[broker]` are the member's first addresses, and data_dir, when not set, is cronoq-data/MEMBER,
+    so one file serves every member.
+    """
+    cluster_section = top.subsection("cluster", ("members",))
+    named = broker.get("member", _member_name, None)
+    pinned = {}
+    for number, s in top.array_of_tables("pools", "[[pools]]", None):
+        if "member" in s.table:
+            pinned[s.table["name"]] = s.relabel(f"[[pools]] #{number} {s.table['name']!r}").get(
+                "member", _member_name, None)
+    if "cluster" not in top.table:
+        if named is not None:
+            raise broker.error("member", "names a cluster member, but the file has no [cluster] table; "
+                                         "declare the members in [[cluster.members]] or remove the key")
+        if override is not None:
+            raise ConfigError(f"{top.source}: --member {override!r} given, but the file has no [cluster] table; "
+                              "declare the members in [[cluster.members]]")
+        if pinned:
+            pool, _ = next(iter(pinned.items()))
+            raise ConfigError(f"{top.source}: [[pools]] {pool!r} member: names a cluster member, but the file has "
+                              "no [cluster] table; declare the members in [[cluster.members]] or remove the key")
+        return {}
+    members: list[Member] = []
+    seen: dict[str, int] = {}
+    for number, s in cluster_section.array_of_tables("members", "[[cluster.members]]", _MEMBER_KEYS):
+        name = s.require("name", _member_name, "a member name such as 'b1'")
+        s = s.relabel(f"[[cluster.members]] #{number} {name!r}")
+        if name in seen:
+            raise s.error("name", f"duplicate member name {name!r} (also #{seen[name]}); member names must be unique")
+        seen[name] = number
+        members.append(Member(
+            name=name,
+            clients=s.require("clients", _endpoints, "an endpoint, or a list of them (a primary, then standbys)"),
+            workers=s.require("workers", _endpoints, "an endpoint, or a list of them (a primary, then standbys)"),
+        ))
+    if not members:
+        raise cluster_section.error("members", "missing; list each broker of the cluster as a [[cluster.members]] "
+                                               "table with name, clients and workers")
+    names = [m.name for m in members]
+    member = override if override is not None else named
+    if member is None:
+        raise broker.error("member", f"missing; with a [cluster] table, say which member this broker is "
+                                     f"(one of {', '.join(names)}), or start it with --member NAME")
+    if member not in names:
+        where = "--member" if override is not None else None
+        problem = f"no cluster member named {member!r}; members: {', '.join(names)}"
+        if where:
+            raise ConfigError(f"{top.source}: --member: {problem}")
+        raise broker.error("member", problem)
+    declared = {pool.name for pool in pools}
+    for pool, owner in pinned.items():
+        if owner not in names:
+            raise ConfigError(f"{top.source}: [[pools]] {pool!r} member: no cluster member named {owner!r}; "
+                              f"members: {', '.join(names)}")
+        assert pool in declared
+    cluster = Cluster(tuple(members), MappingProxyType(pinned))
+    me = cluster.member(member)
+    out: dict[str, Any] = {"member": member, "cluster": cluster}
+    if "clients" not in broker.table:
+        out["clients"] = me.clients[0]
+    if "workers" not in broker.table:
+        out["workers"] = me.workers[0]
+    if "data_dir" not in broker.table and broker.get("durability", _choice(DURABILITIES), "sync") != "none":
+        out["data_dir"] = _resolve(base_dir, os.path.join(DEFAULT_DATA_DIR, member))
     return out
 
 
@@ -500,6 +592,26 @@ def _pool_name(value: Any) -> str:
     if not isinstance(value, str) or not _POOL_NAME.fullmatch(value):
         raise _Invalid(f"expected a non-empty string of letters, digits, '-', '_' or '.', got {_show(value)}")
     return value
+
+
+def _member_name(value: Any) -> str:
+    # A task id is the member's name, a colon and the rest: a name holds no colon.
+    if not isinstance(value, str) or not _POOL_NAME.fullmatch(value):
+        raise _Invalid(f"expected a member name of letters, digits, '-', '_' or '.' (e.g. 'b1'), got {_show(value)}")
+    return value
+
+
+def _endpoints(value: Any) -> tuple[str, ...]:
+    """One endpoint, or a non-empty list of them (a member's primary first, then its standbys)."""
+    if isinstance(value, str):
+        return (_endpoint(value),)
+    if not isinstance(value, list) or not value:
+        raise _Invalid(f"expected an endpoint such as 'tcp://10.0.0.1:5555' or a non-empty list of them, "
+                       f"got {_show(value)}")
+    out = tuple(_endpoint(item) for item in value)
+    if len(set(out)) != len(out):
+        raise _Invalid(f"lists the same endpoint twice: {list(out)}")
+    return out
 
 
 def _env_name(value: Any) -> str:

@@ -15,10 +15,14 @@ class CronoqError(Exception):
     """Base of every cronoq refusal; `code` names the kind, the message says what to do."""
 
     code: str = "UNKNOWN"
+    details: dict[str, Any] | None = None
+    """What a program can act on, beyond the message (e.g. the member that owns a pool), or None."""
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if details is not None:
+            self.details = details
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message,))
@@ -117,11 +121,14 @@ ERROR_CLASSES: dict[str, type[CronoqError]] = {
 }
 
 
-def error_from_code(code: str, message: str) -> CronoqError:
+def error_from_code(code: str, message: str, details: dict[str, Any] | None = None) -> CronoqError:
     """The exception for a code received over the wire (unknown codes become CronoqError)."""
     cls = ERROR_CLASSES.get(code)
     if cls is None:
         err = CronoqError(message)
         err.code = code
-        return err
-    return cls(message)
+    else:
+        err = cls(message)
+    if isinstance(details, dict):
+        err.details = details
+    return err

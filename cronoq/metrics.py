@@ -198,9 +198,27 @@ def _histogram_family(name: str, documentation: str, by_pool: dict[str, Histogra
     return family
 
 
-def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics) -> CollectorRegistry:
+class MemberLabel:
+    """Wraps a collector so every sample also carries `member="NAME"`: each member of a cluster serves its own
+    metrics, and one Prometheus scraping them all tells them apart by it."""
+
+    def __init__(self, inner: BrokerCollector, member: str) -> None:
+        self._inner = inner
+        self._member = member
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._inner.collect():
+            family.samples = [sample._replace(labels={**sample.labels, "member": self._member})
+                              for sample in family.samples]
+            yield family
+
+
+def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics,
+                 member: str | None = None) -> CollectorRegistry:
+    """The registry /metrics serves; a cluster member's labels every sample with its `member` name."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(stats, metrics))  # type: ignore[arg-type]
+    collector = BrokerCollector(stats, metrics)
+    registry.register(collector if member is None else MemberLabel(collector, member))  # type: ignore[arg-type]
     return registry
 
 

@@ -154,7 +154,15 @@ class Hello(_Message, tag="hello"):
     rid: int
 
 
-ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping, Hello, Explain]
+class ClusterRequest(_Message, tag="cluster"):
+    """Ask for the cluster map; answered with `Ok` whose value is the map (`cronoq.cluster.cluster_map`), or nil
+    from a broker that is no member of a cluster. Any role, on either endpoint (workers route by it too)."""
+
+    rid: int
+
+
+ClientRequest = Union[Submit, Wait, Unwait, Status, Cancel, Pause, Resume, Stats, Reload, Ping, Hello, Explain,
+                      ClusterRequest]
 
 
 class RequestBatch(_Message, tag="batch"):
@@ -210,11 +218,16 @@ class Ok(_Message, tag="ok"):
 
 
 class Error(_Message, tag="error"):
-    """A refusal: `code` is one of cronoq's error codes; `rid` is 0 when unknown."""
+    """A refusal: `code` is one of cronoq's error codes; `rid` is 0 when unknown.
+
+    `details` is nil, or a map a program can act on: a FAILED_PRECONDITION from a cluster member refusing
+    a pool it does not own carries ``{"member": OWNER, "pool": POOL}`` (docs/protocol.md, "Clusters").
+    """
 
     rid: int
     code: str
     message: str
+    details: Union[dict[str, Any], None] = None
 
 
 ClientReply = Union[Accepted, Outcome, Info, Ok, Error]
@@ -273,7 +286,7 @@ class Bye(_Message, tag="bye"):
     """The worker is gone; it holds no task."""
 
 
-WorkerMessage = Union[Ready, Heartbeat, Done, Leave, Bye]
+WorkerMessage = Union[Ready, Heartbeat, Done, Leave, Bye, ClusterRequest]
 
 
 class WorkerBatch(_Message, tag="batch"):
@@ -316,7 +329,7 @@ class Left(_Message, tag="left"):
     """Answer to `Leave`: no task will follow on this connection."""
 
 
-WorkerCommand = Union[Welcome, Assign, Heartbeat, Reregister, Left, Error]
+WorkerCommand = Union[Welcome, Assign, Heartbeat, Reregister, Left, Ok, Error]
 
 
 class CommandBatch(_Message, tag="batch"):
@@ -586,9 +599,19 @@ def result_too_large(size: int, limit: int) -> str:
             "or store the data elsewhere and return a reference to it")
 
 
-def hello_value(max_payload_bytes: int) -> dict[str, Any]:
-    """The value of the `ok` answering a `hello`: the broker's rules a client checks for itself."""
-    return {"protocol": PROTOCOL_VERSION, "max_payload_bytes": max_payload_bytes}
+def hello_value(max_payload_bytes: int, member: str | None = None) -> dict[str, Any]:
+    """The value of the `ok` answering a `hello`: the broker's rules a client checks for itself; a cluster
+    member adds its name (`member`), telling the client to ask for the cluster map and route by it."""
+    value: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "max_payload_bytes": max_payload_bytes}
+    if member is not None:
+        value["member"] = member
+    return value
+
+
+def hello_member(value: Any) -> str | None:
+    """The member name in a `hello` answer (a cluster member's), or None."""
+    member = value.get("member") if isinstance(value, dict) else None
+    return member if isinstance(member, str) and member else None
 
 
 def advertised_limit(value: Any) -> int | None:

@@ -41,12 +41,35 @@ def tenant_shares(pool: dict[str, Any], previous: dict[str, Any] | None) -> dict
     }
 
 
+def cluster_lines(stats: dict[str, Any]) -> list[str]:
+    """The members of a cluster (from a client's merged stats), their pools, and which did not answer; nothing
+    for a lone broker's stats."""
+    members = stats.get("members")
+    if not isinstance(members, dict) or "cluster" not in stats:
+        return []
+    lines = [f"cluster map {stats.get('cluster')}: {len(members)} member{'' if len(members) == 1 else 's'}"]
+    for name, answer in members.items():
+        if "unreachable" in answer:
+            lines.append(f"  member {name}: UNREACHABLE ({answer['unreachable']}); its pools are not served")
+            continue
+        pools = sorted(pool for pool, p in answer.get("pools", {}).items() if not p.get("draining"))
+        draining = sorted(pool for pool, p in answer.get("pools", {}).items() if p.get("draining"))
+        drain_text = f", draining {', '.join(draining)}" if draining else ""
+        lines.append(f"  member {name}: pools {', '.join(pools) or 'none'}{drain_text}; "
+                     f"workers connected {answer.get('workers', 0)}")
+    lines.append("")
+    return lines
+
+
 def status_text(stats: dict[str, Any]) -> str:
-    """`cronoq status`: per pool, backlog by class and tenant, running, workers and shares."""
-    lines = [f"workers connected: {stats.get('workers', 0)}"]
+    """`cronoq status`: per pool, backlog by class and tenant, running, workers and shares (and, for a
+    cluster, each member first)."""
+    lines = cluster_lines(stats) + [f"workers connected: {stats.get('workers', 0)}"]
     for name, pool in sorted(stats.get("pools", {}).items()):
         flags = [word for word, on in (("paused", pool.get("paused")), ("draining", pool.get("draining")),
                                        ("fair", pool.get("fair"))) if on]
+        if pool.get("member"):
+            flags.insert(0, f"member {pool['member']}")
         cap = pool.get("max_in_flight")
         lines.append("")
         lines.append(
@@ -131,6 +154,10 @@ def _bar(fraction: float) -> str:
 def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: float) -> str:
     """`cronoq top`: one frame; with the previous frame, rates and shares are over the interval between them."""
     lines = [f"cronoq top — workers {stats.get('workers', 0)}"]
+    unreachable = [name for name, answer in stats.get("members", {}).items()
+                   if isinstance(answer, dict) and "unreachable" in answer] if "cluster" in stats else []
+    if unreachable:
+        lines.append(f"unreachable cluster members: {', '.join(unreachable)}")
     before_pools = (previous or {}).get("pools", {})
     for name, pool in sorted(stats.get("pools", {}).items()):
         before = before_pools.get(name)
@@ -138,6 +165,8 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
         if before is not None and interval > 0:
             rate = f", {(pool['dispatched'] - before['dispatched']) / interval:.1f} dispatches/s"
         state = " (paused)" if pool.get("paused") else ""
+        if pool.get("member"):
+            state += f" [member {pool['member']}]"
         lines.append("")
         lines.append(
             f"{name}{state}: queued {pool['queued']}, delayed {pool['delayed']}, running {pool['running']}, "

@@ -39,6 +39,7 @@ FIELDS: dict[str, list[tuple[str, Any]]] = {
     "reload": [("rid", REQUIRED)],
     "ping": [("rid", REQUIRED)],
     "hello": [("rid", REQUIRED)],
+    "cluster": [("rid", REQUIRED)],
     "ready": [("rid", REQUIRED), ("pools", REQUIRED), ("slots", REQUIRED), ("settings", {}), ("concurrency", None)],
     "heartbeat": [],
     "done": [("id", REQUIRED), ("attempt", REQUIRED), ("ok", REQUIRED), ("error_type", ""), ("error_message", ""),
@@ -194,8 +195,8 @@ def task(name: str, body: bytes) -> dict:
     return reply("task", 1, same(name), 1, "work", None, "normal", body=body)
 
 
-def error(rid: int, code: str, text: str | None = None) -> dict:
-    return reply("error", 1, rid, code, says(text) if text else STRING)
+def error(rid: int, code: str, text: str | None = None, details: Any = None) -> dict:
+    return reply("error", 1, rid, code, says(text) if text else STRING, details)
 
 
 def _has_matcher(value: Any) -> bool:
@@ -236,9 +237,9 @@ class Vector:
         return self
 
     def refused(self, peer: str, header: Msg, body: bytes | None = None, *, rid: int, code: str = "INVALID_ARGUMENT",
-                text: str | None = None, **kwargs: Any) -> "Vector":
+                text: str | None = None, details: Any = None, **kwargs: Any) -> "Vector":
         """One step whose sender gets one error: under `rid`, of `code`, its message containing `text`."""
-        return self.send(peer, header, body, expect={peer: [error(rid, code, text)]}, **kwargs)
+        return self.send(peer, header, body, expect={peer: [error(rid, code, text, details)]}, **kwargs)
 
     def to_json(self) -> dict:
         return {"about": self.about, "broker": self.broker, "peers": self.peers, "steps": self.steps}
@@ -267,6 +268,41 @@ case("open-broker-takes-any-token", "A broker without tokens ignores the token f
 case("hello", "hello returns the broker's rules: the protocol version and max_payload_bytes (4096 in open.toml).") \
     .send("client", msg("hello", 3), expect={"client": [
         ok(3, {"type": "map", "has": {"protocol": 1, "max_payload_bytes": 4096}})]})
+
+case("cluster-lone-broker",
+     "A broker that is no member of a cluster answers `cluster` with ok and nil, on either endpoint; its hello "
+     "names no member.", peers=W) \
+    .send("client", msg("cluster", 4000), expect={"client": [ok(4000, None)]}) \
+    .send("worker", msg("cluster", 4001), expect={"worker": [ok(4001, None)]})
+
+CLUSTER_MAP = {
+    "version": {"type": "string", "match": "^[0-9a-f]{16}$"}, "member": "b1", "draining": [],
+    "members": [
+        {"type": "map", "has": {"name": "b1", "clients": ["tcp://b1.example:5555"],
+                                "workers": ["tcp://b1.example:5556"], "pools": ["mine"]}},
+        {"type": "map", "has": {"name": "b2", "clients": ["tcp://b2.example:5555", "tcp://b2-standby.example:5555"],
+                                "workers": ["tcp://b2.example:5556", "tcp://b2-standby.example:5556"],
+                                "pools": ["theirs"]}},
+    ],
+}
+
+case("cluster-member",
+     "A cluster member (brokers/cluster.toml, member b1) names itself in hello, answers `cluster` with the map "
+     "on either endpoint, makes task ids that start with its name and a colon, and refuses a submit, pause or "
+     "resume for another member's pool with FAILED_PRECONDITION whose details name the owner.",
+     broker="cluster", peers=W) \
+    .send("client", msg("hello", 4010), expect={"client": [
+        ok(4010, {"type": "map", "has": {"protocol": 1, "max_payload_bytes": 4096, "member": "b1"}})]}) \
+    .send("client", msg("cluster", 4011), expect={"client": [ok(4011, {"type": "map", "has": CLUSTER_MAP})]}) \
+    .send("worker", msg("cluster", 4012), expect={"worker": [ok(4012, {"type": "map", "has": CLUSTER_MAP})]}) \
+    .send("client", msg("submit", 4013, "mine"), OK_PAYLOAD, expect={"client": [
+        accepted(4013, {"type": "string", "match": "^b1:[0-9a-f]{32}$"})]}) \
+    .refused("client", msg("submit", 4014, "theirs"), OK_PAYLOAD, rid=4014, code="FAILED_PRECONDITION",
+             text="belongs to cluster member 'b2'", details={"type": "map", "has": {"member": "b2", "pool": "theirs"}}) \
+    .refused("client", msg("pause", 4015, "theirs"), rid=4015, code="FAILED_PRECONDITION",
+             details={"type": "map", "has": {"member": "b2", "pool": "theirs"}}) \
+    .refused("worker", msg("ready", 4016, ["mine", "theirs"], 1, concurrency=1), rid=4016,
+             code="FAILED_PRECONDITION", details={"type": "map", "has": {"member": "b2", "pool": "theirs"}})
 
 case("submit-minimal", "A submit with only its rid: every other field takes its default.") \
     .send("client", msg("submit", 4), OK_PAYLOAD, expect={"client": [accepted(4, TASK_ID)]})

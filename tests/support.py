@@ -90,8 +90,9 @@ class BrokerProcess:
     """A real `cronoq-broker -c FILE` child process."""
 
     def __init__(self, config_path: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None,
-                 nofile: tuple[int, int] | None = None) -> None:
+                 nofile: tuple[int, int] | None = None, log: Path | None = None) -> None:
         self.config_path = config_path
+        self.log_path = log  # None: beside the config, named after it (members sharing one file need their own)
         self.env = env
         self.nofile = nofile
         self.args = args or ["--log-level", "WARNING"]
@@ -101,8 +102,8 @@ class BrokerProcess:
 
     def start(self, *, wait: bool = True, log: Path | None = None) -> "BrokerProcess":
         """Start the process; with `wait`, return once it serves (a standby's `wait_ready` waits later).
-        `log`: where its output goes (default: beside the config, NAME.log)."""
-        self.log = log or self.config_path.with_suffix(".log")
+        `log`: where its output goes (default: the `log` it was made with, else beside the config, NAME.log)."""
+        self.log = log or self.log_path or self.config_path.with_suffix(".log")
         self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), *self.args],
                            self.log, env=self.env, cwd=self.config_path.parent, nofile=self.nofile)
         if wait:

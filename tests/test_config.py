@@ -256,7 +256,7 @@ def test_not_utf8(tmp_path: Path) -> None:
 
 CASES = [
     # (toml, words the message must contain)
-    ("brokr = 1", ["brokr", "unknown key", "did you mean 'broker'", "auth, broker, pools, schedules"]),
+    ("brokr = 1", ["brokr", "unknown key", "did you mean 'broker'", "auth, broker, cluster, pools, schedules"]),
     ("broker = 1", ["broker", "expected a table"]),
     ("[broker]\nclient = 'tcp://x:1'", ["[broker] client", "unknown key", "'clients'"]),
     ("[broker]\nclients = 5555", ["[broker] clients", "expected an endpoint", "5555"]),

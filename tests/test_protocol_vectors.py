@@ -47,7 +47,7 @@ def brokers(tmp_path_factory) -> Iterator[dict[str, BrokerProcess]]:
     """One broker per config in docs/protocol-vectors/brokers/, on fresh loopback ports, for the whole module."""
     started = {}
     try:
-        for name in ("open", "secured"):
+        for name in ("open", "secured", "cluster"):
             text = (VECTORS / "brokers" / f"{name}.toml").read_text()
             endpoints = f'clients = "tcp://127.0.0.1:{free_port()}"\nworkers = "tcp://127.0.0.1:{free_port()}"\n'
             path = tmp_path_factory.mktemp(f"vectors-{name}") / f"{name}.toml"

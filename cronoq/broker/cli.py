@@ -38,6 +38,8 @@ class _StartFailed(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronoq-broker", description="Run the cronoq broker.")
     parser.add_argument("-c", "--config", metavar="FILE", help="the TOML config (default: built-in defaults)")
+    parser.add_argument("--member", metavar="NAME",
+                        help="which member of the config's [cluster] this broker is (overrides [broker] member)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="key=value lines (text, the default) or one JSON object per line")
@@ -91,7 +93,8 @@ async def _serve(broker: Broker) -> None:
     except OSError as exc:
         raise _StartFailed(f"cannot serve the dashboard at {broker.config.dashboard}: {exc}") from None
     clients, workers = broker.endpoints
-    print(f"cronoq broker ready clients={clients} workers={workers}", flush=True)
+    member = f" member={broker.config.member}" if broker.config.member is not None else ""
+    print(f"cronoq broker ready clients={clients} workers={workers}{member}", flush=True)
     await broker.serve()
 
 
@@ -103,7 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return override(config, clients=args.clients, workers=args.workers, data_dir=args.data_dir)
 
     try:
-        config: BrokerConfig = overridden(load_config(args.config) if args.config else default_config())
+        if args.member is not None and not args.config:
+            raise ConfigError("--member names a member of a cluster: give the config that declares it with -c FILE")
+        config: BrokerConfig = overridden(load_config(args.config, member=args.member) if args.config
+                                          else default_config())
     except ConfigError as exc:
         print(f"cronoq-broker: invalid config: {exc}", file=sys.stderr)
         return 2
@@ -115,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print('cronoq-broker: --standby takes over a data_dir, but with durability = "none" there is none; '
                   "a standby needs the primary's data_dir on storage both can reach", file=sys.stderr)
             return 2
-        taken = stand_by(config, (lambda: overridden(load_config(args.config))) if args.config else None)
+        taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
+                         if args.config else None)
         if taken is None:
             return 0  # stopped while standing by
         held_lock, config = taken

@@ -43,8 +43,14 @@ class ClientRequests:
                  refusal_allowed: Callable[[Connection, float], bool],
                  stats: Callable[[Callable[[dict[str, Any]], None]], None],
                  reload: Callable[[], dict[str, Any]], explain: Callable[[str, float], dict[str, Any]],
-                 worker_endpoint: str = "the one in its config") -> None:
+                 worker_endpoint: str = "the one in its config",
+                 owner_check: Callable[[str], None] = lambda pool: None,
+                 cluster: Callable[[], dict[str, Any] | None] = lambda: None, member: str | None = None) -> None:
         self._book = book
+        self._owner_check = owner_check
+        self._cluster = cluster
+        self.member = member
+        """This broker's cluster member name (told to clients in `hello`), or None."""
         self._worker_endpoint = worker_endpoint
         self._outbox = outbox
         self._identify = identify
@@ -105,6 +111,7 @@ class ClientRequests:
         match request:
             case protocol.Submit():
                 principal.require("submit")
+                self._owner_check(request.pool)
                 self._submit(conn, principal, request, body, now)
             case protocol.Wait():
                 principal.require("wait")
@@ -134,10 +141,12 @@ class ClientRequests:
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, cancelled))
             case protocol.Pause():
                 principal.require("pause")
+                self._owner_check(request.pool)
                 self._pool_action(self._book.pause, request.pool)
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Resume():
                 principal.require("resume")
+                self._owner_check(request.pool)
                 self._pool_action(self._book.resume, request.pool)
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, True))
             case protocol.Stats():
@@ -151,7 +160,9 @@ class ClientRequests:
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, protocol.PROTOCOL_VERSION))
             case protocol.Hello():
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid,
-                                        protocol.hello_value(self._book.max_payload_bytes)))
+                                        protocol.hello_value(self._book.max_payload_bytes, self.member)))
+            case protocol.ClusterRequest():
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._cluster()))
             case protocol.Refused():  # an item of a batch that could not be read
                 raise request.error
 

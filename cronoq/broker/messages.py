@@ -25,12 +25,14 @@ def body_frame(frames: list[bytes]) -> bytes | None:
 
 
 def error_reply(rid: int, exc: CronoqError) -> protocol.Error:
-    return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message)
+    return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message, exc.details)
 
 
 # The first tag of each socket's messages: enough to tell a peer that it came to the wrong endpoint.
-_CLIENT_TAGS = frozenset(kind.__struct_config__.tag for kind in get_args(protocol.ClientRequest))
-_WORKER_TAGS = frozenset(kind.__struct_config__.tag for kind in get_args(protocol.WorkerMessage))
+# (`cluster` is taken on both, so it says nothing.)
+_BOTH_TAGS = frozenset({protocol.ClusterRequest.__struct_config__.tag})
+_CLIENT_TAGS = frozenset(kind.__struct_config__.tag for kind in get_args(protocol.ClientRequest)) - _BOTH_TAGS
+_WORKER_TAGS = frozenset(kind.__struct_config__.tag for kind in get_args(protocol.WorkerMessage)) - _BOTH_TAGS
 
 
 class _TagPeek(msgspec.Struct, array_like=True):

@@ -38,6 +38,7 @@ from cronoq import protocol
 from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.connections import Connection, Connections, peer_label
+from cronoq.cluster import TASK_ID_SEPARATOR, cluster_map
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
@@ -92,7 +93,7 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 # Config keys a reload cannot change in a running broker.
 # max_payload_bytes is among them: libzmq fixes the largest frame it accepts when the sockets bind.
 RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "dashboard", "curve_secret_key_file",
-                "max_payload_bytes", "auth_timeout", "max_connections", "connection_buffer_bytes")
+                "max_payload_bytes", "auth_timeout", "max_connections", "connection_buffer_bytes", "member")
 
 
 class Broker:
@@ -105,9 +106,13 @@ class Broker:
         self._overrides = overrides
         self._clock = clock
         self._auth = Authenticator(config.tokens)
+        # Every declared pool at first, so that recovery keeps the tasks of a pool that a reload moved to
+        # another member before a restart; `serve` then narrows the core to this member's pools, and such a
+        # pool drains (docs/scaling.md).
         self._core = SchedulerCore(config.pools)
+        prefix = "" if config.member is None else config.member + TASK_ID_SEPARATOR
         self._book = TaskBook(
-            self._core, new_id=_task_ids(), on_terminal=self._on_terminal,
+            self._core, new_id=_task_ids(prefix), on_terminal=self._on_terminal,
             max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
             result_ttl=config.result_ttl, result_retention_bytes=config.result_retention_bytes,
             limits=self._pool_limits,
@@ -119,8 +124,9 @@ class Broker:
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
                                         stats=self._stats_replies.request, reload=self.reload,
-                                        explain=self.explain,
-                                        worker_endpoint=config.workers)
+                                        explain=self.explain, worker_endpoint=config.workers,
+                                        owner_check=self._require_owned, cluster=self.cluster_map,
+                                        member=config.member)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
@@ -150,6 +156,8 @@ class Broker:
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
+        self._owners: dict[str, str] = {}
+        self._place(config)
 
     def _pool_limits(self, pool: str) -> tuple[int | None, int | None]:
         limits = self.config.limits.get(pool)
@@ -213,7 +221,7 @@ class Broker:
     async def start_metrics(self) -> None:
         """Serve /metrics when the config asks for it. Raises OSError when the address cannot be bound."""
         if self.config.metrics is not None:
-            registry = registry_for(self.stats, self.metrics)
+            registry = registry_for(self.stats, self.metrics, self.config.member)
             self._metrics_server = await serve_metrics(self.config.metrics, registry)
 
     async def start_dashboard(self) -> None:
@@ -243,8 +251,10 @@ class Broker:
         assert self._clients is not None and self._workers_sock is not None, "bind() first"
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        if self.config.schedules:
-            self._cron = CronRunner(self.config.schedules, self.config.data_dir, self._clock())
+        if self.config.cluster is not None:
+            self._book.configure(self.config.owned_pools, self._clock())  # the others drain, or go when empty
+        if self._own_schedules(self.config):
+            self._cron = CronRunner(self._own_schedules(self.config), self.config.data_dir, self._clock())
         self._rates.sample(self._clock())  # rates count from the start, not from the first heartbeat
         self._collector.start()
         for sock in self._watched_sockets():
@@ -612,7 +622,8 @@ class Broker:
         if self.config.source == DEFAULTS_SOURCE:
             raise FailedPrecondition("this broker runs on built-in defaults: there is no config file to reload")
         try:
-            new = load_config(self.config.source)
+            # A member stays the member it is (--member, or the file's key when it started): that takes a restart.
+            new = load_config(self.config.source, member=self.config.member)
             if self._overrides is not None:
                 new = self._overrides(new)
         except ConfigError as exc:
@@ -622,19 +633,22 @@ class Broker:
         if needs_restart:
             log.warning("reload: %s change only with a restart; keeping the running values", ", ".join(needs_restart))
             new = dataclasses.replace(new, **{key: getattr(self.config, key) for key in needs_restart})
-        old_pools = {pool.name for pool in self.config.pools}
-        weights_changed = _weight_changes(self.config.pools, new.pools)
-        self._book.configure(new.pools, self._clock())  # a node the reload caps is capped since now, on our clock
+        old_pools = {pool.name for pool in self.config.owned_pools}
+        weights_changed = _weight_changes(self.config.owned_pools, new.owned_pools)
+        self._book.configure(new.owned_pools, self._clock())  # a node the reload caps is capped since now, on our clock
         self._book.max_deliveries = new.max_deliveries
         self._book.set_retention(new.result_ttl, new.result_retention_bytes)
         self._auth = Authenticator(new.tokens)
-        if new.schedules or self._cron is not None:
+        schedules = self._own_schedules(new)
+        if schedules or self._cron is not None:
             if self._cron is None:
-                self._cron = CronRunner(new.schedules, new.data_dir, self._clock())
+                self._cron = CronRunner(schedules, new.data_dir, self._clock())
             else:
-                self._cron.configure(new.schedules, self._clock())
+                self._cron.configure(schedules, self._clock())
         self.config = new
-        new_pools = {pool.name for pool in new.pools}
+        self._place(new)
+        self._requests.member = new.member
+        new_pools = {pool.name for pool in new.owned_pools}
         changes = {
             "pools_added": sorted(new_pools - old_pools), "pools_draining": sorted(old_pools - new_pools),
             "weights_changed": weights_changed, "needs_restart": needs_restart,
@@ -650,6 +664,42 @@ class Broker:
         explanation = self._book.explain(task_id, now, self._rates.rate(record.pool, now))
         return msgspec.to_builtins(explanation)
 
+    # ----------------------------------------------------------------- cluster
+
+    @staticmethod
+    def _own_schedules(config: BrokerConfig) -> tuple[Any, ...]:
+        """The schedules this broker fires: all, or in a cluster those of its member's pools (one member each)."""
+        if config.cluster is None:
+            return config.schedules
+        owned = {pool.name for pool in config.owned_pools}
+        return tuple(schedule for schedule in config.schedules if schedule.pool in owned)
+
+    def _place(self, config: BrokerConfig) -> None:
+        """Remember which member owns each declared pool (asked on every submit: hashed once per config)."""
+        cluster = config.cluster
+        self._owners = {} if cluster is None else {p.name: cluster.owner(p.name) for p in config.pools}
+
+    def _require_owned(self, pool: str) -> None:
+        """FailedPrecondition naming the owner (in its details too) when `pool` is another member's."""
+        cluster = self.config.cluster
+        if cluster is None:
+            return
+        owner = self._owners.get(pool) if isinstance(pool, str) else None
+        if owner is not None and owner != self.config.member:
+            addresses = ", ".join(cluster.member(owner).clients)
+            raise FailedPrecondition(
+                f"pool {pool!r} belongs to cluster member {owner!r} ({addresses}), not to {self.config.member!r}; "
+                "send it there (cronoq's client does so by itself)",
+                details={"member": owner, "pool": pool},
+            )
+
+    def cluster_map(self) -> dict[str, Any] | None:
+        """The answer to a `cluster` request: the members, their addresses and pools (None: a lone broker)."""
+        if self.config.cluster is None:
+            return None
+        return cluster_map(self.config.cluster, [pool.name for pool in self.config.pools],
+                           member=self.config.member or "", draining=self._core.draining_pools())
+
     def stats(self) -> dict[str, Any]:
         """Per-pool statistics from the core, plus the workers serving each pool, at once (the metrics endpoint
         asks this way); a pool with more than STATS_TENANTS tenants lists those the last search found busiest."""
@@ -663,7 +713,8 @@ class Broker:
         for name, pool_stats in pools.items():
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
-        return {"pools": pools, "workers": len(self._workers),
+        extra = {} if self.config.member is None else {"member": self.config.member}
+        return {**extra, "pools": pools, "workers": len(self._workers),
                 "schedules": {} if self._cron is None else self._cron.describe(),
                 "memory": self._book.memory_stats(), "store": self._data.stats()}
 
@@ -704,9 +755,18 @@ class Broker:
         match message:
             case protocol.Refused():  # an item of a batch that could not be read
                 raise message.error
+            case protocol.ClusterRequest():
+                self._to_workers.put(conn, protocol.Ok(protocol.PROTOCOL_VERSION, message.rid, self.cluster_map()))
             case protocol.Ready():
                 if entry is None or entry.leaving or entry.pools != list(message.pools):
-                    self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now)
+                    clustered = self.config.cluster is not None
+                    if clustered:
+                        draining = set(self._core.draining_pools())
+                        for pool in message.pools:
+                            if pool not in draining:
+                                self._require_owned(pool)
+                    self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now,
+                                           draining_served=clustered)
                 # else the same Ready again on a registered connection: a worker asks again when its Welcome is
                 # slow to come (a busy machine), and by then it may hold tasks it has not seen yet. Its slots are
                 # the broker's count, not the stale one it sent: it only gets its Welcome again.
@@ -824,8 +884,9 @@ def _connection_limit(configured: int | None) -> int:
     return configured
 
 
-def _task_ids() -> Callable[[], str]:
-    """Task ids: 128 bits from the OS's CSPRNG each, as 32 hex digits.
+def _task_ids(prefix: str = "") -> Callable[[], str]:
+    """Task ids: 128 bits from the OS's CSPRNG each, as 32 hex digits, after `prefix` (a cluster member's name
+    and a colon, so that any client knows whom to ask about the task; empty for a lone broker).
 
     An id tells nothing of any other id: no tenant derives another's ids from its own, or counts how
     many tasks the broker took in between. 128 random bits also keep ids unique across restarts
@@ -837,6 +898,6 @@ def _task_ids() -> Callable[[], str]:
 
     def draw() -> list[str]:
         digits = os.urandom(16 * per_draw).hex()
-        return [digits[start:start + 32] for start in range(0, 32 * per_draw, 32)]
+        return [prefix + digits[start:start + 32] for start in range(0, 32 * per_draw, 32)]
 
     return itertools.chain.from_iterable(iter(draw, None)).__next__

@@ -34,8 +34,8 @@ POLL_INTERVAL = 0.1
 
 def standing_by_for(config: BrokerConfig) -> str:
     """What a standby waits for, in its log line and on stdout."""
-    # The one place a standby names what it stands by for: a cluster member's name joins the data_dir here.
-    return f"data_dir {config.data_dir}"
+    member = "" if config.member is None else f"cluster member {config.member}'s "
+    return f"{member}data_dir {config.data_dir}"
 
 
 def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None = None

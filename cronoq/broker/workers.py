@@ -87,9 +87,15 @@ class WorkerRegistry:
             yield conn, entry, entry.last_seen < deadline
 
     def register(self, conn: Connection, ready: protocol.Ready, configured: Mapping[str, PoolSettings],
-                 now: float) -> None:
-        """Accept a worker's `Ready`, or raise the refusal: NotFound, FailedPrecondition, InvalidArgument."""
+                 now: float, *, draining_served: bool = False) -> None:
+        """Accept a worker's `Ready`, or raise the refusal: NotFound, FailedPrecondition, InvalidArgument.
+
+        With `draining_served` (a cluster member), a worker may also serve the pools a reload moved away that
+        still hold tasks here: they are served until empty.
+        """
         accepting = set(self._core.pool_names())
+        if draining_served:
+            accepting.update(self._core.draining_pools())
         if not ready.pools:
             raise InvalidArgument("a worker must serve at least one pool")
         for name in ready.pools:
@@ -109,7 +115,7 @@ class WorkerRegistry:
             if ready.slots > ready.concurrency or owed < 0:
                 raise InvalidArgument(f"slots ({ready.slots}) and the tasks held cannot exceed concurrency "
                                       f"({ready.concurrency})")
-        self._core.add_worker(conn, ready.pools, ready.slots)
+        self._core.add_worker(conn, ready.pools, ready.slots, draining_ok=draining_served)
         self._entries[conn] = WorkerEntry(list(ready.pools), now, owed=owed)
         log.info("worker %s ready for pools %s with %d slot%s", conn.label, ", ".join(ready.pools),
                  ready.slots, "" if ready.slots == 1 else "s")

@@ -28,6 +28,10 @@ made anew so that none of them leaves later. An error the broker sends
 under request id 0 answers a whole message it could not read (this is its
 worker endpoint, or it speaks another protocol version): every request of
 the connection fails with it until the connection is made again.
+
+A broker whose `hello` names a cluster member makes the client learn the
+cluster map and route every request to the member it concerns
+(`cronoq.client.cluster`); a lone broker is talked to as it always was.
 """
 
 from __future__ import annotations
@@ -48,8 +52,11 @@ from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol, transport
 from cronoq.book import MAX_NAME_LENGTH, Explanation, TaskInfo, seconds_from_now
+from cronoq.client.cluster import STATS_WAIT, ClusterRoutes, cluster_stats, routed
 from cronoq.curve import connect_encrypted, public_key
-from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
+from cronoq.errors import (
+    CronoqError, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable, error_from_code,
+)
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.transport import Channel, context, token_bytes, tune
@@ -141,10 +148,17 @@ class Client:
 
     def __init__(self, address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
                  *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 curve_public_key: str | bytes | os.PathLike[str] | None = None) -> None:
+                 curve_public_key: str | bytes | os.PathLike[str] | None = None, routing: bool = True) -> None:
         self.addresses = parse_addresses(address, "broker address")
-        """The broker's client endpoints: its primary's and its standbys' (one DEALER connects to them all)."""
+        """Every address given: one broker's primary and standbys (one DEALER connects to them all, and only the
+        one that serves takes requests), or seeds of a cluster (any member's address will do; each member then
+        gets a connection of its own, to its primary and standbys)."""
         self.address = " or ".join(self.addresses)
+        self._curve_public_key = curve_public_key
+        self._routing = routing
+        self._member: str | None = None  # the member name the broker's hello gave, in a cluster
+        self._routes: ClusterRoutes | None = None
+        self._map: asyncio.Future[tuple[Any, bytes | None]] | None = None  # the `cluster` request in flight
         self.request_timeout = request_timeout
         self._token = token_bytes(token)
         # The broker's CURVE public key (40 Z85 characters or a NAME.key file): encrypt everything.
@@ -237,7 +251,10 @@ class Client:
             self._channel = None
 
     async def close(self) -> None:
-        """Close the connection; requests still waiting fail with Unavailable."""
+        """Close the connection (every member's, in a cluster); requests still waiting fail with Unavailable."""
+        if self._routes is not None:
+            routes, self._routes = self._routes, None
+            await routes.close()
         self._disconnect()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -314,10 +331,83 @@ class Client:
             reply, _ = hello.result()
             self._heard_hello = True
             self._max_payload_bytes = protocol.advertised_limit(reply.value)
+            self._member = protocol.hello_member(reply.value)
+            if self._member is not None and self._routing and self._routes is None:
+                self._ask_map()
         elif not isinstance(error, Unavailable):
             # A broker that does not know `hello` (or refuses our token): it checks sizes on its own.
             self._heard_hello = True
             self._max_payload_bytes = None
+
+    # ----------------------------------------------------------------- cluster
+
+    def _ask_map(self) -> asyncio.Future[tuple[Any, bytes | None]]:
+        """Ask this connection's broker for the cluster map, unless a request for it is on its way already."""
+        if self._map is None or self._map.done():
+            self._map = self._send(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, next(self._rids)))
+        return self._map
+
+    async def _cluster_map_here(self) -> Any:
+        """This connection's broker's answer to `cluster` (None: it is no member of a cluster)."""
+        reply, _ = await asyncio.shield(self._ask_map())
+        return reply.value
+
+    async def _route_table(self) -> ClusterRoutes | None:
+        """The cluster's routes, learning them first if need be; None when the broker is no member of a cluster
+        (or this connection is itself one member's, which never routes)."""
+        if not self._routing:
+            return None
+        if not self._heard_hello:
+            self._check_sendable()
+            self._ask_rules()
+            hello = self._hello
+            assert hello is not None
+            try:
+                await asyncio.shield(hello)
+            except (Unavailable, Unauthenticated, PermissionDenied):
+                # A refused token: the broker answers such a connection once a second and drops the rest, so
+                # the request must not follow; it fails as its `hello` did.
+                raise
+            except CronoqError:
+                pass  # a broker that does not know `hello`: a lone broker
+            self._take_rules(hello)
+        if self._member is None:
+            return None
+        if self._routes is None:
+            value = await self._cluster_map_here()
+            if value is None:  # the broker left its cluster since its hello (a restart with another config)
+                self._member = None
+                return None
+            if self._routes is None:
+                routes = ClusterRoutes(self._member_connection)
+                routes.update(value)
+                self._routes = routes
+        return self._routes
+
+    def _member_connection(self, addresses: Sequence[str]) -> "Client":
+        """The connection to one member, from its client addresses (a primary, then its standbys)."""
+        conn = Client(list(addresses), self._token, request_timeout=self.request_timeout,
+                      curve_public_key=self._curve_public_key, routing=False)
+        conn._connect()
+        conn._ask_rules()
+        return conn
+
+    async def _refresh_map(self, conn: "Client") -> None:
+        """Read the cluster map again, from `conn`'s member (it refused a pool: it has the newer config)."""
+        assert self._routes is not None
+        value = await conn._cluster_map_here()
+        if value is not None:
+            self._routes.update(value)
+
+    def _for_task(self, routes: ClusterRoutes | None, task_id: str) -> "Client":
+        """The connection that knows `task_id`: its member's in a cluster, else this one."""
+        if routes is None:
+            return self
+        return routes.for_task(task_id) or self
+
+    def _named_member(self, task_id: Any) -> bool:
+        """Whether `task_id` names a cluster member, so routing must be known before it is asked about."""
+        return self._routing and isinstance(task_id, str) and ":" in task_id
 
     async def _payload_limit(self) -> int | None:
         """The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
@@ -444,7 +534,7 @@ class Client:
             # every later one be (INVALID_ARGUMENT: the wrong endpoint, another protocol version).
             if reply.code == "INVALID_ARGUMENT":
                 self._refusal = (reply.code, reply.message)
-            self._fail_all(error_from_code(reply.code, reply.message))
+            self._fail_all(error_from_code(reply.code, reply.message, reply.details))
             return
         outstanding = self._pending.pop(reply.rid, None)
         if outstanding is None or outstanding.future.done():
@@ -452,7 +542,7 @@ class Client:
         future = outstanding.future
         if isinstance(reply, protocol.Error):
             self._watches.pop(reply.rid, None)  # a refused submit has nothing to watch
-            future.set_exception(error_from_code(reply.code, reply.message))
+            future.set_exception(error_from_code(reply.code, reply.message, reply.details))
         else:
             if isinstance(reply, protocol.Accepted) and watch is not None:
                 watch.task_id = reply.id
@@ -482,8 +572,25 @@ class Client:
         """Queue a task; returns its handle once the broker has accepted it (durably, with a data_dir).
 
         A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the broker
-        takes, is refused here with InvalidArgument, and nothing is sent.
+        takes, is refused here with InvalidArgument, and nothing is sent. In a cluster it goes to the
+        member that owns `pool`.
         """
+        if self._routing and (self._member is not None or not self._heard_hello):
+            routes = await self._route_table()
+            if routes is not None:
+                now = time.time()  # a deadline or delay given as a datetime counts from here, not from a retry
+                deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
+                return await routed(routes, pool, self, lambda conn: conn._submit_here(
+                    payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
+                    max_retries=max_retries), self._refresh_map)
+        return await self._submit_here(payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline,
+                                       delay=delay, key=key, max_retries=max_retries)
+
+    async def _submit_here(
+        self, payload: Any, *, pool: str, tenant: str | None, priority: str, deadline: Any, delay: Any,
+        key: str | None, max_retries: int,
+    ) -> TaskHandle:
+        """`submit` on this connection's broker."""
         body = protocol.encode_body(payload)
         longest = MAX_NAME_LENGTH  # one test of the three names, as submit is the hot path
         if ((type(pool) is str and len(pool) > longest) or (type(tenant) is str and len(tenant) > longest)
@@ -510,6 +617,10 @@ class Client:
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
+        if self._named_member(task_id):
+            conn = self._for_task(await self._route_table(), task_id)
+            if conn is not self:
+                return await conn.result(task_id, timeout)
         watch = self._watched.get(task_id)
         if watch is not None:  # a task this connection submitted, still in flight
             return await watch.result(task_id, timeout)
@@ -528,6 +639,10 @@ class Client:
 
     async def status(self, task_id: str) -> TaskInfo:
         """A snapshot of a task: state, attempts, timings."""
+        if self._named_member(task_id):
+            conn = self._for_task(await self._route_table(), task_id)
+            if conn is not self:
+                return await conn.status(task_id)
         reply, _ = await self._request(protocol.Status(protocol.PROTOCOL_VERSION, next(self._rids), task_id))
         return TaskInfo(
             id=reply.id, pool=reply.pool, tenant=reply.tenant, priority=reply.priority, state=reply.state,
@@ -539,6 +654,10 @@ class Client:
         """Why the task is where it is: what stands before a waiting task and when it may start, or how each
         attempt of one that ran ended (docs/scheduling.md, "Why is my task waiting?"). NotFound if unknown,
         or another tenant's to a pinned token."""
+        if self._named_member(task_id):
+            conn = self._for_task(await self._route_table(), task_id)
+            if conn is not self:
+                return await conn.explain(task_id)
         reply, _ = await self._request(protocol.Explain(protocol.PROTOCOL_VERSION, next(self._rids), task_id))
         try:
             return msgspec.convert(reply.value, Explanation)
@@ -547,23 +666,56 @@ class Client:
 
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task not yet dispatched; False if it already runs or has finished."""
+        if self._named_member(task_id):
+            conn = self._for_task(await self._route_table(), task_id)
+            if conn is not self:
+                return await conn.cancel(task_id)
         # Not re-sent on a new connection: a second cancel of a cancelled task would answer False.
         reply, _ = await self._request(protocol.Cancel(protocol.PROTOCOL_VERSION, next(self._rids), task_id),
                                        resend=False)
         return bool(reply.value)
 
     async def pause(self, pool: str) -> None:
-        """Stop dispatching `pool` (admin)."""
-        await self._request(protocol.Pause(protocol.PROTOCOL_VERSION, next(self._rids), pool))
+        """Stop dispatching `pool` (admin); in a cluster, on the member that owns it."""
+        await self._pool_request(pool, protocol.Pause)
 
     async def resume(self, pool: str) -> None:
-        """Dispatch `pool` again (admin)."""
-        await self._request(protocol.Resume(protocol.PROTOCOL_VERSION, next(self._rids), pool))
+        """Dispatch `pool` again (admin); in a cluster, on the member that owns it."""
+        await self._pool_request(pool, protocol.Resume)
+
+    async def _pool_request(self, pool: str, kind: Any) -> None:
+        routes = await self._route_table()
+        if routes is None:
+            await self._request(kind(protocol.PROTOCOL_VERSION, next(self._rids), pool))
+            return
+
+        async def here(conn: Client) -> None:
+            await conn._request(kind(protocol.PROTOCOL_VERSION, next(conn._rids), pool))
+
+        await routed(routes, pool, self, here, self._refresh_map)
 
     async def stats(self) -> dict[str, Any]:
-        """The broker's per-pool statistics (admin)."""
+        """The broker's per-pool statistics (admin).
+
+        In a cluster, every member's, merged: `pools` holds all of them (each names its `member`), `members`
+        each member's own statistics, or `{"unreachable": why}` for a member that did not answer in time.
+        """
+        routes = await self._route_table()
+        if routes is not None:
+            return await cluster_stats(routes, min(STATS_WAIT, self.request_timeout))
+        return await self._stats_here()
+
+    async def _stats_here(self) -> dict[str, Any]:
         reply, _ = await self._request(protocol.Stats(protocol.PROTOCOL_VERSION, next(self._rids)))
         return reply.value
+
+    async def cluster(self) -> dict[str, Any] | None:
+        """The cluster map as the broker gave it: members, their addresses and pools, and the map's version;
+        None from a broker that is no member of a cluster."""
+        value = await self._cluster_map_here()
+        if value is not None and self._routing and self._routes is not None:
+            self._routes.update(value)
+        return value
 
     async def reload(self) -> dict[str, Any]:
         """Make the broker reread its config file (admin); returns what changed."""
@@ -590,7 +742,9 @@ def connect(address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | 
 
     `address` may list the client endpoints of a broker's primary and its standbys (a list, or one string
     with commas): requests go to whichever serves, and after a takeover the client carries on with the new
-    one by itself, re-sending what was outstanding.
+    one by itself, re-sending what was outstanding. The address of any member of a cluster (or a list of
+    them) gives a client of the whole cluster: it routes each request to the member it concerns, over a
+    connection to that member's primary and standbys.
 
     With `curve_public_key` (the broker's, from `cronoq keygen`) the connection is encrypted.
     """

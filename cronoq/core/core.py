@@ -140,6 +140,10 @@ class SchedulerCore:
         """Names of the pools that accept tasks (draining pools excluded)."""
         return [name for name, pool in self._pools.items() if not pool.draining]
 
+    def draining_pools(self) -> list[str]:
+        """Names of the pools a reload left out that still hold tasks (they accept none, and go once empty)."""
+        return [name for name, pool in self._pools.items() if pool.draining]
+
     def pause(self, pool: str) -> None:
         """Stop dispatching from `pool`; it still accepts tasks and deadlines still expire."""
         p = self._pool(pool)
@@ -386,16 +390,18 @@ class SchedulerCore:
 
     # -- workers -----------------------------------------------------------
 
-    def add_worker(self, worker_id: Hashable, pools: Iterable[str], free_slots: int) -> None:
+    def add_worker(self, worker_id: Hashable, pools: Iterable[str], free_slots: int, *,
+                   draining_ok: bool = False) -> None:
         """Register a worker (or replace a known one's pools and slots, keeping its leases).
 
-        Raises NotFound naming the first pool that does not accept tasks. With
+        Raises NotFound naming the first pool that does not accept tasks (with
+        `draining_ok`, a draining pool is served until it is empty). With
         free slots it becomes the most recently ready worker.
         """
         wanted: list[Pool] = []
         for name in pools:
             pool = self._pools.get(name)
-            if pool is None or pool.draining:
+            if pool is None or (pool.draining and not draining_ok):
                 raise NotFound(no_pool_message(name, pool, self.pool_names()))
             if pool not in wanted:
                 wanted.append(pool)

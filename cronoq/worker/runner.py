@@ -30,6 +30,15 @@ that has taken over.
 Stopping is graceful (running tasks finish and report) or, with
 `stop(now=True)`, at once: the socket closes, and the broker, losing the
 connection, gives the running tasks to other workers.
+
+Before registering, a worker asks its broker for the cluster map. A lone
+broker answers nil (an older one refuses the question): the worker then
+registers as it always did. A cluster member answers with the map: the
+worker then serves each member that owns some of its pools through a
+connection of its own (a "member worker", this same class), with a share of
+the slots (`cronoq.worker.cluster`), and follows the map as the members
+report it: a pool a reload moved is served on its old member until drained
+and on its new one from then on.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ import logging
 import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -53,10 +62,15 @@ from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_
 from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.pool import Pool
 from cronoq.transport import Channel, Item, context, token_bytes, tune
+from cronoq.worker.cluster import split_slots, wanted_pools
 
 log = logging.getLogger("cronoq.worker")
 
 RECONNECT_DELAY_MAX = 32.0
+# A member worker asks its member for the cluster map every this many heartbeats, to follow reloads; a worker
+# asks the members it does not serve (one may still drain a pool of it) every PROBE_BEATS.
+MAP_POLL_BEATS = 5
+PROBE_BEATS = 20
 # A failing handler's message in the worker's log is cut to this many bytes (the task's outcome keeps more).
 LOGGED_MESSAGE_BYTES = 1024
 
@@ -91,6 +105,21 @@ class Worker:
         """The broker's worker endpoints: its primary's and its standbys' (one DEALER connects to them all)."""
         self.broker = " or ".join(self.brokers)
         self.concurrency = concurrency
+        self._curve_public_key = curve_public_key
+        # Cluster: whether to ask for the map before registering (a member worker does not), the rids of those
+        # questions, the member workers by member name, and (in a member worker) whom to tell the maps it hears.
+        self._routing = True
+        self._map_rids: collections.deque[int] = collections.deque(maxlen=16)
+        self._members: dict[str, Worker] = {}
+        self._member_runs: dict[str, asyncio.Task[None]] = {}
+        self._draining: dict[str, list[str]] = {}
+        self._clustered = False
+        self._on_map: Callable[[Any], None] | None = None
+        self._gate: asyncio.Semaphore | None = None  # at most `concurrency` handlers at once, over every member
+        self._beats = 0
+        self._map: Any = None  # the latest cluster map heard, and the version whose members were last probed
+        self._probed: str | None = None
+        self._probes: set[asyncio.Task[None]] = set()
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
         self._token = token_bytes(token)
@@ -121,20 +150,30 @@ class Worker:
 
     @property
     def registered(self) -> bool:
-        """Whether the broker has accepted this worker on the current connection."""
+        """Whether the broker has accepted this worker on the current connection (in a cluster: whether every
+        member serving its pools has)."""
+        if self._clustered:
+            return bool(self._members) and all(m.registered for m in self._members.values())
         return self._registered.is_set()
 
     @property
     def running(self) -> int:
         """How many tasks run now."""
-        return len(self._running)
+        return len(self._running) + sum(m.running for m in self._members.values())
+
+    @property
+    def members(self) -> dict[str, list[str]]:
+        """In a cluster, the pools this worker serves on each member; empty for a lone broker."""
+        return {name: list(m.pools) for name, m in self._members.items()}
 
     # ----------------------------------------------------------------- lifecycle
 
     async def run(self) -> None:
         """Serve until `stop()`; raises the broker's refusal (e.g. NotFound, FailedPrecondition) if it rejects us."""
         loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
+        owns_executor = self._executor is None  # a member worker runs its handlers in its parent's threads
+        if owns_executor:
+            self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
         self._connect()
         try:
             while not self._stopped.is_set():
@@ -144,9 +183,17 @@ class Worker:
         finally:
             self._abandon_running()
             self._disconnect()
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
-                     "" if self.finished == 1 else "s", self.abandoned)
+            for probe in list(self._probes):
+                probe.cancel()
+            for member in list(self._members.values()):
+                await member.stop(now=True)
+                self.finished += member.finished
+                self.abandoned += member.abandoned
+            if owns_executor:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._on_map is None:
+                log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
+                         "" if self.finished == 1 else "s", self.abandoned)
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
@@ -155,6 +202,13 @@ class Worker:
             return
         except asyncio.TimeoutError:
             pass
+        if self._clustered:
+            # The member workers keep their own connections alive; the members without one are asked now and
+            # then whether they still drain a pool of this worker (only a member knows: after its restart, say).
+            self._beats += 1
+            if self._beats % PROBE_BEATS == 0 and self._map is not None:
+                self._probe_others(self._map)
+            return
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
             if self._link.trouble is None:
@@ -171,8 +225,11 @@ class Worker:
             self._connect()
         elif self._registered.is_set():
             self._send(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
+            self._beats += 1
+            if self._on_map is not None and self._beats % MAP_POLL_BEATS == 0:
+                self._ask_map()  # follow the cluster's map: a reload may have moved a pool
         else:
-            self._send_ready()  # the broker may have come up since; ask again
+            self._register()  # the broker may have come up since; ask again
 
     async def stop(self, *, now: bool = False) -> None:
         """Take no more tasks, let the running ones finish and report, then leave.
@@ -185,12 +242,18 @@ class Worker:
             self._stopping = True
             self._abandon_running()
             self._disconnect()
+            for member in list(self._members.values()):
+                await member.stop(now=True)
             self._stopped.set()
             return
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
+        if self._clustered:
+            await asyncio.gather(*(member.stop() for member in list(self._members.values())))
+            self._stopped.set()
+            return
         if self._channel is not None and self._registered.is_set():
             self._send(protocol.Leave(protocol.PROTOCOL_VERSION))
             # Tasks sent before the broker saw Leave are still on their way.
@@ -233,7 +296,7 @@ class Worker:
         self._monitor = Channel(monitor, self._on_link_event)
         self._registered.clear()
         self._last_heard = asyncio.get_running_loop().time()
-        self._send_ready()
+        self._register()
 
     def _disconnect(self) -> None:
         if self._monitor is not None:
@@ -255,8 +318,11 @@ class Worker:
         if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             # Register at once on every new connection: what was sent before it was dropped (ZMQ_IMMEDIATE), and
             # the broker there may be another (a standby that took over) which does not know this worker yet.
+            # (A worker of a cluster registers through its member workers' connections, not this one; before it
+            # knows, `_register` asks for the map first.)
             self._registered.clear()
-            self._send_ready()
+            if not self._clustered:
+                self._register()
         if link.trouble is None:
             if self._told is not None:
                 log.info("reached the broker at %s again", self.broker)
@@ -288,6 +354,19 @@ class Worker:
         if self._channel is not None:
             self._channel.post(message, body)
 
+    def _register(self) -> None:
+        """Register with the broker; first, unless this is a member worker or the broker is known to be alone,
+        ask whether it is a cluster member."""
+        if self._routing:
+            self._ask_map()
+        else:
+            self._send_ready()
+
+    def _ask_map(self) -> None:
+        rid = next(self._rids)
+        self._map_rids.append(rid)
+        self._send(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, rid))
+
     def _send_ready(self) -> None:
         if self._stopping:
             return
@@ -295,9 +374,9 @@ class Worker:
         self._ready_rids.append(rid)
         self._send(protocol.Ready(
             protocol.PROTOCOL_VERSION, rid, pools=list(self.pools),
-            slots=self.concurrency - len(self._running),
+            slots=max(0, self.concurrency - len(self._running)),
             settings={name: pool.explicit_settings() for name, pool in self.pools.items() if pool.explicit_settings()},
-            concurrency=self.concurrency,
+            concurrency=max(self.concurrency, len(self._running)),
         ))
 
     def _on_command(self, frames: list[bytes]) -> None:
@@ -328,14 +407,173 @@ class Worker:
                 self._send_ready()
             case protocol.Left():
                 self._left.set()
+            case protocol.Ok() if command.rid in self._map_rids:
+                self._take_map(command.value)
+            case protocol.Ok():
+                pass
+            case protocol.Error() if command.rid and command.rid in self._map_rids:
+                # A broker that does not know `cluster` (an older one) is a lone broker.
+                self._take_map(None)
+            case protocol.Error() if (command.rid in self._ready_rids and self._on_map is not None
+                                      and isinstance(command.details, dict) and "member" in command.details):
+                # A member worker's pool moved to another member between the map it had and its `ready`: read
+                # the map again (its parent then moves the pool) rather than stop.
+                log.warning("%s: %s; reading the cluster map again", self.broker, command.message)
+                self._ask_map()
             case protocol.Error() if command.rid and command.rid not in self._ready_rids:
                 log.warning("the broker refused a message of this worker: %s %s", command.code, command.message)
             case protocol.Error():
                 # A refused registration (or a message the broker could not take at all: the wrong endpoint, a
                 # bad token) is a mistake of configuration: stop and report it.
-                self._fatal = error_from_code(command.code, command.message)
+                self._fatal = error_from_code(command.code, command.message, command.details)
                 log.error("the broker refused this worker: %s %s", command.code, command.message)
                 self._stopped.set()
+
+    # ----------------------------------------------------------------- cluster
+
+    def _take_map(self, value: Any) -> None:
+        """The broker's answer to `cluster`: register alone (nil), or serve the cluster through member workers."""
+        if self._on_map is not None:  # a member worker: its parent decides
+            if value is not None:
+                self._on_map(value)
+            return
+        if value is None:
+            if not self._clustered:
+                self._routing = False  # a lone broker: register as always
+                self._send_ready()
+            return
+        if not self._clustered:
+            log.info("%s is cluster member %s: serving the members that own pools %s", self.broker,
+                     value.get("member"), ", ".join(self.pools))
+            self._clustered = True
+            self._gate = asyncio.Semaphore(self.concurrency)
+            self._disconnect()  # each member worker has its own connection; this one has told what it could
+        self._follow(value)
+
+    def _follow(self, value: Any) -> None:
+        """Serve the map `value`: start, retarget or stop member workers so that each member that owns (or still
+        drains) some of this worker's pools serves them with its share of the slots."""
+        if self._stopping:
+            return
+        member_name = value.get("member")
+        if isinstance(member_name, str):
+            self._draining[member_name] = list(value.get("draining", ()))
+        self._map = value
+        if value.get("version") != self._probed:
+            self._probed = value.get("version")
+            self._probe_others(value)
+        wanted = wanted_pools(value, self.pools, self._draining)
+        try:
+            shares = split_slots(self.concurrency, {name: len(owned) for name, (owned, _) in wanted.items()})
+        except InvalidArgument as exc:
+            if not self._members:
+                self._fatal = exc
+                log.error("cannot serve: %s", exc)
+                self._stopped.set()
+                return
+            log.error("%s; serving with one slot per member (at most %d handlers run at once)", exc, self.concurrency)
+            shares = {name: 1 for name in wanted}
+        addresses = {m["name"]: m.get("workers") or [] for m in value.get("members", ())}
+        for name, (owned, leftover) in wanted.items():
+            member = self._members.get(name)
+            # Only a member knows which pools it still drains: another's map may add pools to its member
+            # worker, never take them away.
+            keep = set(owned) | set(leftover) | (set() if member is None or name == member_name else set(member.pools))
+            pools = [self.pools[p] for p in self.pools if p in keep]
+            if member is None:
+                if not addresses.get(name):
+                    continue
+                self._start_member(name, addresses[name], pools, shares[name])
+            else:
+                member._retarget(pools, shares[name])
+        for name in list(self._members):
+            if name not in wanted and name == member_name:
+                log.info("cluster member %s no longer owns any of this worker's pools: leaving it", name)
+                member = self._members.pop(name)
+                asyncio.get_running_loop().create_task(member.stop())
+
+    def _probe_others(self, value: Any) -> None:
+        """Ask each member this worker has no member worker for (save the one that answered `value`) for its own
+        map: it may still drain a pool of this worker, which only its own answer says."""
+        for member in value.get("members", ()):
+            name, workers = member.get("name"), member.get("workers") or []
+            if name in self._members or name == value.get("member") or not workers:
+                continue
+            probe = asyncio.get_running_loop().create_task(self._probe(workers[0]))
+            self._probes.add(probe)
+            probe.add_done_callback(self._probes.discard)
+
+    async def _probe(self, address: str) -> None:
+        """One `cluster` question to the worker endpoint at `address`, on a socket of its own; its answer is
+        followed like a member worker's. No answer within a liveness period: the next probe asks again."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        rid = next(self._rids)
+
+        def on_message(frames: list[bytes]) -> None:
+            try:
+                commands = protocol.unbatch(protocol.decode_worker_command(frames[0]),
+                                            frames[1] if len(frames) > 1 else None)
+            except CronoqError:
+                return
+            for command, _ in commands:
+                if isinstance(command, protocol.Ok) and command.rid == rid and not answer.done():
+                    answer.set_result(command.value)
+
+        sock = context().socket(zmq.DEALER)
+        tune(sock)
+        if self._server_key is not None:
+            connect_encrypted(sock, self._server_key)
+        channel = Channel(sock, on_message, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
+                          prefix=[self._token])
+        try:
+            sock.connect(address)
+            channel.post(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, rid))
+            value = await asyncio.wait_for(answer, self.heartbeat_interval * self.liveness)
+        except (asyncio.TimeoutError, zmq.ZMQError):
+            return
+        finally:
+            channel.close()
+        if value is not None and not self._stopping:
+            self._follow(value)
+
+    def _start_member(self, name: str, addresses: list[str], pools: list[Pool], share: int) -> None:
+        """Serve `pools` on member `name` with `share` slots, through a connection of its own to the member's
+        worker addresses (its primary and standbys: only the one that serves takes the connection)."""
+        member = Worker(list(addresses), pools, concurrency=share, token=self._token,
+                        heartbeat_interval=self.heartbeat_interval, liveness=self.liveness,
+                        curve_public_key=self._curve_public_key)
+        member._routing = False
+        member._executor = self._executor
+        member._gate = self._gate
+        member._on_map = self._follow
+        self._members[name] = member
+        run = asyncio.get_running_loop().create_task(member.run())
+        self._member_runs[name] = run
+        run.add_done_callback(functools.partial(self._member_ended, name))
+
+    def _member_ended(self, name: str, run: asyncio.Task[None]) -> None:
+        """A member worker stopped: by itself only on a refusal, which stops the whole worker as it would alone."""
+        if self._member_runs.get(name) is run:
+            del self._member_runs[name]
+        if run.cancelled() or self._stopping:
+            return
+        error = run.exception()
+        if error is not None and self._fatal is None:
+            self._fatal = error if isinstance(error, CronoqError) else Unavailable(str(error))
+            self._stopped.set()
+
+    def _retarget(self, pools: list[Pool], share: int) -> None:
+        """Serve other pools, or another share of slots: register again when either changed."""
+        names = [pool.name for pool in pools]
+        if names == list(self.pools) and share == self.concurrency:
+            return
+        log.info("serving pools %s on %s with %d slot%s", ", ".join(names), self.broker, share,
+                 "" if share == 1 else "s")
+        self.pools = {pool.name: pool for pool in pools}
+        self.concurrency = share
+        if self._channel is not None:
+            self._send_ready()
 
     # ----------------------------------------------------------------- tasks
 
@@ -350,7 +588,11 @@ class Worker:
         try:
             if pool is None:
                 raise LookupError(f"this worker does not serve pool {assign.pool!r}")
-            value = await pool.call(protocol.decode_body(body), self._executor)
+            if self._gate is None:
+                value = await pool.call(protocol.decode_body(body), self._executor)
+            else:
+                async with self._gate:
+                    value = await pool.call(protocol.decode_body(body), self._executor)
             result = protocol.encode_body(value)
         except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
             error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()

@@ -135,10 +135,13 @@ pub static CLIENT_REQUESTS: &[Schema] = &[
     Schema { tag: "reload", fields: &[req("rid", K::Int)] },
     Schema { tag: "ping", fields: &[req("rid", K::Int)] },
     Schema { tag: "hello", fields: &[req("rid", K::Int)] },
+    Schema { tag: "cluster", fields: &[req("rid", K::Int)] },
 ];
 
-static ERROR: Schema =
-    Schema { tag: "error", fields: &[req("rid", K::Int), req("code", K::Str), req("message", K::Str)] };
+static ERROR: Schema = Schema {
+    tag: "error",
+    fields: &[req("rid", K::Int), req("code", K::Str), req("message", K::Str), f("details", K::Any, D::Nil)],
+};
 
 /// What the broker sends a client.
 pub static CLIENT_REPLIES: &[Schema] = &[
@@ -204,6 +207,7 @@ pub static WORKER_MESSAGES: &[Schema] = &[
     },
     Schema { tag: "leave", fields: &[] },
     Schema { tag: "bye", fields: &[] },
+    Schema { tag: "cluster", fields: &[req("rid", K::Int)] },
 ];
 
 /// What the broker sends a worker.
@@ -230,6 +234,7 @@ pub static WORKER_COMMANDS: &[Schema] = &[
     Schema { tag: "heartbeat", fields: &[] },
     Schema { tag: "reregister", fields: &[] },
     Schema { tag: "left", fields: &[] },
+    Schema { tag: "ok", fields: &[req("rid", K::Int), f("value", K::Any, D::Nil)] },
     Schema { tag: "error", fields: ERROR.fields },
 ];
 
