@@ -92,3 +92,12 @@ def test_a_takeover_run_finds_every_queued_task_at_the_standby() -> None:
     assert len(out["runs"]) == 2
     for figures in out["runs"]:
         assert 0 < figures["served_s"] and figures["recovery_s"] >= 0
+
+
+def test_a_small_cluster_run_completes_both_pools_and_reports_cpu_per_task() -> None:
+    from bench import cluster
+
+    for members in (["solo"], ["b1", "b2"]):
+        out = cluster.measure(members, tasks=200, window=20, workers=1, concurrency=8)
+        assert out["tasks"] == 400 and out["tasks_per_s"] > 0
+        assert out["cpu_ms_per_task"]["brokers"] > 0 and out["cpu_ms_per_task"]["workers"] > 0, out
