@@ -385,7 +385,8 @@ class TaskBook:
         if max_tenant_backlog is not None and self.core.tree_backlog(pool, tenant) >= max_tenant_backlog:
             # The whole tree of the top-level tenant counts: `acme/a`, `acme/b`, ... cannot each hold as many.
             top = tenant.split("/")[0] if tenant else tenant
-            whose = f"tenant {tenant!r}" if top == tenant else f"tenant {top!r} (with {tenant!r} and the rest of its tree)"
+            whose = (f"tenant {tenant!r}" if top == tenant
+                     else f"tenant {top!r} (with {tenant!r} and the rest of its tree)")
             raise ResourceExhausted(
                 f"{whose} already has {max_tenant_backlog} waiting tasks in pool {pool!r} "
                 "(max_tenant_backlog); retry later"
