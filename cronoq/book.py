@@ -527,10 +527,19 @@ class TaskBook:
             self._finish(task, EXPIRED, now, error_type="DeadlineExceeded",  # type: ignore[arg-type]
                          error_message="the task's deadline passed before it was dispatched")
         assignments: list[tuple[Hashable, TaskRecord, int]] = []
-        if self._archive is not None and len(self.finished) >= self.max_unarchived:
-            return assignments  # the archive falls behind: let it catch up before more tasks can finish
+        limit = None
+        archive = self._archive
+        if (archive is not None and len(self.finished) >= self.max_unarchived
+                and not self.finished.releasable(archive.archived_through)):
+            # The archive falls behind: let it catch up before many more tasks can finish. (Records it confirmed,
+            # which merely wait for their batch to leave memory, do not count.) A trickle still goes out, to the
+            # workers ready longest (an idle pool's first): a flood on one pool must not stall a lone task of
+            # another for the whole catch-up. Twice the limit stops even that: memory stays bounded.
+            if len(self.finished) >= 2 * self.max_unarchived:
+                return assignments
+            limit = GATED_DISPATCHES
         journal = self.journal
-        for worker_id, task in self.core.dispatch(now):
+        for worker_id, task in self.core.dispatch(now, limit):
             record: TaskRecord = task  # type: ignore[assignment]  # the core set its state and attempts
             record.started_at = now
             if journal is not None:
@@ -727,8 +736,9 @@ class TaskBook:
         return taken
 
     def release_archived(self, through: int) -> list[TaskRecord]:
-        """The archive holds every finished record numbered up to `through`: let them go from memory."""
-        gone = self.finished.release(through)
+        """The archive holds every finished record numbered up to `through`: let them go from memory, at most
+        RELEASE_BATCH at a time (the caller comes back for the rest: `finished.releasable(through)`)."""
+        gone = self.finished.release(through, RELEASE_BATCH)
         for record in gone:
             self._forget(record)
         return gone
@@ -752,6 +762,16 @@ class TaskBook:
         """Records in memory: live ones, finished ones (and the bytes they weigh)."""
         return {"records": len(self.records), "live": len(self.core), "finished": len(self.finished),
                 "finished_bytes": self.finished.bytes}
+
+
+GATED_DISPATCHES = 8
+"""Tasks dispatched per pass while the results store falls behind (max_unarchived finished records wait for it),
+to the workers ready longest: enough for the other pools' lone tasks, little enough to let the store catch up."""
+
+RELEASE_BATCH = 2_000
+"""Finished records let go from memory at once when the results store confirms them: a drain of 10^6 tasks
+can have the store confirm 10^5 in one reply, and forgetting them all in one pass held the loop for tens of
+milliseconds. The rest go in the next passes, a batch each (about 5 ms)."""
 
 
 _ID, _KEY, _SUBMISSION, _TENANT = (attrgetter(name) for name in ("id", "key", "submission", "tenant"))

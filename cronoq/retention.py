@@ -30,9 +30,9 @@ DEFAULT_RETENTION_BYTES = 128 << 20
 """Big enough for about a million small results, small enough for a small disk beside the journal."""
 
 MAX_UNARCHIVED = 50_000
-"""Finished records waiting in memory for the results store, at most: past this many the broker dispatches
-nothing more until the archiver catches up, so that a slow (or restarting) archiver costs throughput, never
-unbounded memory."""
+"""Finished records waiting in memory for the results store: past this many the broker dispatches only a trickle
+(cronoq.book.GATED_DISPATCHES a pass) until the archiver catches up, and past twice this many nothing, so that a
+slow (or restarting) archiver costs throughput, never unbounded memory."""
 
 RECORD_MEMORY = 520
 """Bytes a finished record costs in memory besides its result and error texts (the record, its id, its
@@ -51,6 +51,9 @@ class ResultArchive(Protocol):
 
     Each lookup returns a fresh record (or None: unknown, or no longer retained).
     """
+
+    archived_through: int
+    """Every finished record numbered up to this is stored: those may leave memory."""
 
     def find(self, task_id: str) -> TaskRecord | None: ...
     def find_key(self, pool: str, tenant: str | None, key: str) -> TaskRecord | None: ...
@@ -111,15 +114,21 @@ class FinishedRecords:
             gone.append(record)
         return gone
 
-    def release(self, through: int) -> list[TaskRecord]:
-        """Drop and return the oldest records up to number `through` (the results store holds them now)."""
+    def release(self, through: int, limit: int | None = None) -> list[TaskRecord]:
+        """Drop and return the oldest records up to number `through` (the results store holds them now), at
+        most `limit` of them."""
         records, gone = self._records, []
-        while records and records[0].seq <= through:
+        while records and records[0].seq <= through and (limit is None or len(gone) < limit):
             record = records.popleft()
             if self.weigh:
                 self.bytes -= memory_bytes(record)
             gone.append(record)
         return gone
+
+
+    def releasable(self, through: int) -> bool:
+        """Whether the oldest record is numbered up to `through` (the store holds it: it may go)."""
+        return bool(self._records) and self._records[0].seq <= through
 
 
 def _seq(record: TaskRecord) -> int:

@@ -646,6 +646,54 @@ def test_finished_records_leave_memory_once_stored_and_answer_from_the_store(tmp
     assert not duplicate and fresh.id not in {r.id for r in handles}
 
 
+def test_records_the_store_confirmed_leave_memory_a_batch_per_exchange(tmp_path, monkeypatch):
+    """Forgetting 10^5 confirmed records in one go held the loop: they go RELEASE_BATCH at a time, and every
+    later exchange (each pass of the broker) takes the next batch, even with nothing new to ship."""
+    monkeypatch.setattr("cronoq.book.RELEASE_BATCH", 30)
+    world = World(tmp_path, ttl=1e9)
+    world.core.add_worker("w", ["a"], 1000)
+    for n in range(100):
+        world.book.submit(SubmitRequest(bytes([n]), pool="a"), world.now)
+    for _, record, attempt in world.book.dispatch(world.now):
+        world.book.complete("w", record.id, attempt, world.now, ok=True, result=record.payload)
+    world.commit()
+    world.archive.catch_up()
+    assert world.archive.rows == 100 and len(world.book.finished) == 100
+    left = []
+    for listen in (True, False, False, False):  # then as after each commit: nothing new shipped or heard
+        world.archive.exchange(world.book, listen=listen)
+        left.append(len(world.book.finished))
+    assert left == [70, 40, 10, 0]
+    assert world.book.records == {} and not world.book.finished.releasable(world.archive.archived_through)
+
+
+def test_while_the_store_falls_behind_only_a_trickle_is_dispatched_and_at_twice_the_limit_none(tmp_path):
+    from cronoq.book import GATED_DISPATCHES
+
+    world = World(tmp_path, ttl=1e9)
+    world.book.max_unarchived = 20
+    world.core.add_worker("w", ["a"], 1000)
+    for n in range(200):
+        world.book.submit(SubmitRequest(bytes([n % 256]), pool="a"), world.now)
+
+    def finish(count: int) -> None:  # finished, and not confirmed by the store: nobody listens to it here
+        for record in [r for r in world.book.records.values() if r.state == "running"][:count]:
+            world.book.complete("w", record.id, record.attempts, world.now, ok=True, result=b"")
+
+    running = world.book.dispatch(world.now)
+    assert len(running) == 200  # nothing waits for the store yet: every free slot is filled
+    finish(20)
+    assert len(world.book.finished) == 20
+    for n in range(20):
+        world.book.submit(SubmitRequest(b"x", pool="a"), world.now)
+    assert len(world.book.dispatch(world.now)) == GATED_DISPATCHES  # 20 wait for the store: a trickle
+    finish(20)
+    assert len(world.book.finished) == 40 and world.book.dispatch(world.now) == []  # twice the limit: none
+    world.commit()
+    world.settle()  # the store confirms them: they leave memory, and dispatching resumes
+    assert len(world.book.finished) == 0 and len(world.book.dispatch(world.now)) == 20 - GATED_DISPATCHES
+
+
 def test_the_store_drops_the_oldest_past_result_ttl_and_over_the_byte_budget(tmp_path):
     world = World(tmp_path, ttl=50.0, max_bytes=1 << 30)
     world.core.add_worker("w", ["a"], 1000)

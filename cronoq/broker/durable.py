@@ -172,6 +172,11 @@ class DataDir:
 
             self.archive.watch(loop, on_reply)
 
+    @property
+    def releasing(self) -> bool:
+        """Whether finished records the results store holds are still in memory (they go a batch per pass)."""
+        return self.archive is not None and self._book.finished.releasable(self.archive.archived_through)
+
     def _all_written(self) -> bool:
         """Whether every change the book reported is in the journal's file (none pending, none being written):
         only then may finished tasks go to the results store."""

@@ -384,7 +384,7 @@ class Broker:
         # A send can consume the FD's edge for a message that arrived meanwhile: after sending, one more
         # pass must find both sockets empty before the loop may sleep.
         if (handled or sent or worker_conns.ending or client_conns.ending  # type: ignore[union-attr]
-                or self._stats_replies.searching):
+                or self._stats_replies.searching or (self._data.releasing and self._writing is None)):
             self._next_pass = asyncio.get_running_loop().call_soon(self._pump)
         self._arm_timer()
         self._arm_retry()

@@ -185,6 +185,8 @@ class Archive:
         if ship:
             self.ship(book.take_finished())
         if not (listen or self.waiting or self.needs_resend or self._sock is None):
+            if book.finished.releasable(self.archived_through):  # what an earlier batch left
+                book.release_archived(self.archived_through)
             return
         through = self.poll()
         if self.needs_resend and ship:
