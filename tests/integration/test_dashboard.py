@@ -169,6 +169,7 @@ def test_a_viewer_token_on_the_client_socket_reads_and_changes_nothing(broker_fa
     with cronoq.connect_sync(broker.clients, token="viewer-secret") as viewer:
         assert "llm" in viewer.stats()["pools"]
         assert viewer.status(task.id).state == "queued"
+        assert viewer.explain(task.id).state == "queued"  # why it waits: read-only, as status is
         for attempt in (lambda: viewer.submit(1, pool="llm"), lambda: viewer.cancel(task.id),
                         lambda: viewer.pause("llm"), lambda: viewer.result(task.id, timeout=5)):
             with pytest.raises(cronoq.PermissionDenied, match="a viewer token may not"):
