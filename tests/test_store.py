@@ -10,6 +10,7 @@ what kill -9 between two passes of the broker's loop leaves behind.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import random
@@ -369,6 +370,41 @@ def test_a_damaged_snapshot_or_an_unknown_format_refuses_to_start(tmp_path):
     os.close(fd)
     with pytest.raises(StoreError, match="format 99"):
         Journal.open(tmp_path)
+
+
+class _Deferred(concurrent.futures.Executor):
+    """Runs what it is given only when told to: the moment a writer thread gets to a frame, chosen by the test."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[concurrent.futures.Future, object, tuple]] = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.waiting.append((future, fn, args))
+        return future
+
+    def run_all(self) -> None:
+        for future, fn, args in self.waiting:
+            future.set_result(fn(*args))
+        self.waiting.clear()
+
+
+def test_a_frame_written_after_a_sync_began_is_still_owed_a_sync(tmp_path):
+    world = World(tmp_path)
+    random_workload(world, random.Random(3), 20)
+    world.commit()
+    world.journal.sync()
+    world.book.submit(SubmitRequest(b"x", pool="a"), world.now)  # one change, pending
+    writer = _Deferred()
+    writing = world.journal.commit_in_background(writer)
+    assert writing is not None and world.journal.writing
+    assert world.journal.take_unsynced() == [], "nothing is on disk yet: a sync now would not cover the frame"
+    writer.run_all()
+    world.journal.wait_for_write()
+    owed = world.journal.take_unsynced()
+    assert len(owed) == 1, "the frame, written after that sync began, is owed the next one"
+    sync_files(owed)
+    world.crash()
 
 
 async def test_a_big_frame_the_writer_thread_cannot_write_stops_the_broker_without_confirming(tmp_path):

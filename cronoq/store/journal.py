@@ -254,14 +254,16 @@ class Journal:
         self.records += len(pending)
         self._pending = []
         self.bytes += frames.HEADER_SIZE + len(body)
-        if not self.fsync_each_commit:
-            self._unsynced = True
         return body
 
     def _write(self, fd: int, body: bytes) -> None:
         frames.append(fd, body)
         if self.fsync_each_commit:
             os.fdatasync(fd)
+        else:
+            # Only once it is written (in the writer thread, maybe): a sync taken between the encoding and the
+            # write would otherwise clear the flag, and the frame would wait for the next write to be synced.
+            self._unsynced = True
 
     def _timed_write(self, fd: int, body: bytes) -> float:
         """In the writer thread: zlib's checksum and the write (and fdatasync) let the loop's thread run."""
