@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import compress
 from operator import attrgetter
 from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol, Union
@@ -643,8 +643,10 @@ class TaskBook:
 
     def info(self, task_id: str) -> TaskInfo:
         """A snapshot of a task's state, attempts and timings."""
-        record = self.get(task_id)
-        task = self.core.get(task_id)
+        return self._info(self.get(task_id))
+
+    def _info(self, record: TaskRecord) -> TaskInfo:
+        task = self.core.get(record.id)
         state, attempts = (task.state, task.attempts) if task is not None else (record.state, record.attempts)
         error = f"{record.error_type}: {record.error_message}" if record.error_type else None
         return TaskInfo(
@@ -657,13 +659,11 @@ class TaskBook:
         """Why the task is where it is (see `Explanation`), or NotFound. `dispatch_rate` is its pool's recent
         dispatches per second, measured by the caller (None: none to tell). Bounded cost: see
         cronoq.core.explain."""
-        info = self.info(task_id)
-        record = self.get(task_id)
+        record = self.get(task_id)  # one lookup: an old task's is a read of the results store
+        info = self._info(record)
         return Explanation(
-            id=info.id, pool=info.pool, tenant=info.tenant, priority=info.priority, state=info.state,
-            attempts=info.attempts, max_retries=record.max_retries, submitted_at=info.submitted_at,
-            started_at=info.started_at, finished_at=info.finished_at, deadline=info.deadline,
-            not_before=record.not_before if info.state == DELAYED else None, error=info.error,
+            **asdict(info), max_retries=record.max_retries,
+            not_before=record.not_before if info.state == DELAYED else None,
             history=self._history(record, info), waiting=self.core.explain(task_id, now, dispatch_rate),
         )
 

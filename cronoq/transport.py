@@ -103,15 +103,9 @@ def recv_routed(sock: zmq.Socket, keep: int) -> tuple[list[bytes], int]:
 def send_frames(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
     """Send one multipart message without blocking; raises zmq.Again when the queue is full."""
     for frame in frames[:-1]:
-        if len(frame) < ZERO_COPY_BYTES:
-            _send(sock, frame, NOBLOCK_MORE)
-        else:
-            _send(sock, frame, NOBLOCK_MORE, False)
+        _send(sock, frame, NOBLOCK_MORE, len(frame) < ZERO_COPY_BYTES)  # the last argument: copy it
     last = frames[-1]
-    if len(last) < ZERO_COPY_BYTES:
-        _send(sock, last, NOBLOCK)
-    else:
-        _send(sock, last, NOBLOCK, False)
+    _send(sock, last, NOBLOCK, len(last) < ZERO_COPY_BYTES)
 
 
 Item = tuple[Any, "bytes | None"]

@@ -412,16 +412,8 @@ async def test_a_big_frame_the_writer_thread_cannot_write_stops_the_broker_witho
     and when the write fails they are never sent."""
     from cronoq import protocol
     from cronoq.broker.durable import WRITE_IN_THREAD_BYTES
-    from cronoq.broker.server import Broker
-    from cronoq.config import parse_config
 
-    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}}, source="test", base_dir=tmp_path,
-                          environ={})
-    broker = Broker(config, clock=lambda: 1000.0)
-    broker.open()
-    journal = broker._data.journal
-    good_fd = journal._fd
-    journal._fd = os.open(tmp_path / "data" / "lock", os.O_RDONLY)  # as if the disk refused every write
+    broker, good_fd = _broker_whose_journal_refuses_writes(tmp_path)
     body = msgspec.msgpack.encode(b"x" * WRITE_IN_THREAD_BYTES)
     broker._requests.on_message(peer(b"client"), [b"client", b"", protocol.encode(protocol.Submit(1, 7)), body],
                                 1000.0)
@@ -447,8 +439,9 @@ def test_replay_skips_changes_of_unknown_tasks():
     assert replay.records == {} and replay.orphans == 2
 
 
-def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tmp_path):
-    from cronoq import protocol
+def _broker_whose_journal_refuses_writes(tmp_path: Path):
+    """An in-process broker (not serving) whose journal fails every write; returns it and the journal's own fd,
+    for the test to close."""
     from cronoq.broker.server import Broker
     from cronoq.config import parse_config
 
@@ -459,6 +452,13 @@ def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tm
     journal = broker._data.journal
     good_fd = journal._fd
     journal._fd = os.open(tmp_path / "data" / "lock", os.O_RDONLY)  # as if the disk refused every write
+    return broker, good_fd
+
+
+def test_a_journal_that_cannot_be_written_stops_the_broker_without_confirming(tmp_path):
+    from cronoq import protocol
+
+    broker, good_fd = _broker_whose_journal_refuses_writes(tmp_path)
     broker._requests.on_message(peer(b"client"), [b"client", b"", protocol.encode(protocol.Submit(1, 7)), b"\xc0"], 1000.0)
     assert broker._to_clients, "an accepted reply is ready..."
     assert not broker._commit()

@@ -300,18 +300,18 @@ class Broker:
     def _commit_all(self) -> bool:
         """Commit everything here and now, after the writer thread's frame if one is under way, and send every
         reply that waited; False when the journal cannot be written (the broker stops)."""
+        if not self._send_what_was_written():
+            return False
         try:
-            self._data.commit()  # waits for the writer thread's frame first
-            if self._writing is not None:
-                writing, to_clients, to_workers = self._writing
-                self._writing = None
-                self._data.written(writing)
-                self._flush(to_clients, to_workers)
+            self._data.commit()
         except OSError as exc:
-            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+            self._journal_failed(exc)
             return False
         self._flush(self._to_clients, self._to_workers)
         return True
+
+    def _journal_failed(self, exc: OSError) -> None:
+        self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
 
     def _left_at_stop(self) -> str:
         """What the broker holds as it stops, and whether it is kept, for the log."""
@@ -447,7 +447,7 @@ class Broker:
         try:
             writing = self._data.commit_pass()
         except OSError as exc:
-            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+            self._journal_failed(exc)
             return False
         if writing is not None:
             self._writing = (writing, self._to_clients.seal(), self._to_workers.seal())
@@ -457,17 +457,25 @@ class Broker:
 
     def _on_written(self) -> None:
         """The writer thread's commit is on disk: send what waited for it, then serve what came meanwhile."""
-        if self._writing is None or (self._stopped is not None and self._stopped.is_set()):
+        if self._stopped is not None and self._stopped.is_set():
             return
+        if self._writing is not None and self._send_what_was_written():
+            self._pump()
+
+    def _send_what_was_written(self) -> bool:
+        """Once the writer thread's commit is done (waiting for it, if need be), send the replies sealed with it;
+        False when it failed (the broker stops)."""
+        if self._writing is None:
+            return True
         writing, to_clients, to_workers = self._writing
         self._writing = None
         try:
             self._data.written(writing)
         except OSError as exc:
-            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
-            return
+            self._journal_failed(exc)
+            return False
         self._flush(to_clients, to_workers)
-        self._pump()
+        return True
 
     def _dispatch(self, now: float) -> int:
         """Hand out what the core says is due; returns how many tasks."""
@@ -586,7 +594,7 @@ class Broker:
         try:
             self._data.compact_if_worthwhile()
         except OSError as exc:  # the commit before the snapshot failed: fatal, as any failed commit
-            self._fail(f"cannot write the journal in {self.config.data_dir}: {exc}")
+            self._journal_failed(exc)
 
     # ----------------------------------------------------------------- clients (requests: clients.py)
 
