@@ -55,9 +55,10 @@ def _sqlite(folder: Path, records: list[TaskRecord]) -> dict[str, float]:
     half = len(records) // 2
     budget = sum(results.row(record)[-1] for record in records[:half])
     writer = results.Writer(folder / results.RESULTS, 1e9, budget, time.time())
+    bodies = [results.encoded(record) for record in records]  # as the broker sends them to the archiver
     cpu = 0.0
     for first in range(0, len(records), BATCH):
-        batch = records[first:first + BATCH]
+        batch = bodies[first:first + BATCH]
         started = time.process_time()
         writer.begin()
         writer.store(batch)
