@@ -257,12 +257,12 @@ class Writer:
         """Insert finished records, each in its stored encoding (`encoded`), in the order they finished; returns
         their rows. A record numbered up to `through` is left out: it was stored before (and perhaps dropped
         since), and is only sent again because the broker had not heard so when its archiver was replaced."""
-        rows_ = rows(bodies, self.through)
+        new = rows(bodies, self.through)
         at = 0
-        while at < len(rows_):
+        while at < len(new):
             partition = self._current()
-            room = max(1, (self._partition_bytes() - partition.bytes) // max(1, rows_[at][-1]))
-            chunk = rows_[at:at + room]
+            room = max(1, (self._partition_bytes() - partition.bytes) // max(1, new[at][-1]))
+            chunk = new[at:at + room]
             # OR IGNORE: every row is numbered past `through`, so none is there already; should one come twice, the
             # stored copy is the same record and stays (a failed INSERT would stop the archiver for nothing).
             self.db.executemany(f"INSERT OR IGNORE INTO results_{partition.n} VALUES (?, ?, ?, ?, ?, ?)",
@@ -274,9 +274,9 @@ class Writer:
             partition.newest = max(partition.newest, max(values[4] for values in chunk))
             self._touched.add(partition.n)
             at += len(chunk)
-        if rows_:
-            self.through = max(self.through, max(values[0] for values in rows_))
-        return rows_
+        if new:
+            self.through = max(self.through, max(values[0] for values in new))
+        return new
 
     def evict(self) -> int:
         """Drop the oldest tables while all of a table's rows are past result_ttl, or the rows weigh more than
