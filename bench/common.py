@@ -145,6 +145,23 @@ def cpu_seconds(pids: Iterable[int]) -> float:
     return total
 
 
+def archiver_pids(broker_pid: int) -> list[int]:
+    """The broker's results-store archiver process (cronoq.store.archiver), as a list: empty if there is none."""
+    found = []
+    for task in Path(f"/proc/{broker_pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                if b"cronoq.store.archiver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(int(child))
+            except OSError:
+                pass
+    return found
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -8,6 +8,8 @@ Commands (each prints its figures; docs/durability.md quotes them):
   restart [--tasks N]    restart a broker holding N queued tasks, then one holding N retained results
   store [--rows N]       the two candidate stores for retained results: SQLite (the one used) and the journal's
                          own frames in segment files with an id index in memory
+  archiver [--rows N]    the results store's hand-over, step by step: the broker's side and the archiver's
+                         (decode, fields and hashes, insert, filter, retention, commit), CPU per task
   memory [--tasks N]     what a finished record costs in memory (RECORD_MEMORY), in a task book without a store
   thread                 a SQLite writer thread beside a busy loop: why the archiver is a process
 """
@@ -239,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("store")
     p.add_argument("--rows", type=int, default=200_000)
+    p = sub.add_parser("archiver")
+    p.add_argument("--rows", type=int, default=900_000)
+    p.add_argument("--batch", type=int, default=5_600)
     p = sub.add_parser("memory")
     p.add_argument("--tasks", type=int, default=100_000)
     sub.add_parser("thread")
@@ -252,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "store":
         from bench.retention_store import compare
         compare(args.rows)
+    elif args.command == "archiver":
+        from bench.retention_store import archiver_steps
+        archiver_steps(args.rows, args.batch)
     elif args.command == "memory":
         from bench.retention_store import record_memory
         record_memory(args.tasks)

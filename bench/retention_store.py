@@ -55,9 +55,10 @@ def _sqlite(folder: Path, records: list[TaskRecord]) -> dict[str, float]:
     half = len(records) // 2
     budget = sum(results.row(record)[-1] for record in records[:half])
     writer = results.Writer(folder / results.RESULTS, 1e9, budget, time.time())
+    bodies = [results.encoded(record) for record in records]  # as the broker sends them to the archiver
     cpu = 0.0
     for first in range(0, len(records), BATCH):
-        batch = records[first:first + BATCH]
+        batch = bodies[first:first + BATCH]
         started = time.process_time()
         writer.begin()
         writer.store(batch)
@@ -259,3 +260,72 @@ def record_memory(tasks: int) -> None:
     per = (after - before) / held
     print(f"{held:,} finished records in memory: {per:,.0f} B each with a {result_bytes}-byte result "
           f"(the submission ids the requests hold are counted: they stay with the record)")
+
+
+def archiver_steps(rows: int = 900_000, batch: int = 5_600, budget: int = 128 << 20) -> None:
+    """Where the results store's hand-over spends its CPU, per finished task: the broker's side (the stored form
+    and the message) and each step of the archiver's rounds, run in this process on the real code (the real
+    Writer and FilterKeeper, fsynced commits), at the default retention once the store is full (the second half
+    of `rows`). `batch`: records per round, what the archiver gathers in GATHER_SECONDS at full rate (0.2 s at
+    28,000 tasks/s). A filter rebuild comes every (capacity - rows) tasks at a steady state: its share is
+    given for the long run, from the time one rebuild took."""
+    from cronoq.book import stored_form
+    from cronoq.store import results
+    from cronoq.store.archiver import FilterKeeper, Put, _Incoming, frame
+
+    decode = msgspec.msgpack.Decoder(_Incoming).decode
+    now = time.time()
+    times = dict.fromkeys(("broker: stored form, message", "archiver: decode the message",
+                           "archiver: read fields, hash", "SQLite insert (executemany)", "filter: set bits",
+                           "retention (drop tables)", "commit (WAL, fsync)"), 0.0)
+    names = list(times)
+    counted = 0
+    with tempfile.TemporaryDirectory(prefix="cronoq-archiver-") as tmp:
+        writer = results.Writer(Path(tmp) / results.RESULTS, 1e9, budget, now)
+        keeper = FilterKeeper()
+        keeper.rebuild(writer)
+        for first in range(0, rows, batch):
+            records = _records(min(batch, rows - first))
+            for n, record in enumerate(records):
+                record.seq = first + n + 1
+                record.finished_at = now
+            steady = first >= rows // 2
+            t0 = time.process_time()
+            body = frame(Put(now, [stored_form(record) for record in records]))[4:]
+            t1 = time.process_time()
+            message = decode(body)
+            t2 = time.process_time()
+            results.rows(message.records, writer.through)  # timed alone, then again inside store()
+            t3 = time.process_time()
+            writer.begin()
+            stored = writer.store(message.records)
+            t4 = time.process_time()
+            keeper.add(stored)
+            t5 = time.process_time()
+            keeper.dropped += writer.evict()
+            t6 = time.process_time()
+            writer.commit()
+            t7 = time.process_time()
+            if keeper.is_stale(writer.rows):
+                keeper.rebuild(writer)
+            if steady:
+                counted += len(records)
+                for name, took in zip(names, (t1 - t0, t2 - t1, t3 - t2, (t4 - t3) - (t3 - t2), t5 - t4, t6 - t5,
+                                              t7 - t6)):
+                    times[name] += took
+        started = time.process_time()
+        keeper.rebuild(writer)
+        rebuild = time.process_time() - started
+        assert keeper.filter is not None
+        every = max(1, keeper.filter.capacity - writer.rows)
+        kept = writer.rows
+        writer.close()
+    times["filter: rebuild (long-run share)"] = rebuild / every * counted
+    print(f"{rows:,} finished tasks in rounds of {batch:,}, result_retention_bytes {budget >> 20} MiB "
+          f"({kept:,} kept); µs of CPU per task over the second half:")
+    for name, took in times.items():
+        print(f"  {name:36s} {took / counted * 1e6:6.2f}")
+    archiver = sum(took for name, took in times.items() if not name.startswith("broker"))
+    print(f"  {'the archiver in all':36s} {archiver / counted * 1e6:6.2f}")
+    print(f"  (one filter rebuild read {kept:,} rows' scopes in {rebuild * 1e3:.0f} ms; one comes every "
+          f"{every:,} tasks)")

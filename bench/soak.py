@@ -37,8 +37,8 @@ from typing import Any, Iterator
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (ROOT, Children, child_env, cpu_seconds, free_port, log_dir, percentile, python,  # noqa: E402
-                          rss_bytes)
+from bench.common import (ROOT, Children, archiver_pids, child_env, cpu_seconds, free_port, log_dir,  # noqa: E402
+                          percentile, python, rss_bytes)
 from bench.stacks import TOKENS, CronoqBroker, broker_config, start_cronoq_worker  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -163,7 +163,8 @@ async def _sampler(rec: Recording, broker: subprocess.Popen, workers: list[subpr
     worker_pids = [w.pid for w in workers]
     while not stop.is_set():
         sample = {"t": time.time(), "rss": float(rss_bytes(broker.pid)), "data_dir": float(data_dir_bytes(data)),
-                  "cpu_broker": cpu_seconds([broker.pid]), "cpu_workers": cpu_seconds(worker_pids)}
+                  "cpu_broker": cpu_seconds([broker.pid]), "cpu_workers": cpu_seconds(worker_pids),
+                  "cpu_archiver": cpu_seconds(archiver_pids(broker.pid))}
         if admin is not None:
             pool = (await admin.stats())["pools"]["default"]
             sample.update(queued=pool["queued"], running=pool["running"], dispatched=pool["dispatched"])
@@ -282,7 +283,7 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
                                                log_dir() / "soak-probe-worker.log", tokens=s.tokens))
             what = f"fill and drain {s.fill_drain:,}" if s.fill_drain else f"soak {s.seconds:g} s"
             log(f"{what}: broker pid {proc.pid}{f' at nice {s.broker_nice}' if s.broker_nice else ''}, "
-                f"{s.workers} workers x {s.concurrency}, window {s.window}")
+                f"{s.workers} workers x {s.concurrency}, window {s.window}; cronoq from {_cronoq_path()}")
             runner = _fill_drain if s.fill_drain else _soak
             rec = uvloop.run(runner(s, address, proc, workers, data, folder))
             rec.loop = loop_histograms(scrape(metrics))
@@ -371,7 +372,8 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
             tasks = done[-1] - done[0]
             out["cpu_us_per_task"] = {
                 "broker": (steady[-1]["cpu_broker"] - steady[0]["cpu_broker"]) / tasks * 1e6,
-                "workers": (steady[-1]["cpu_workers"] - steady[0]["cpu_workers"]) / tasks * 1e6}
+                "workers": (steady[-1]["cpu_workers"] - steady[0]["cpu_workers"]) / tasks * 1e6,
+                "archiver": (steady[-1]["cpu_archiver"] - steady[0]["cpu_archiver"]) / tasks * 1e6}
         out["targets"] = {f"probe p99 < {TARGET_P99_MS:g} ms": out["probe"]["p99_ms"] < TARGET_P99_MS,
                           f"probe worst < {TARGET_MAX_MS:g} ms": out["probe"]["max_ms"] < TARGET_MAX_MS}
     phases: dict[str, Any] = {}
@@ -413,7 +415,7 @@ def summary_text(summary: dict[str, Any]) -> str:
     if "tasks_per_s" in summary:
         cpu = summary.get("cpu_us_per_task", {})
         lines.append(f"  {summary['tasks_per_s']:,.0f} tasks/s; CPU µs/task broker {cpu.get('broker', float('nan')):.1f}, "
-                     f"workers {cpu.get('workers', float('nan')):.1f}")
+                     f"workers {cpu.get('workers', float('nan')):.1f}, archiver {cpu.get('archiver', float('nan')):.1f}")
     if "rss_mib" in summary:
         r, d = summary["rss_mib"], summary["data_dir_mib"]
         lines.append(f"  broker RSS {r['first']:.0f} -> {r['last']:.0f} MiB (max {r['max']:.0f}); "

@@ -32,7 +32,7 @@ import hashlib
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, Union
 
 import msgspec
 
@@ -65,19 +65,49 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(TaskRecord).decode
 
+Buffer = Union[bytes, memoryview, msgspec.Raw]
+"""A record's stored encoding: bytes, or the slice of a message the archiver received (msgspec.Raw)."""
+
+
+def encoded(record: TaskRecord) -> bytes:
+    """A finished record as the store keeps it (and as the broker sends it to the archiver): its stored form,
+    msgpack (without the payload, which a finished task no longer has)."""
+    return _encode(stored_form(record))
+
+
+def rows(bodies: Iterable[Buffer], after: int = 0) -> list[tuple]:
+    """Finished records, each in its stored encoding, as rows of a partition (INSERT's parameters) with their
+    weight last; records numbered up to `after` are left out (the store has them). The encoding is stored
+    as it came, not encoded again: only the fields the row needs are read from it. A row is found by integer
+    hashes (a B-tree of 8-byte keys costs half what one of 32-character ids does)."""
+    out: list[tuple] = []
+    append, decode, blake2b = out.append, _decode, hashlib.blake2b
+    from_bytes, scope_hash = int.from_bytes, _scope_hash
+    for body in bodies:
+        record = decode(body)
+        seq = record.seq
+        if seq <= after:
+            continue
+        submission, key, tenant = record.submission, record.key, record.tenant
+        append((seq, from_bytes(blake2b(record.id.encode(), digest_size=8).digest(), "little", signed=True),
+                None if submission is None else scope_hash(("s", tenant, submission)),
+                None if key is None else scope_hash(("k", record.pool, tenant, key)),
+                record.finished_at, body, ROW_OVERHEAD + len(body)))
+    return out
+
 
 def row(record: TaskRecord) -> tuple:
-    """A finished record as a row of a partition (INSERT's parameters), and its weight last: the record is
-    stored whole (msgpack), found by integer hashes (a B-tree of 8-byte keys costs half what one of
-    32-character ids does)."""
-    body = _encode(stored_form(record))
-    submission = None if record.submission is None else _signed(submission_scope(record.tenant, record.submission))
-    key = None if record.key is None else _signed(key_scope(record.pool, record.tenant, record.key))
-    return (record.seq, id_hash(record.id), submission, key, record.finished_at, body, ROW_OVERHEAD + len(body))
+    """One finished record as a row (see `rows`)."""
+    return rows([encoded(record)])[0]
 
 
 def id_hash(task_id: str) -> int:
     return _signed(int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little"))
+
+
+def _scope_hash(scope: tuple) -> int:
+    """A scope's hash (cronoq.store.scopes) as SQLite's signed integer, in one step."""
+    return int.from_bytes(hashlib.blake2b(_encode(scope), digest_size=8).digest(), "little", signed=True)
 
 
 def _signed(scope: int) -> int:
@@ -223,15 +253,19 @@ class Writer:
     def bytes(self) -> int:
         return sum(partition.bytes for partition in self.partitions)
 
-    def store(self, records: list[TaskRecord]) -> list[tuple]:
-        """Insert (or replace: a record sent again after a restart) records; returns their rows."""
-        rows = [row(record) for record in records]
+    def store(self, bodies: Iterable[Buffer]) -> list[tuple]:
+        """Insert finished records, each in its stored encoding (`encoded`), in the order they finished; returns
+        their rows. A record numbered up to `through` is left out: it was stored before (and perhaps dropped
+        since), and is only sent again because the broker had not heard so when its archiver was replaced."""
+        new = rows(bodies, self.through)
         at = 0
-        while at < len(rows):
+        while at < len(new):
             partition = self._current()
-            room = max(1, (self._partition_bytes() - partition.bytes) // max(1, rows[at][-1]))
-            chunk = rows[at:at + room]
-            self.db.executemany(f"INSERT OR REPLACE INTO results_{partition.n} VALUES (?, ?, ?, ?, ?, ?)",
+            room = max(1, (self._partition_bytes() - partition.bytes) // max(1, new[at][-1]))
+            chunk = new[at:at + room]
+            # OR IGNORE: every row is numbered past `through`, so none is there already; should one come twice, the
+            # stored copy is the same record and stays (a failed INSERT would stop the archiver for nothing).
+            self.db.executemany(f"INSERT OR IGNORE INTO results_{partition.n} VALUES (?, ?, ?, ?, ?, ?)",
                                 [values[:-1] for values in chunk])
             partition.first_seq = partition.first_seq or chunk[0][0]
             partition.last_seq = max(partition.last_seq, max(values[0] for values in chunk))
@@ -240,8 +274,9 @@ class Writer:
             partition.newest = max(partition.newest, max(values[4] for values in chunk))
             self._touched.add(partition.n)
             at += len(chunk)
-        self.through = max(self.through, max(record.seq for record in records))
-        return rows
+        if new:
+            self.through = max(self.through, max(values[0] for values in new))
+        return new
 
     def evict(self) -> int:
         """Drop the oldest tables while all of a table's rows are past result_ttl, or the rows weigh more than
@@ -292,10 +327,13 @@ class Writer:
         """End a transaction that changed nothing (no table was created in it)."""
         self.db.execute("ROLLBACK")
 
-    def scopes(self) -> Iterator[tuple[int | None, int | None]]:
-        """(submission scope, key scope) of every row, as stored (signed)."""
+    def scopes(self) -> Iterator[tuple[int]]:
+        """Every row's submission scope and key scope, as stored (signed), one per 1-tuple. Read from their
+        (partial) indexes, which hold exactly those, not from the tables' rows with their records."""
         for partition in list(self.partitions):
-            yield from self.db.execute(f"SELECT submission_scope, key_scope FROM results_{partition.n}")
+            yield from self.db.execute(f"SELECT submission_scope FROM results_{partition.n} "
+                                       "WHERE submission_scope IS NOT NULL")
+            yield from self.db.execute(f"SELECT key_scope FROM results_{partition.n} WHERE key_scope IS NOT NULL")
 
     def close(self) -> None:
         self.db.close()

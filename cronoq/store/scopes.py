@@ -25,12 +25,14 @@ from typing import Iterable
 import msgspec
 
 HASHES = 3
+"""Bits per scope (`ScopeFilter.add_all` is unrolled for three)."""
 BITS_PER_TASK = 32
 """Each task has one or two scopes (submission id, key): 16 or more bits each, about 0.5% false "maybe"s."""
 MIN_LOG2 = 20
 """The smallest filter: 2**20 bits (128 KiB), room for 32,768 tasks."""
 
 _encode = msgspec.msgpack.encode
+_MASK64 = (1 << 64) - 1
 
 
 def submission_scope(tenant: str | None, submission: str) -> int:
@@ -85,5 +87,14 @@ class ScopeFilter:
             at += step
 
     def add_all(self, scopes: Iterable[int]) -> None:
+        """Add many scopes (unsigned, or signed as SQLite stores them: the same bits): `add`, unrolled."""
+        bits, mask = self.bits, self._mask
         for scope in scopes:
-            self.add(scope)
+            scope &= _MASK64  # a signed one as unsigned: the step is taken from its upper half
+            step = (scope >> 32) | 1
+            position = scope & mask
+            bits[position >> 3] |= 1 << (position & 7)
+            position = (scope + step) & mask
+            bits[position >> 3] |= 1 << (position & 7)
+            position = (scope + 2 * step) & mask
+            bits[position >> 3] |= 1 << (position & 7)
