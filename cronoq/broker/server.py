@@ -20,6 +20,7 @@ what it holds for each connection a byte budget.
 from __future__ import annotations
 
 import asyncio
+import math
 import concurrent.futures
 import ctypes
 import dataclasses
@@ -42,7 +43,7 @@ from cronoq.cluster import TASK_ID_SEPARATOR, cluster_map
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
-from cronoq.broker.clients import ClientRequests
+from cronoq.broker.clients import ClientRequests, RestOfBatch
 from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.cron import CronRunner
 from cronoq.broker.failures import RecentFailures
@@ -126,7 +127,7 @@ class Broker:
                                         stats=self._stats_replies.request, reload=self.reload,
                                         explain=self.explain, worker_endpoint=config.workers,
                                         owner_check=self._require_owned, cluster=self.cluster_map,
-                                        member=config.member)
+                                        member=config.member, set_aside=self._set_aside)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
@@ -358,7 +359,9 @@ class Broker:
         client_conns.poll_events(now)  # type: ignore[union-attr]
         # Workers first, with half the pass at most: their `done`s free the slots this pass fills again.
         handled = self._drain(workers, worker_conns, self._on_worker_message, now, started + PASS_BUDGET / 2)
-        asked = self._drain(clients, client_conns, self._requests.on_message, now, started + PASS_BUDGET)
+        # What was set aside first (the rest of a batch the last pass had no time for), then what came since.
+        asked = self._unpark(client_conns, self._requests.on_message, now, started + PASS_BUDGET)
+        asked += self._drain(clients, client_conns, self._requests.on_message, now, started + PASS_BUDGET)
         handled += asked
         fired = self._fire_schedules(now) if self._cron is not None else False
         # Every pass forgets what expired since the last: a few records each time, never a day's worth at once.
@@ -389,8 +392,8 @@ class Broker:
         self._arm_timer()
         self._arm_retry()
 
-    def _drain(self, sock: zmq.Socket, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
-               now: float, until: float) -> int:
+    def _drain(self, sock: zmq.Socket, conns: Connections,
+               handle: Callable[[Connection, list[bytes], float, float], int], now: float, until: float) -> int:
         """Handle messages until the socket is empty, DRAIN_BATCH requests, or `until` (perf_counter); returns
         how many. Receiving until EAGAIN (one exception per pass) is cheaper than asking ZMQ_EVENTS before every
         message, and just as sure that libzmq's queue is empty. A message from a peer over its budget is set
@@ -410,12 +413,12 @@ class Broker:
                 conns.park(conn, frames)
                 count += 1
             else:
-                count += handle(conn, frames, now)
+                count += handle(conn, frames, now, until)
             if clock() >= until:
                 break
         return count
 
-    def _unpark(self, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
+    def _unpark(self, conns: Connections, handle: Callable[[Connection, Any, float, float], int],
                 now: float, until: float) -> int:
         """Handle the messages set aside for peers whose backlog has drained back under budget, until `until`."""
         count = 0
@@ -425,8 +428,11 @@ class Broker:
                 frames = conns.unpark(conn)
                 if frames is None:
                     break
-                count += handle(conn, frames, now)
+                count += handle(conn, frames, now, until)
         return count
+
+    def _set_aside(self, conn: Connection, rest: RestOfBatch) -> None:
+        self._client_conns.set_aside(conn, rest)  # type: ignore[union-attr]
 
     def _arm_retry(self) -> None:
         """While a peer's backlog waits, try again soon: libzmq says when a socket is readable, not when one
@@ -728,8 +734,9 @@ class Broker:
 
     # ----------------------------------------------------------------- workers
 
-    def _on_worker_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
-        """Handle one message from a worker (or a batch of them); returns how many messages."""
+    def _on_worker_message(self, conn: Connection, frames: list[bytes], now: float, until: float = math.inf) -> int:
+        """Handle one message from a worker (or a batch of them); returns how many messages. A worker's batch is
+        handled whole (`until` is not looked at): it holds at most one `done` per slot of the worker."""
         try:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
             principal = self._identify(frames[1])
