@@ -20,12 +20,12 @@ what it holds for each connection a byte budget.
 from __future__ import annotations
 
 import asyncio
-import math
 import concurrent.futures
 import ctypes
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import resource
 import time
@@ -39,7 +39,7 @@ from cronoq import protocol
 from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.connections import Connection, Connections, peer_label
-from cronoq.cluster import TASK_ID_SEPARATOR, cluster_map
+from cronoq.cluster import TASK_ID_SEPARATOR
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
@@ -47,6 +47,7 @@ from cronoq.broker.clients import ClientRequests, RestOfBatch
 from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.cron import CronRunner
 from cronoq.broker.failures import RecentFailures
+from cronoq.broker.membership import Membership
 from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
@@ -124,11 +125,12 @@ class Broker:
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
         self._stats_replies = StatsReplies(self._core, self._stats_of)
+        self._membership = Membership(config, self._core)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
                                         stats=self._stats_replies.request, reload=self.reload,
                                         explain=self.explain, worker_endpoint=config.workers,
-                                        owner_check=self._require_owned, cluster=self.cluster_map,
+                                        owner_check=self._membership.require_owned, cluster=self._membership.map,
                                         member=config.member, set_aside=self._set_aside)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
@@ -159,8 +161,6 @@ class Broker:
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
-        self._owners: dict[str, str] = {}
-        self._place(config)
 
     def _pool_limits(self, pool: str) -> tuple[int | None, int | None]:
         limits = self.config.limits.get(pool)
@@ -256,8 +256,8 @@ class Broker:
         self._stopped = asyncio.Event()
         if self.config.cluster is not None:
             self._book.configure(self.config.owned_pools, self._clock())  # the others drain, or go when empty
-        if self._own_schedules(self.config):
-            self._cron = CronRunner(self._own_schedules(self.config), self.config.data_dir, self._clock())
+        if Membership.own_schedules(self.config):
+            self._cron = CronRunner(Membership.own_schedules(self.config), self.config.data_dir, self._clock())
         self._rates.sample(self._clock())  # rates count from the start, not from the first heartbeat
         self._collector.start()
         for sock in self._watched_sockets():
@@ -655,14 +655,14 @@ class Broker:
         self._book.max_deliveries = new.max_deliveries
         self._book.set_retention(new.result_ttl, new.result_retention_bytes)
         self._auth = Authenticator(new.tokens)
-        schedules = self._own_schedules(new)
+        schedules = Membership.own_schedules(new)
         if schedules or self._cron is not None:
             if self._cron is None:
                 self._cron = CronRunner(schedules, new.data_dir, self._clock())
             else:
                 self._cron.configure(schedules, self._clock())
         self.config = new
-        self._place(new)
+        self._membership.configure(new)
         self._requests.member = new.member
         new_pools = {pool.name for pool in new.owned_pools}
         changes = {
@@ -679,42 +679,6 @@ class Broker:
         record = self._book.get(task_id)
         explanation = self._book.explain(task_id, now, self._rates.rate(record.pool, now))
         return msgspec.to_builtins(explanation)
-
-    # ----------------------------------------------------------------- cluster
-
-    @staticmethod
-    def _own_schedules(config: BrokerConfig) -> tuple[Any, ...]:
-        """The schedules this broker fires: all, or in a cluster those of its member's pools (one member each)."""
-        if config.cluster is None:
-            return config.schedules
-        owned = {pool.name for pool in config.owned_pools}
-        return tuple(schedule for schedule in config.schedules if schedule.pool in owned)
-
-    def _place(self, config: BrokerConfig) -> None:
-        """Remember which member owns each declared pool (asked on every submit: hashed once per config)."""
-        cluster = config.cluster
-        self._owners = {} if cluster is None else {p.name: cluster.owner(p.name) for p in config.pools}
-
-    def _require_owned(self, pool: str) -> None:
-        """FailedPrecondition naming the owner (in its details too) when `pool` is another member's."""
-        cluster = self.config.cluster
-        if cluster is None:
-            return
-        owner = self._owners.get(pool) if isinstance(pool, str) else None
-        if owner is not None and owner != self.config.member:
-            addresses = ", ".join(cluster.member(owner).clients)
-            raise FailedPrecondition(
-                f"pool {pool!r} belongs to cluster member {owner!r} ({addresses}), not to {self.config.member!r}; "
-                "send it there (cronoq's client does so by itself)",
-                details={"member": owner, "pool": pool},
-            )
-
-    def cluster_map(self) -> dict[str, Any] | None:
-        """The answer to a `cluster` request: the members, their addresses and pools (None: a lone broker)."""
-        if self.config.cluster is None:
-            return None
-        return cluster_map(self.config.cluster, [pool.name for pool in self.config.pools],
-                           member=self.config.member or "", draining=self._core.draining_pools())
 
     def stats(self) -> dict[str, Any]:
         """Per-pool statistics from the core, plus the workers serving each pool, at once (the metrics endpoint
@@ -773,17 +737,12 @@ class Broker:
             case protocol.Refused():  # an item of a batch that could not be read
                 raise message.error
             case protocol.ClusterRequest():
-                self._to_workers.put(conn, protocol.Ok(protocol.PROTOCOL_VERSION, message.rid, self.cluster_map()))
+                self._to_workers.put(conn, protocol.Ok(protocol.PROTOCOL_VERSION, message.rid, self._membership.map()))
             case protocol.Ready():
                 if entry is None or entry.leaving or entry.pools != list(message.pools):
-                    clustered = self.config.cluster is not None
-                    if clustered:
-                        draining = set(self._core.draining_pools())
-                        for pool in message.pools:
-                            if pool not in draining:
-                                self._require_owned(pool)
+                    self._membership.require_servable(message.pools)
                     self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now,
-                                           draining_served=clustered)
+                                           draining_served=self._membership.clustered)
                 # else the same Ready again on a registered connection: a worker asks again when its Welcome is
                 # slow to come (a busy machine), and by then it may hold tasks it has not seen yet. Its slots are
                 # the broker's count, not the stale one it sent: it only gets its Welcome again.
