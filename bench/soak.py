@@ -82,6 +82,7 @@ class Recording:
     progress: list[tuple[float, float]] = field(default_factory=list)    # (time, tasks done so far)
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (start, end)
     loop: dict[str, Any] = field(default_factory=dict)  # the broker's own histograms of its loop, from /metrics
+    isolation: str = ""  # with --isolate-load: which processes went on which CPU
 
 
 def data_dir_bytes(path: Path) -> int:
@@ -232,7 +233,8 @@ async def _soak(s: SoakSettings, address: str, broker: subprocess.Popen, workers
     load = _role("load", address, files / "load.txt", "--seconds", str(s.seconds), "--window", str(s.window),
                  "--payload-bytes", str(s.payload_bytes), tokens=s.tokens)
     if s.isolate_load:  # workers: the load's, then the probe's own
-        print(isolate_load(broker.pid, [probe.pid, workers[-1].pid], [load.pid, *(w.pid for w in workers[:-1])]))
+        rec.isolation = isolate_load(broker.pid, [probe.pid, workers[-1].pid],
+                                     [load.pid, *(w.pid for w in workers[:-1])])
     try:
         if s.slow_reader:
             third = s.seconds / 3
@@ -397,6 +399,8 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
     end = max([rec.samples[-1]["t"]] if rec.samples else [begin])
     out: dict[str, Any] = {"kind": "fill-drain" if s.fill_drain else "soak", "seconds": end - rec.started,
                            "samples": len(rec.samples), "probe": _latency([lat for t, lat in rec.probes if t >= begin])}
+    if rec.isolation:
+        out["isolation"] = rec.isolation
     steady = [x for x in rec.samples if x["t"] >= begin] or rec.samples
     if steady:
         first, last = steady[0], steady[-1]
@@ -448,6 +452,8 @@ def summary_text(summary: dict[str, Any]) -> str:
         return f"probe p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, worst {p['max_ms']:.1f} ms ({p['count']:,} probes)"
 
     lines = [f"{summary['kind']} over {summary['seconds']:.0f} s: {lat(summary['probe'])}"]
+    if "isolation" in summary:
+        lines.append(f"  {summary['isolation']}")
     if "foreign_load_cores" in summary:
         lines.append(f"  other processes on the machine used {summary['foreign_load_cores']:.2f} cores meanwhile")
     if "tasks_per_s" in summary:
