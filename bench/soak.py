@@ -65,6 +65,7 @@ class SoakSettings:
     tokens: bool = False
     payload_bytes: int = 0        # > 0: the load's tasks carry this much padding (big journal writes)
     broker_nice: int = 0          # < 0: run the broker at this niceness, ahead of the clients and workers
+    isolate_load: bool = False    # soak only: the load (and the archiver) on the last CPU, the broker and probe on the rest
     result_ttl: float | None = None  # None: the broker's default
     out: Path | None = RESULTS    # None: write nothing
     plot: bool = True
@@ -81,6 +82,7 @@ class Recording:
     progress: list[tuple[float, float]] = field(default_factory=list)    # (time, tasks done so far)
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (start, end)
     loop: dict[str, Any] = field(default_factory=dict)  # the broker's own histograms of its loop, from /metrics
+    isolation: str = ""  # with --isolate-load: which processes went on which CPU
 
 
 def data_dir_bytes(path: Path) -> int:
@@ -147,6 +149,43 @@ def _role(role: str, address: str, out: Path, *args: str, tokens: bool) -> subpr
     return Children.spawn(command, log_dir() / f"soak-{role}.log", env=child_env(TOKENS), cwd=log_dir())
 
 
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Keep every thread of a process on `cpus` (sched_setaffinity applies to one thread; threads made later
+    inherit from their maker)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (ProcessLookupError, OSError):
+            pass  # a thread that ended meanwhile
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def isolate_load(broker: int, probe: list[int], load: list[int]) -> str:
+    """Put the load's client and workers, and the broker's archiver, on the last CPU and the broker and the probe
+    on the others: as if the flooding pool's processes ran on hosts of their own, which a shared 2-core machine
+    cannot otherwise show. Returns what went where."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError("--isolate-load needs at least 2 CPUs")
+    rest, last = set(cpus[:-1]), {cpus[-1]}
+    archivers = _children(broker)
+    for pid in (broker, *probe):
+        _pin(pid, rest)
+    for pid in (*load, *archivers):
+        _pin(pid, last)
+    return (f"broker and probe on CPU {','.join(map(str, sorted(rest)))}; load and archiver "
+            f"({len(load) + len(archivers)} processes) on CPU {cpus[-1]}")
+
+
 def _lines(path: Path) -> Iterator[list[float]]:
     if not path.exists():
         return
@@ -194,6 +233,9 @@ async def _soak(s: SoakSettings, address: str, broker: subprocess.Popen, workers
                   tokens=s.tokens)
     load = _role("load", address, files / "load.txt", "--seconds", str(s.seconds), "--window", str(s.window),
                  "--payload-bytes", str(s.payload_bytes), tokens=s.tokens)
+    if s.isolate_load:  # workers: the load's, then the probe's own
+        rec.isolation = isolate_load(broker.pid, [probe.pid, workers[-1].pid],
+                                     [load.pid, *(w.pid for w in workers[:-1])])
     try:
         if s.slow_reader:
             third = s.seconds / 3
@@ -358,6 +400,8 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
     end = max([rec.samples[-1]["t"]] if rec.samples else [begin])
     out: dict[str, Any] = {"kind": "fill-drain" if s.fill_drain else "soak", "seconds": end - rec.started,
                            "samples": len(rec.samples), "probe": _latency([lat for t, lat in rec.probes if t >= begin])}
+    if rec.isolation:
+        out["isolation"] = rec.isolation
     steady = [x for x in rec.samples if x["t"] >= begin] or rec.samples
     if steady:
         first, last = steady[0], steady[-1]
@@ -410,6 +454,8 @@ def summary_text(summary: dict[str, Any]) -> str:
         return f"probe p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, worst {p['max_ms']:.1f} ms ({p['count']:,} probes)"
 
     lines = [f"{summary['kind']} over {summary['seconds']:.0f} s: {lat(summary['probe'])}"]
+    if "isolation" in summary:
+        lines.append(f"  {summary['isolation']}")
     if "foreign_load_cores" in summary:
         lines.append(f"  other processes on the machine used {summary['foreign_load_cores']:.2f} cores meanwhile")
     if "tasks_per_s" in summary:
@@ -533,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", action="store_true", help="run the broker with tokens")
     parser.add_argument("--broker-nice", type=int, default=0, metavar="N",
                         help="run the broker at niceness N (e.g. -10: ahead of its clients and workers; needs root)")
+    parser.add_argument("--isolate-load", action="store_true",
+                        help="the load's client and workers and the archiver on the last CPU, the broker and the "
+                             "probe on the others (as if the load ran on hosts of its own)")
     parser.add_argument("--payload-bytes", type=int, default=0,
                         help="pad each load task to about this many bytes (default: ~100-byte tasks)")
     parser.add_argument("--result-ttl", type=float,
@@ -543,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds if args.seconds is not None else (args.minutes if args.minutes is not None else 10) * 60
     s = SoakSettings(seconds=seconds, window=args.window, workers=args.workers, concurrency=args.concurrency,
                      probe_gap=args.probe_gap, sample=args.sample, warmup=args.warmup, slow_reader=args.slow_reader,
-                     fill_drain=args.fill_drain, tokens=args.tokens, payload_bytes=args.payload_bytes, broker_nice=args.broker_nice, result_ttl=args.result_ttl,
+                     fill_drain=args.fill_drain, tokens=args.tokens, payload_bytes=args.payload_bytes, broker_nice=args.broker_nice,
+                     isolate_load=args.isolate_load, result_ttl=args.result_ttl,
                      out=None if args.no_write else RESULTS, note=args.note)
     run(s)
     return 0

@@ -5,6 +5,7 @@ Speed is never asserted here; only that the runs finish and count right.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bench import report
@@ -63,8 +64,9 @@ def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
 
     from bench.soak import SoakSettings, run
 
+    isolate = len(os.sched_getaffinity(0)) >= 2  # --isolate-load needs a CPU for the load and one for the rest
     summary = run(SoakSettings(seconds=6, window=50, workers=1, concurrency=8, sample=0.5, warmup=0,
-                               slow_reader=True, out=tmp_path), log=lambda line: None)
+                               slow_reader=True, isolate_load=isolate, out=tmp_path), log=lambda line: None)
     assert Path(summary["json"]).exists()
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG too
         assert Path(summary["png"]).stat().st_size > 0
@@ -73,6 +75,9 @@ def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
     assert summary["tasks_per_s"] > 0
     assert summary["rss_mib"]["max"] > 0 and summary["data_dir_mib"]["last"] > 0
     assert "slow reader" in summary["phases"]
+    if isolate:  # the load's client, its worker and the archiver
+        assert summary["isolation"].endswith("load and archiver (3 processes) on CPU "
+                                             f"{max(os.sched_getaffinity(0))}")
 
 
 def test_a_small_fill_and_drain_reports_the_probe_over_each_phase() -> None:

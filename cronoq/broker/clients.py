@@ -12,6 +12,8 @@ is still there.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Any, Callable
 
 from cronoq import protocol
@@ -30,6 +32,18 @@ log = logging.getLogger("cronoq.broker")
 MAX_WAITERS_PER_TASK = 1024
 
 
+class RestOfBatch:
+    """The requests of a batch that a pass had no time left for: handled first in a later pass, before anything
+    else its connection sent (they wait in its `parked` queue, ahead of whatever came after)."""
+
+    __slots__ = ("principal", "requests", "start")
+
+    def __init__(self, principal: Principal, requests: list[tuple[Any, bytes | None]], start: int) -> None:
+        self.principal = principal
+        self.requests = requests
+        self.start = start
+
+
 class ClientRequests:
     """Serves client requests against `book`, replying into `outbox`.
 
@@ -45,8 +59,10 @@ class ClientRequests:
                  reload: Callable[[], dict[str, Any]], explain: Callable[[str, float], dict[str, Any]],
                  worker_endpoint: str = "the one in its config",
                  owner_check: Callable[[str], None] = lambda pool: None,
-                 cluster: Callable[[], dict[str, Any] | None] = lambda: None, member: str | None = None) -> None:
+                 cluster: Callable[[], dict[str, Any] | None] = lambda: None, member: str | None = None,
+                 set_aside: Callable[[Connection, RestOfBatch], None] | None = None) -> None:
         self._book = book
+        self._set_aside = set_aside
         self._owner_check = owner_check
         self._cluster = cluster
         self.member = member
@@ -60,25 +76,40 @@ class ClientRequests:
         self._reload = reload
         self._explain = explain
 
-    def on_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
-        """Handle one message from a client (a request or a batch of them); returns how many requests."""
+    def on_message(self, conn: Connection, frames: list[bytes] | RestOfBatch, now: float,
+                   until: float = math.inf) -> int:
+        """Handle one message from a client (a request or a batch of them), or the rest of a batch; returns how
+        many requests were handled.
+
+        A batch can hold hundreds of requests, a few milliseconds of work: once `until` (perf_counter) has
+        passed, what is left of it is set aside for the next pass, so that one client's big batch does not
+        make the pass, and with it every other client's reply, wait (with a `set_aside` to give it to).
+        """
         put = self._outbox.put
-        try:
-            check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-            principal = self._identify(frames[1])
-            requests = protocol.read_client_requests(frames[2], body_frame(frames))
-            refuse_if_misdirected(frames, requests, "client", self._worker_endpoint)
-            self._authenticate(conn, principal)
-        except CronoqError as exc:
-            # One error for the whole message, however many requests it holds: under its rid if it has one that
-            # can be read (never a batch's). An UNAUTHENTICATED or PERMISSION_DENIED one concerns every request
-            # sent with that token, and a peer without a valid token earns few of them (refusal_allowed).
-            if self._refusal_allowed(conn, now):
-                hint = wrong_endpoint_hint(frames, "client", self._worker_endpoint)
-                rid = 0 if hint is not None else protocol.peek_rid(frames[2]) if len(frames) > 2 else 0
-                put(conn, error_reply(rid, hint or exc))
-            return 1
-        for request, body in requests:
+        if type(frames) is RestOfBatch:
+            principal, requests, start = frames.principal, frames.requests, frames.start
+        else:
+            try:
+                check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
+                principal = self._identify(frames[1])
+                requests = protocol.read_client_requests(frames[2], body_frame(frames))
+                refuse_if_misdirected(frames, requests, "client", self._worker_endpoint)
+                self._authenticate(conn, principal)
+            except CronoqError as exc:
+                # One error for the whole message, however many requests it holds: under its rid if it has one
+                # that can be read (never a batch's). An UNAUTHENTICATED or PERMISSION_DENIED one concerns every
+                # request sent with that token, and a peer without a valid token earns few of them
+                # (refusal_allowed).
+                if self._refusal_allowed(conn, now):
+                    hint = wrong_endpoint_hint(frames, "client", self._worker_endpoint)
+                    rid = 0 if hint is not None else protocol.peek_rid(frames[2]) if len(frames) > 2 else 0
+                    put(conn, error_reply(rid, hint or exc))
+                return 1
+            start = 0
+        clock = time.perf_counter
+        last = len(requests) - 1
+        for index in range(start, last + 1):
+            request, body = requests[index]
             try:
                 self._handle(conn, principal, request, body, now)
             except CronoqError as exc:
@@ -87,7 +118,10 @@ class ClientRequests:
                 log.exception("failed to handle a client request; it was dropped")
                 put(conn, error_reply(request.rid, Unavailable(
                     "the broker failed to handle this request (see its log); try again")))
-        return len(requests)
+            if index < last and self._set_aside is not None and clock() >= until:
+                self._set_aside(conn, RestOfBatch(principal, requests, index + 1))
+                return index + 1 - start
+        return last + 1 - start
 
     def deliver_outcome(self, record: TaskRecord) -> None:
         """The task ended: send its outcome to everyone still connected who waits for it."""

@@ -71,8 +71,11 @@ class Connection:
         self.backlog: deque[list[bytes]] = deque()
         """Messages for the peer that libzmq would not take yet (its queue for the peer was full)."""
         self.backlog_bytes = 0
-        self.parked: deque[list[bytes]] = deque()
-        """The peer's own messages, set aside unhandled while its backlog is over budget."""
+        self.parked: deque[Any] = deque()
+        """The peer's own messages (frames), set aside unhandled while its backlog is over budget; first, perhaps,
+        the rest of a batch a pass had no time left for (its requests, already decoded: weighed as nothing, since
+        it is at most one message the peer sent, and whatever the peer sends meanwhile is parked behind it,
+        weighed)."""
         self.parked_bytes = 0
         self.last_refusal = float("-inf")
         """When this unauthenticated connection was last sent an error (they are rationed)."""
@@ -264,12 +267,19 @@ class Connections:
         conn.parked_bytes += size
         self.backlogged.add(conn)  # kept in view until its parked messages are handled
 
-    def unpark(self, conn: Connection) -> list[bytes] | None:
-        """The oldest message set aside, once the backlog is back under budget; None: nothing to handle now."""
+    def set_aside(self, conn: Connection, rest: Any) -> None:
+        """Put the rest of a batch ahead of everything else the peer sent: it is handled first, in a later pass."""
+        conn.parked.appendleft(rest)
+        self.backlogged.add(conn)
+
+    def unpark(self, conn: Connection) -> Any:
+        """The oldest message set aside (or rest of a batch), once the backlog is back under budget; None:
+        nothing to handle now."""
         if not conn.parked or self.over_budget(conn):
             return None
         frames = conn.parked.popleft()
-        conn.parked_bytes -= sum(len(frame) for frame in frames)
+        if type(frames) is list:
+            conn.parked_bytes -= sum(len(frame) for frame in frames)
         if not conn.parked and not conn.backlog:
             self.backlogged.discard(conn)
         return frames

@@ -25,6 +25,7 @@ import ctypes
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import resource
 import time
@@ -38,14 +39,15 @@ from cronoq import protocol
 from cronoq.book import TaskBook, TaskRecord
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.connections import Connection, Connections, peer_label
-from cronoq.cluster import TASK_ID_SEPARATOR, cluster_map
+from cronoq.cluster import TASK_ID_SEPARATOR
 from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
-from cronoq.broker.clients import ClientRequests
+from cronoq.broker.clients import ClientRequests, RestOfBatch
 from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.cron import CronRunner
 from cronoq.broker.failures import RecentFailures
+from cronoq.broker.membership import Membership
 from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.curve import load_secret_key, serve_encrypted
 from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
@@ -69,8 +71,10 @@ DRAIN_BATCH = 512
 # Seconds of handling one pass of the loop may take before it commits, sends and lets other callbacks run.
 # A request from an idle pool waits for the pass under way and is answered by the next (and a task's
 # outcome one pass after its worker's `done`), so this bounds what a saturated pool adds to its round trip;
-# shorter passes spread the per-pass costs (commit, one message per peer) over fewer tasks.
-PASS_BUDGET = 0.002
+# shorter passes spread the per-pass costs (commit, one message per peer) over fewer tasks. Since a batch is
+# cut at the deadline too, 1 ms keeps a saturated pass's own CPU under 2 ms nearly always (the commit and the
+# sends of what it handled come after), at no broker CPU per task measurable against 2 ms (bench/README.md).
+PASS_BUDGET = 0.001
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
@@ -121,12 +125,13 @@ class Broker:
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
         self._stats_replies = StatsReplies(self._core, self._stats_of)
+        self._membership = Membership(config, self._core)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
                                         stats=self._stats_replies.request, reload=self.reload,
                                         explain=self.explain, worker_endpoint=config.workers,
-                                        owner_check=self._require_owned, cluster=self.cluster_map,
-                                        member=config.member)
+                                        owner_check=self._membership.require_owned, cluster=self._membership.map,
+                                        member=config.member, set_aside=self._set_aside)
         self._clients: zmq.Socket | None = None
         self._workers_sock: zmq.Socket | None = None
         self._client_conns: Connections | None = None
@@ -156,8 +161,6 @@ class Broker:
         self.failure: str | None = None
         """Why the broker stopped by itself (it could not write its journal), or None."""
         self.endpoints: tuple[str, str] = ("", "")
-        self._owners: dict[str, str] = {}
-        self._place(config)
 
     def _pool_limits(self, pool: str) -> tuple[int | None, int | None]:
         limits = self.config.limits.get(pool)
@@ -253,8 +256,8 @@ class Broker:
         self._stopped = asyncio.Event()
         if self.config.cluster is not None:
             self._book.configure(self.config.owned_pools, self._clock())  # the others drain, or go when empty
-        if self._own_schedules(self.config):
-            self._cron = CronRunner(self._own_schedules(self.config), self.config.data_dir, self._clock())
+        if Membership.own_schedules(self.config):
+            self._cron = CronRunner(Membership.own_schedules(self.config), self.config.data_dir, self._clock())
         self._rates.sample(self._clock())  # rates count from the start, not from the first heartbeat
         self._collector.start()
         for sock in self._watched_sockets():
@@ -358,7 +361,9 @@ class Broker:
         client_conns.poll_events(now)  # type: ignore[union-attr]
         # Workers first, with half the pass at most: their `done`s free the slots this pass fills again.
         handled = self._drain(workers, worker_conns, self._on_worker_message, now, started + PASS_BUDGET / 2)
-        asked = self._drain(clients, client_conns, self._requests.on_message, now, started + PASS_BUDGET)
+        # What was set aside first (the rest of a batch the last pass had no time for), then what came since.
+        asked = self._unpark(client_conns, self._requests.on_message, now, started + PASS_BUDGET)
+        asked += self._drain(clients, client_conns, self._requests.on_message, now, started + PASS_BUDGET)
         handled += asked
         fired = self._fire_schedules(now) if self._cron is not None else False
         # Every pass forgets what expired since the last: a few records each time, never a day's worth at once.
@@ -389,8 +394,8 @@ class Broker:
         self._arm_timer()
         self._arm_retry()
 
-    def _drain(self, sock: zmq.Socket, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
-               now: float, until: float) -> int:
+    def _drain(self, sock: zmq.Socket, conns: Connections,
+               handle: Callable[[Connection, list[bytes], float, float], int], now: float, until: float) -> int:
         """Handle messages until the socket is empty, DRAIN_BATCH requests, or `until` (perf_counter); returns
         how many. Receiving until EAGAIN (one exception per pass) is cheaper than asking ZMQ_EVENTS before every
         message, and just as sure that libzmq's queue is empty. A message from a peer over its budget is set
@@ -410,12 +415,12 @@ class Broker:
                 conns.park(conn, frames)
                 count += 1
             else:
-                count += handle(conn, frames, now)
+                count += handle(conn, frames, now, until)
             if clock() >= until:
                 break
         return count
 
-    def _unpark(self, conns: Connections, handle: Callable[[Connection, list[bytes], float], int],
+    def _unpark(self, conns: Connections, handle: Callable[[Connection, Any, float, float], int],
                 now: float, until: float) -> int:
         """Handle the messages set aside for peers whose backlog has drained back under budget, until `until`."""
         count = 0
@@ -425,8 +430,11 @@ class Broker:
                 frames = conns.unpark(conn)
                 if frames is None:
                     break
-                count += handle(conn, frames, now)
+                count += handle(conn, frames, now, until)
         return count
+
+    def _set_aside(self, conn: Connection, rest: RestOfBatch) -> None:
+        self._client_conns.set_aside(conn, rest)  # type: ignore[union-attr]
 
     def _arm_retry(self) -> None:
         """While a peer's backlog waits, try again soon: libzmq says when a socket is readable, not when one
@@ -647,14 +655,14 @@ class Broker:
         self._book.max_deliveries = new.max_deliveries
         self._book.set_retention(new.result_ttl, new.result_retention_bytes)
         self._auth = Authenticator(new.tokens)
-        schedules = self._own_schedules(new)
+        schedules = Membership.own_schedules(new)
         if schedules or self._cron is not None:
             if self._cron is None:
                 self._cron = CronRunner(schedules, new.data_dir, self._clock())
             else:
                 self._cron.configure(schedules, self._clock())
         self.config = new
-        self._place(new)
+        self._membership.configure(new)
         self._requests.member = new.member
         new_pools = {pool.name for pool in new.owned_pools}
         changes = {
@@ -671,42 +679,6 @@ class Broker:
         record = self._book.get(task_id)
         explanation = self._book.explain(task_id, now, self._rates.rate(record.pool, now))
         return msgspec.to_builtins(explanation)
-
-    # ----------------------------------------------------------------- cluster
-
-    @staticmethod
-    def _own_schedules(config: BrokerConfig) -> tuple[Any, ...]:
-        """The schedules this broker fires: all, or in a cluster those of its member's pools (one member each)."""
-        if config.cluster is None:
-            return config.schedules
-        owned = {pool.name for pool in config.owned_pools}
-        return tuple(schedule for schedule in config.schedules if schedule.pool in owned)
-
-    def _place(self, config: BrokerConfig) -> None:
-        """Remember which member owns each declared pool (asked on every submit: hashed once per config)."""
-        cluster = config.cluster
-        self._owners = {} if cluster is None else {p.name: cluster.owner(p.name) for p in config.pools}
-
-    def _require_owned(self, pool: str) -> None:
-        """FailedPrecondition naming the owner (in its details too) when `pool` is another member's."""
-        cluster = self.config.cluster
-        if cluster is None:
-            return
-        owner = self._owners.get(pool) if isinstance(pool, str) else None
-        if owner is not None and owner != self.config.member:
-            addresses = ", ".join(cluster.member(owner).clients)
-            raise FailedPrecondition(
-                f"pool {pool!r} belongs to cluster member {owner!r} ({addresses}), not to {self.config.member!r}; "
-                "send it there (cronoq's client does so by itself)",
-                details={"member": owner, "pool": pool},
-            )
-
-    def cluster_map(self) -> dict[str, Any] | None:
-        """The answer to a `cluster` request: the members, their addresses and pools (None: a lone broker)."""
-        if self.config.cluster is None:
-            return None
-        return cluster_map(self.config.cluster, [pool.name for pool in self.config.pools],
-                           member=self.config.member or "", draining=self._core.draining_pools())
 
     def stats(self) -> dict[str, Any]:
         """Per-pool statistics from the core, plus the workers serving each pool, at once (the metrics endpoint
@@ -728,8 +700,9 @@ class Broker:
 
     # ----------------------------------------------------------------- workers
 
-    def _on_worker_message(self, conn: Connection, frames: list[bytes], now: float) -> int:
-        """Handle one message from a worker (or a batch of them); returns how many messages."""
+    def _on_worker_message(self, conn: Connection, frames: list[bytes], now: float, until: float = math.inf) -> int:
+        """Handle one message from a worker (or a batch of them); returns how many messages. A worker's batch is
+        handled whole (`until` is not looked at): it holds at most one `done` per slot of the worker."""
         try:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
             principal = self._identify(frames[1])
@@ -764,17 +737,12 @@ class Broker:
             case protocol.Refused():  # an item of a batch that could not be read
                 raise message.error
             case protocol.ClusterRequest():
-                self._to_workers.put(conn, protocol.Ok(protocol.PROTOCOL_VERSION, message.rid, self.cluster_map()))
+                self._to_workers.put(conn, protocol.Ok(protocol.PROTOCOL_VERSION, message.rid, self._membership.map()))
             case protocol.Ready():
                 if entry is None or entry.leaving or entry.pools != list(message.pools):
-                    clustered = self.config.cluster is not None
-                    if clustered:
-                        draining = set(self._core.draining_pools())
-                        for pool in message.pools:
-                            if pool not in draining:
-                                self._require_owned(pool)
+                    self._membership.require_servable(message.pools)
                     self._workers.register(conn, message, {pool.name: pool for pool in self.config.pools}, now,
-                                           draining_served=clustered)
+                                           draining_served=self._membership.clustered)
                 # else the same Ready again on a registered connection: a worker asks again when its Welcome is
                 # slow to come (a busy machine), and by then it may hold tasks it has not seen yet. Its slots are
                 # the broker's count, not the stale one it sent: it only gets its Welcome again.

@@ -7,7 +7,11 @@ or authenticated is refused with one error, which the client applies to every re
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
+import zmq
+import zmq.asyncio
 
 from cronoq import protocol
 from cronoq.broker.server import Broker
@@ -78,3 +82,44 @@ def test_a_batch_followed_by_a_body_frame_is_refused_whole(tmp_path):
     assert (reply.rid, reply.code) == (0, "INVALID_ARGUMENT") and "no body frame" in reply.message
     assert broker._core.stats()["default"]["queued"] == 0
     broker.close()
+
+
+def test_a_batch_a_pass_has_no_time_for_is_finished_in_later_passes_in_order(tmp_path):
+    """A pass handles about a millisecond of requests; a batch of hundreds would make every other client's reply
+    wait for it whole. Past the pass's deadline the rest is set aside, to be handled first in the next pass."""
+    broker = in_process_broker(tmp_path / "data")
+    rests: list = []
+    broker._requests._set_aside = lambda conn, rest: rests.append(rest)  # where the broker parks it on its conn
+    client = peer(b"client")
+    batch = protocol.RequestBatch(V, [(protocol.Submit(V, rid, "default"), b"\x01") for rid in range(1, 6)])
+    handled = broker._requests.on_message(client, [b"client", b"", protocol.encode(batch)], NOW, until=0.0)
+    assert handled == 1 and len(rests) == 1  # the deadline had passed: one request, and the rest set aside
+    assert [r.rid for r in _decoded(_replies(broker))] == [1]
+    assert broker._requests.on_message(client, rests.pop(), NOW) == 4  # no deadline: all that was left
+    replies = _decoded(_replies(broker))
+    assert [(type(r).__name__, r.rid) for r in replies] == [("Accepted", rid) for rid in range(2, 6)]
+    assert broker._core.stats()["default"]["queued"] == 5 and not rests
+    broker.close()
+
+
+async def test_a_big_batch_is_answered_whole_and_in_order_before_what_came_after_it(broker_factory):
+    """Through a real broker: 20,000 pings in one message take many passes, and each is answered once, in
+    order, before the ping the same connection sent after the batch."""
+    broker = broker_factory("")
+    context = zmq.asyncio.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(broker.clients)
+    try:
+        count = 20_000
+        batch = protocol.RequestBatch(V, [(protocol.Ping(V, rid), None) for rid in range(1, count + 1)])
+        await sock.send_multipart([b"", protocol.encode(batch)])
+        await sock.send_multipart([b"", protocol.encode(protocol.Ping(V, count + 1))])
+        rids: list[int] = []
+        while len(rids) < count + 1:
+            frames = await asyncio.wait_for(sock.recv_multipart(), 30)
+            reply = protocol.decode_client_reply(frames[0])
+            rids += [r.rid for r, _ in protocol.unbatch(reply, frames[1] if len(frames) > 1 else None)]
+        assert rids == list(range(1, count + 2))
+    finally:
+        sock.close(linger=0)
