@@ -159,16 +159,6 @@ def _pin(pid: int, cpus: set[int]) -> None:
             pass  # a thread that ended meanwhile
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return found
-
-
 def isolate_load(broker: int, probe: list[int], load: list[int]) -> str:
     """Put the load's client and workers, and the broker's archiver, on the last CPU and the broker and the probe
     on the others: as if the flooding pool's processes ran on hosts of their own, which a shared 2-core machine
@@ -177,7 +167,7 @@ def isolate_load(broker: int, probe: list[int], load: list[int]) -> str:
     if len(cpus) < 2:
         raise RuntimeError("--isolate-load needs at least 2 CPUs")
     rest, last = set(cpus[:-1]), {cpus[-1]}
-    archivers = _children(broker)
+    archivers = archiver_pids(broker)
     for pid in (broker, *probe):
         _pin(pid, rest)
     for pid in (*load, *archivers):
