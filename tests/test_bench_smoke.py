@@ -103,6 +103,7 @@ def test_a_small_cluster_run_completes_both_pools_and_reports_cpu_per_task() -> 
     from bench import cluster
 
     for members in (["solo"], ["b1", "b2"]):
-        out = cluster.measure(members, tasks=200, window=20, workers=1, concurrency=8)
-        assert out["tasks"] == 400 and out["tasks_per_s"] > 0
+        # Enough tasks for the workers' CPU to pass /proc's 10 ms tick: with 400 it read 0 now and then.
+        out = cluster.measure(members, tasks=1_000, window=20, workers=1, concurrency=8)
+        assert out["tasks"] == 2_000 and out["tasks_per_s"] > 0
         assert out["cpu_ms_per_task"]["brokers"] > 0 and out["cpu_ms_per_task"]["workers"] > 0, out
