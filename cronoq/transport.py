@@ -1,10 +1,13 @@
 """A ZeroMQ socket on the asyncio loop, without zmq.asyncio's per-message await.
 
 The socket's FD is watched with `loop.add_reader`. ZeroMQ's FD is edge-like:
-it signals only when the socket's state changes, and a send can consume the
-signal of a message that arrived meanwhile. So a readable socket is drained
-until ZMQ_EVENTS says nothing waits, and every send is followed by one more
-such look (bench/README.md measures what this buys).
+it signals only when the socket's state changes, and a send (or a receive)
+can consume the signal of a message that arrived meanwhile. So a socket is
+drained until ZMQ_EVENTS says nothing waits, and every send is followed by
+one more such look (bench/README.md measures what this buys). A channel
+that answers (one made with `pack`) reads one message when its FD signals
+and leaves the look for the rest to its flush, which comes in the next turn
+of the loop anyway: one look per message, not three.
 
 Messages `post`ed during one turn of the loop leave together at the end of
 it, packed into as few ZeroMQ messages as fit (a batch): a client whose
@@ -142,7 +145,8 @@ class Channel:
         self._loop = asyncio.get_running_loop()
         self._fd = sock.getsockopt(zmq.FD)
         self._drain_scheduled = True
-        self._loop.add_reader(self._fd, self._drain)
+        self._owe_look = False  # a receive since the last look at ZMQ_EVENTS: the flush must look
+        self._loop.add_reader(self._fd, self._drain if pack is None else self._on_readable)
         # The FD only signals changes: what arrived before it was watched is found by one first drain.
         self._loop.call_soon(self._drain)
 
@@ -164,6 +168,22 @@ class Channel:
             self._flush_queued = True
             self._loop.call_soon(self._flush)
 
+    def _on_readable(self) -> None:
+        """The FD signalled: most often a message came. Read one; the flush queued behind what it starts reads
+        the rest (a small worker's messages come one at a time: each look at ZMQ_EVENTS costs it a poll())."""
+        sock = self.sock
+        if sock.closed:
+            return
+        try:
+            frames = recv_frames(sock)
+        except zmq.Again:  # something else changed (the peer took what we sent): libzmq has looked, nothing waits
+            return
+        self._on_message(frames)
+        self._owe_look = True
+        if not self._flush_queued and not sock.closed:  # queued behind the first steps of what it started
+            self._flush_queued = True
+            self._loop.call_soon(self._flush)
+
     def send(self, frames: Sequence[bytes]) -> None:
         """Queue a message for the peer; raises zmq.Again if the send queue is full."""
         send_frames(self.sock, frames)
@@ -179,13 +199,16 @@ class Channel:
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Send what was posted, then look for what the sends may have hidden (the FD's signal) at once
-        rather than in another turn of the loop."""
+        """Send what was posted, then read what the sends or the last receive may have hidden (the FD's
+        signal) at once rather than in another turn of the loop."""
         self._flush_queued = False
-        if not self._posted or self.sock.closed:
+        if self.sock.closed:
             return
-        self._send_posted()
-        if not self.sock.closed:
+        if self._posted:
+            self._send_posted()
+            self._owe_look = True
+        if self._owe_look and not self.sock.closed:
+            self._owe_look = False
             self._drain()
 
     def _send_posted(self) -> None:
