@@ -63,6 +63,8 @@ class Pool:
             )
         self.name = name
         self.run = run
+        self._judged: Handler | None = None  # the handler `is_async` last looked at, and what it found
+        self._judged_async = False
         self.tenant_weights = weights
         self.fair_share = bool(fair_share)
         self.max_in_flight = max_in_flight
@@ -73,9 +75,13 @@ class Pool:
     @property
     def is_async(self) -> bool:
         """Whether the handler is a coroutine function (runs on the loop) rather than a plain one (runs in a thread)."""
-        return self.run is not None and (
-            inspect.iscoroutinefunction(self.run) or inspect.iscoroutinefunction(getattr(self.run, "__call__", None))
-        )
+        run = self.run
+        if run is not self._judged:  # asked once per handler: `inspect` costs a few µs a task on a worker
+            self._judged = run
+            self._judged_async = run is not None and (
+                inspect.iscoroutinefunction(run) or inspect.iscoroutinefunction(getattr(run, "__call__", None))
+            )
+        return self._judged_async
 
     def settings(self) -> PoolSettings:
         """The scheduling settings this pool asks for (used as-is in embedded mode)."""

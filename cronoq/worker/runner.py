@@ -132,7 +132,11 @@ class Worker:
         self._monitor: Channel | None = None
         self._link = Links(self.brokers, encrypted=self._server_key is not None)
         self._told: tuple[str, bool] | None = None  # the link's trouble as last logged: each is said once
-        self._running: set[asyncio.Task[None]] = set()
+        # The running tasks by a number of their own: each takes itself out as it ends (a done-callback would
+        # cost another turn of the loop per message).
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._jobs = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._registered = asyncio.Event()
         self._left = asyncio.Event()
@@ -170,7 +174,7 @@ class Worker:
 
     async def run(self) -> None:
         """Serve until `stop()`; raises the broker's refusal (e.g. NotFound, FailedPrecondition) if it rejects us."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         owns_executor = self._executor is None  # a member worker runs its handlers in its parent's threads
         if owns_executor:
             self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
@@ -259,7 +263,7 @@ class Worker:
             # Tasks sent before the broker saw Leave are still on their way.
             await self._until(self._left, self.heartbeat_interval * self.liveness)
         while self._running and not self._stopped.is_set():
-            await asyncio.gather(*list(self._running), return_exceptions=True)
+            await asyncio.gather(*list(self._running.values()), return_exceptions=True)
         if self._channel is not None:
             self._send(protocol.Bye(protocol.PROTOCOL_VERSION))
         self._stopped.set()
@@ -275,9 +279,9 @@ class Worker:
 
     def _abandon_running(self) -> None:
         """Stop waiting for the running tasks: counted as abandoned, never reported."""
-        running, self._running = self._running, set()
+        running, self._running = self._running, {}
         self.abandoned += len(running)
-        for job in running:
+        for job in running.values():
             job.cancel()
 
     def _connect(self) -> None:
@@ -380,7 +384,7 @@ class Worker:
         ))
 
     def _on_command(self, frames: list[bytes]) -> None:
-        self._last_heard = asyncio.get_running_loop().time()
+        self._last_heard = self._loop.time()  # type: ignore[union-attr]  # set by run(), which connects
         try:
             commands = protocol.unbatch(protocol.decode_worker_command(frames[0]), frames[1] if len(frames) > 1 else None)
         except CronoqError as exc:
@@ -578,39 +582,41 @@ class Worker:
     # ----------------------------------------------------------------- tasks
 
     def _start_task(self, assign: protocol.Assign, body: bytes) -> None:
-        job = asyncio.get_running_loop().create_task(self._run_task(assign, body))
-        self._running.add(job)
-        job.add_done_callback(self._running.discard)
+        key = next(self._jobs)
+        self._running[key] = self._loop.create_task(self._run_task(key, assign, body))  # type: ignore[union-attr]
 
-    async def _run_task(self, assign: protocol.Assign, body: bytes) -> None:
-        pool = self.pools.get(assign.pool)
-        result: bytes | None = None
+    async def _run_task(self, key: int, assign: protocol.Assign, body: bytes) -> None:
         try:
-            if pool is None:
-                raise LookupError(f"this worker does not serve pool {assign.pool!r}")
-            if self._gate is None:
-                value = await pool.call(protocol.decode_body(body), self._executor)
-            else:
-                async with self._gate:
+            pool = self.pools.get(assign.pool)
+            try:
+                if pool is None:
+                    raise LookupError(f"this worker does not serve pool {assign.pool!r}")
+                if self._gate is None:
                     value = await pool.call(protocol.decode_body(body), self._executor)
-            result = protocol.encode_body(value)
-        except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
-            error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
-            # One line per failure; the traceback goes with the outcome (TaskFailed.traceback), and into this
-            # log at DEBUG only: a handler failing on every task must not bury the log in tracebacks.
-            log.warning("task %s (pool %s, attempt %d) failed: %s: %s", assign.id, assign.pool, assign.attempt,
-                        error_type, protocol.clip(message, LOGGED_MESSAGE_BYTES))
-            log.debug("traceback of task %s:\n%s", assign.id, trace)
-            self._report(_failure(assign, error_type, message, trace))
-            return
-        limit = self._max_result_bytes
-        if limit is not None and len(result) > limit:
-            # Sent, it would cost the connection and every task on it; this way only its own task fails.
-            message = protocol.result_too_large(len(result), limit)
-            log.warning("task %s (pool %s, attempt %d) failed: %s", assign.id, assign.pool, assign.attempt, message)
-            self._report(_failure(assign, InvalidArgument.__name__, message, ""))
-            return
-        self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+                else:
+                    async with self._gate:
+                        value = await pool.call(protocol.decode_body(body), self._executor)
+                result = protocol.encode_body(value)
+            except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
+                error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
+                # One line per failure; the traceback goes with the outcome (TaskFailed.traceback), and into this
+                # log at DEBUG only: a handler failing on every task must not bury the log in tracebacks.
+                log.warning("task %s (pool %s, attempt %d) failed: %s: %s", assign.id, assign.pool, assign.attempt,
+                            error_type, protocol.clip(message, LOGGED_MESSAGE_BYTES))
+                log.debug("traceback of task %s:\n%s", assign.id, trace)
+                self._report(_failure(assign, error_type, message, trace))
+                return
+            limit = self._max_result_bytes
+            if limit is not None and len(result) > limit:
+                # Sent, it would cost the connection and every task on it; this way only its own task fails.
+                message = protocol.result_too_large(len(result), limit)
+                log.warning("task %s (pool %s, attempt %d) failed: %s", assign.id, assign.pool, assign.attempt,
+                            message)
+                self._report(_failure(assign, InvalidArgument.__name__, message, ""))
+                return
+            self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+        finally:
+            self._running.pop(key, None)  # absent when the task was abandoned
 
     def _report(self, done: protocol.Done, result: bytes | None = None) -> None:
         self.finished += 1
