@@ -78,7 +78,7 @@ def _same(sharded: ShardedMap, plain: dict) -> None:
 @settings(max_examples=300, deadline=None)
 @given(operations, st.sampled_from([0, 1, 3, 10, SPLIT_AT]))
 def test_a_sharded_map_answers_as_a_dict_does(ops, split_at):
-    sharded: ShardedMap[int] = ShardedMap(split_at=split_at)
+    sharded: ShardedMap[str, int] = ShardedMap(split_at=split_at)
     plain: dict[str, int] = {}
     for op in ops:
         assert _apply(sharded, op) == _apply(plain, op), op
@@ -86,12 +86,12 @@ def test_a_sharded_map_answers_as_a_dict_does(ops, split_at):
 
 
 def test_a_map_splits_once_past_its_threshold_and_keeps_every_key():
-    sharded: ShardedMap[int] = ShardedMap(split_at=100)
+    sharded: ShardedMap[str, int] = ShardedMap(split_at=100)
     for n in range(100):
         sharded[f"id{n}"] = n
-    assert not sharded.split
+    assert sharded.whole is not None
     sharded["id100"] = 100
-    assert sharded.split
+    assert sharded.whole is None
     assert sharded == {f"id{n}": n for n in range(101)}
     # Spread over the shards: none holds more than a few times its share.
     assert max(len(shard) for shard in sharded.shards) < 101 * 4 // SHARDS + 4
@@ -99,7 +99,7 @@ def test_a_map_splits_once_past_its_threshold_and_keeps_every_key():
 
 def test_a_large_map_grows_a_shard_at_a_time():
     """No insertion resizes more than one shard: at most ~1/SHARDS of the entries move at once."""
-    sharded: ShardedMap[int] = ShardedMap()
+    sharded: ShardedMap[str, int] = ShardedMap()
     for n in range(SPLIT_AT + 1):
         sharded[f"task-{n}"] = n
     shards = sharded.shards
