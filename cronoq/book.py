@@ -17,7 +17,7 @@ import random
 from dataclasses import asdict, dataclass
 from itertools import compress
 from operator import attrgetter
-from typing import Any, Callable, Hashable, Iterable, Iterator, Protocol, Union
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Union
 
 import msgspec
 
@@ -36,6 +36,7 @@ from cronoq.core import (
     Waiting,
 )
 from cronoq.core.checks import tenant_problem
+from cronoq.core.shards import ShardedMap
 from cronoq.errors import InvalidArgument, NotFound, ResourceExhausted
 from cronoq.retention import (
     DEFAULT_RESULT_TTL,
@@ -314,12 +315,13 @@ class TaskBook:
         self._rng = rng or random.Random()
         self.journal = journal
         self._accepting = frozenset(core.pool_names())  # asked on every submit: kept, not rebuilt
-        # Live records are kept in the order they last entered their queue (a snapshot restores that order).
-        self.records: dict[str, TaskRecord] = {}
-        self._keys: dict[tuple[str, str | None, str], str] = {}
-        # tenant -> submission id -> task id: a dict per tenant rather than (tenant, submission) keys, which
+        # Maps that hold an entry per task are ShardedMaps: a million tasks grow them without one long pause
+        # (cronoq/core/shards.py). They keep no order: `kept()` puts records in the order they are queued in.
+        self.records: ShardedMap[str, TaskRecord] = ShardedMap()
+        self._keys: ShardedMap[tuple[str, str | None, str], str] = ShardedMap()
+        # tenant -> submission id -> task id: a map per tenant rather than (tenant, submission) keys, which
         # would cost every queued task a tuple (~60 bytes).
-        self._submissions: dict[str | None, dict[str, str]] = {}
+        self._submissions: dict[str | None, ShardedMap[str, str]] = {}
         self.finished = FinishedRecords(result_ttl, result_retention_bytes)
         """The finished records in memory, in the order they finished."""
         self._archive: ResultArchive | None = None
@@ -359,7 +361,9 @@ class TaskBook:
         return record, False
 
     def _by_submission(self, tenant: str | None, submission: str) -> TaskRecord | None:
-        task_id = self._submissions.get(tenant, _NONE).get(submission)
+        of_tenant = self._submissions.get(tenant)  # of_tenant.get(submission), inline (core/shards.py)
+        task_id = None if of_tenant is None else (
+            of_tenant.whole or of_tenant.shards[hash(submission) % of_tenant.count]).get(submission)
         if task_id is not None:
             return self.records[task_id]
         return None if self._archive is None else self._archive.find_submission(tenant, submission)
@@ -398,21 +402,30 @@ class TaskBook:
         self._keep(record)
 
     def _keep(self, record: TaskRecord) -> None:
-        self.records[record.id] = record
+        # `records[record.id] = record` and `submissions[record.submission] = record.id`, inline: each submit
+        # makes both (core/shards.py).
+        records = self.records
+        shard = records.whole or records.shards[hash(record.id) % records.count]
+        shard[record.id] = record
+        if len(shard) > records.split_at:
+            records.split()
         if record.key is not None:
             self._keys[(record.pool, record.tenant, record.key)] = record.id
         if record.submission is not None:
             submissions = self._submissions.get(record.tenant)
             if submissions is None:
-                submissions = self._submissions[record.tenant] = {}
-            submissions[record.submission] = record.id
+                submissions = self._submissions[record.tenant] = ShardedMap()
+            shard = submissions.whole or submissions.shards[hash(record.submission) % submissions.count]
+            shard[record.submission] = record.id
+            if len(shard) > submissions.split_at:
+                submissions.split()
 
     # ----------------------------------------------------------------- recovery
 
-    def recover(self, records: Iterable[TaskRecord] | dict[str, TaskRecord], paused: Iterable[str], now: float, *,
-                seq_floor: int = 0) -> dict[str, int]:
-        """Carry on from durable state: `records` in the order a journal replay gives them (a replay's dict of
-        them is taken over as it is, when the book holds nothing yet).
+    def recover(self, records: Iterable[TaskRecord] | Mapping[str, TaskRecord], paused: Iterable[str], now: float,
+                *, seq_floor: int = 0) -> dict[str, int]:
+        """Carry on from durable state: `records` (or a replay's map of them by id) in the order a journal
+        replay gives them.
 
         Finished records are kept for lookups (in the order they finished;
         numbers up to `seq_floor` are taken); queued and delayed ones re-enter
@@ -432,12 +445,12 @@ class TaskBook:
         tasks: list[TaskRecord] = []
         self.finished.next_seq = max(self.finished.next_seq, seq_floor + 1)
         # A million queued tasks come back through here: what can be done in bulk, at C speed, is.
-        if isinstance(records, dict) and not self.records:
-            self.records = records  # a replay's own dict, in the right order: taken as it is
+        if isinstance(records, Mapping):
             every = list(records.values())
+            self.records.update(records)
         else:
             every = list(records)
-            self.records.update(zip(map(_ID, every), every))
+            self.records.update(list(zip(map(_ID, every), every)))
         self._index(every)
         max_deliveries, journal = self.max_deliveries, self.journal
         for record in every:
@@ -480,22 +493,25 @@ class TaskBook:
         submitted = list(compress(records, map(_SUBMISSION, records)))
         tenants = set(map(_TENANT, submitted))
         if len(tenants) == 1:
-            of_tenant = self._submissions.setdefault(tenants.pop(), {})
+            of_tenant = self._submissions.setdefault(tenants.pop(), ShardedMap())
             of_tenant.update(zip(map(_SUBMISSION, submitted), map(_ID, submitted)))
             return
         for record in submitted:
             of_tenant = self._submissions.get(record.tenant)
             if of_tenant is None:
-                of_tenant = self._submissions[record.tenant] = {}
+                of_tenant = self._submissions[record.tenant] = ShardedMap()
             of_tenant[record.submission] = record.id  # type: ignore[index]
 
     def kept(self) -> Iterator[TaskRecord]:
         """Every record in memory in the order `recover` wants them: finished ones as they finished, then live
-        ones in the order they last entered their queue."""
+        ones in the order they last entered their queue or the timers (the core's arrival number).
+
+        `records` keeps no order: the live ones are sorted here, O(n log n). The broker calls this in the
+        forked child that writes a snapshot, off its loop."""
         yield from self.finished
-        for record in list(self.records.values()):
-            if record.finished_at is None:
-                yield record
+        live = [record for record in self.records.values() if record.finished_at is None]
+        live.sort(key=_ARRIVAL)
+        yield from live
 
     def configure(self, pools: Iterable[PoolSettings], now: float | None = None) -> None:
         """Take new pool settings (a reload): new weights apply to the queued backlog at once; a node capped by
@@ -599,8 +615,7 @@ class TaskBook:
         )
 
     def _requeued(self, record: TaskRecord) -> None:
-        # It queues again behind the others: keep `records` in that order for snapshots.
-        self.records[record.id] = self.records.pop(record.id)
+        # It queues again behind the others: the core gave it a new arrival number, which orders snapshots.
         if self.journal is not None:
             self.journal.requeued(record)
 
@@ -745,17 +760,22 @@ class TaskBook:
 
     def _forget(self, record: TaskRecord) -> None:
         task_id = record.id
-        self.records.pop(task_id, None)
+        records = self.records  # records.pop(task_id, None), inline (core/shards.py): a drain forgets 2,000 a pass
+        (records.whole or records.shards[hash(task_id) % records.count]).pop(task_id, None)
         self._attempt_ends.pop(task_id, None)
         if record.key is not None:
             key = (record.pool, record.tenant, record.key)
             if self._keys.get(key) == task_id:
                 del self._keys[key]
-        if record.submission is not None:
+        submission = record.submission
+        if submission is not None:
             of_tenant = self._submissions.get(record.tenant)
-            if of_tenant is not None and of_tenant.get(record.submission) == task_id:
-                del of_tenant[record.submission]
-                if not of_tenant:
+            if of_tenant is not None:
+                shard = of_tenant.whole or of_tenant.shards[hash(submission) % of_tenant.count]
+                held = shard.pop(submission, None)
+                if held != task_id and held is not None:
+                    shard[submission] = held  # another task's now: not this one's to forget (and no growth)
+                elif not shard and not of_tenant:
                     del self._submissions[record.tenant]
 
     def memory_stats(self) -> dict[str, int]:
@@ -775,8 +795,8 @@ milliseconds. The rest go in the next passes, a batch each (about 5 ms)."""
 
 
 _ID, _KEY, _SUBMISSION, _TENANT = (attrgetter(name) for name in ("id", "key", "submission", "tenant"))
-_NONE: Any = {}
-"""An empty mapping (never written to) for lookups that may find no inner dict; also a tenant no task has."""
+_ARRIVAL = attrgetter("_seq")
+"""A live task's arrival number in the core: the order it (last) entered its queue, or its timers."""
 
 
 def unknown_task(task_id: Any) -> NotFound:

@@ -6,6 +6,7 @@ docs/scheduling.md explains them at length):
     SchedulerCore
       _tasks    id -> Task, every live task (queued, delayed, running), but those restored with an
                 `index`: the caller's own map of them, which the core reads instead of copying
+                (a ShardedMap: a million ids grow it without one long pause, core/shards.py)
       _timers   heap of delayed tasks by min(not_before, deadline)
       _expiry   heap of queued tasks that have a deadline, by deadline
       _ready    workers with a free slot, least recently ready first
@@ -56,6 +57,7 @@ from typing import Collection, Hashable, Iterable, Iterator, Mapping
 
 from cronoq.core.pool import Pool
 from cronoq.core.settings import PoolSettings, tenant_path
+from cronoq.core.shards import ShardedMap
 from cronoq.core.task import (
     CANCELLED,
     DELAYED,
@@ -89,7 +91,7 @@ class SchedulerCore:
 
     def __init__(self, pools: Iterable[PoolSettings]) -> None:
         self._pools: dict[str, Pool] = {}
-        self._tasks: dict[str, Task] = {}
+        self._tasks: ShardedMap[str, Task] = ShardedMap()
         self._index: Mapping[str, Task] | None = None
         self._indexed = 0  # live tasks found through _index rather than _tasks
         self._workers: dict[Hashable, Worker] = {}
@@ -196,8 +198,12 @@ class SchedulerCore:
             raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
         if self._index is not None and self._in_index(task_id) is not None:  # restored, and live
             raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
-        if self._tasks.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
+        tasks = self._tasks  # tasks.setdefault(task_id, task), inline (core/shards.py)
+        shard = tasks.whole or tasks.shards[hash(task_id) % tasks.count]
+        if shard.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
             raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+        if len(shard) > tasks.split_at:
+            tasks.split()
         ts = pool.tenants.get(tenant)
         if ts is None:
             ts = pool.tenant_stats(tenant)
@@ -251,7 +257,7 @@ class SchedulerCore:
             if self._tasks or self._index is not None:
                 raise InvalidArgument("restore() with an index is for a core that holds no task yet")
             self._index, self._indexed = index, len(tasks)
-            held: dict[str, Task] | None = None
+            held: ShardedMap[str, Task] | None = None
         else:
             held = self._tasks
         count = 0 if held is None else len(held)
@@ -363,7 +369,8 @@ class SchedulerCore:
 
     def get(self, task_id: str) -> Task | None:
         """The live (queued, delayed or running) task with this id, or None."""
-        task = self._tasks.get(task_id)
+        tasks = self._tasks  # tasks.get(task_id), inline (core/shards.py)
+        task = (tasks.whole or tasks.shards[hash(task_id) % tasks.count]).get(task_id)
         if task is None and self._index is not None:
             return self._in_index(task_id)
         return task
@@ -745,7 +752,8 @@ class SchedulerCore:
     def _forget(self, task: Task, state: str) -> None:
         task.state = state
         task.worker = None
-        if self._tasks.pop(task.id, None) is None:
+        tasks = self._tasks  # tasks.pop(task.id, None), inline (core/shards.py)
+        if (tasks.whole or tasks.shards[hash(task.id) % tasks.count]).pop(task.id, None) is None:
             self._indexed -= 1  # it was found through the index, which its owner keeps
 
     def _lease(self, task_id: str, worker_id: Hashable, attempt: int) -> Task | None:
