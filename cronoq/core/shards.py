@@ -125,8 +125,10 @@ class ShardedMap(MutableMapping[K, V]):
 
     def update(self, pairs: Mapping[K, V] | Iterable[tuple[K, V]] = (), /, **more: V) -> None:  # type: ignore[override]
         """Insert every (key, value) of a mapping or of an iterable of pairs."""
+        if not isinstance(pairs, Sized):  # a generator or a zip (a restart's submission ids): counted at C speed
+            pairs = list(pairs)
         items: Iterable[tuple[K, V]] = chain(pairs.items() if isinstance(pairs, Mapping) else pairs, more.items())
-        if self.whole is not None and isinstance(pairs, Sized) and len(self) + len(pairs) > self.split_at:
+        if self.whole is not None and len(self) + len(pairs) > self.split_at:
             self.split()  # it will split anyway: now, before the bulk comes (a restart's million records)
         if self.whole is None:  # split: no check per key
             shards, count = self.shards, self.count
