@@ -450,7 +450,7 @@ class TaskBook:
             self.records.update(records)
         else:
             every = list(records)
-            self.records.update(list(zip(map(_ID, every), every)))
+            self.records.update(zip(map(_ID, every), every))
         self._index(every)
         max_deliveries, journal = self.max_deliveries, self.journal
         for record in every:

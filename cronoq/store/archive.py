@@ -48,9 +48,9 @@ from cronoq.store.scopes import ScopeFilter, key_scope, submission_scope
 log = logging.getLogger("cronoq.store")
 
 RESPAWN_INTERVAL = 5.0
+"""Seconds between attempts to start the archiver again after it died."""
 TICK_INTERVAL = 0.5
 """Seconds between the times the broker tells the archiver (result_ttl is applied that much late at most)."""
-"""Seconds between attempts to start the archiver again after it died."""
 FLUSH_BYTES = 64 << 10
 FLUSH_SECONDS = 0.02
 """What the broker sends the archiver waits until this many bytes are queued, or this long since the last send,

@@ -587,36 +587,39 @@ class Worker:
 
     async def _run_task(self, key: int, assign: protocol.Assign, body: bytes) -> None:
         try:
-            pool = self.pools.get(assign.pool)
-            try:
-                if pool is None:
-                    raise LookupError(f"this worker does not serve pool {assign.pool!r}")
-                if self._gate is None:
-                    value = await pool.call(protocol.decode_body(body), self._executor)
-                else:
-                    async with self._gate:
-                        value = await pool.call(protocol.decode_body(body), self._executor)
-                result = protocol.encode_body(value)
-            except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
-                error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
-                # One line per failure; the traceback goes with the outcome (TaskFailed.traceback), and into this
-                # log at DEBUG only: a handler failing on every task must not bury the log in tracebacks.
-                log.warning("task %s (pool %s, attempt %d) failed: %s: %s", assign.id, assign.pool, assign.attempt,
-                            error_type, protocol.clip(message, LOGGED_MESSAGE_BYTES))
-                log.debug("traceback of task %s:\n%s", assign.id, trace)
-                self._report(_failure(assign, error_type, message, trace))
-                return
-            limit = self._max_result_bytes
-            if limit is not None and len(result) > limit:
-                # Sent, it would cost the connection and every task on it; this way only its own task fails.
-                message = protocol.result_too_large(len(result), limit)
-                log.warning("task %s (pool %s, attempt %d) failed: %s", assign.id, assign.pool, assign.attempt,
-                            message)
-                self._report(_failure(assign, InvalidArgument.__name__, message, ""))
-                return
-            self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
+            await self._serve(assign, body)
         finally:
             self._running.pop(key, None)  # absent when the task was abandoned
+
+    async def _serve(self, assign: protocol.Assign, body: bytes) -> None:
+        """Run the handler and report the task's outcome."""
+        pool = self.pools.get(assign.pool)
+        try:
+            if pool is None:
+                raise LookupError(f"this worker does not serve pool {assign.pool!r}")
+            if self._gate is None:
+                value = await pool.call(protocol.decode_body(body), self._executor)
+            else:
+                async with self._gate:
+                    value = await pool.call(protocol.decode_body(body), self._executor)
+            result = protocol.encode_body(value)
+        except Exception as exc:  # the handler's failure is the task's outcome, reported to the client
+            error_type, message, trace = type(exc).__name__, _text(exc), traceback.format_exc()
+            # One line per failure; the traceback goes with the outcome (TaskFailed.traceback), and into this
+            # log at DEBUG only: a handler failing on every task must not bury the log in tracebacks.
+            log.warning("task %s (pool %s, attempt %d) failed: %s: %s", assign.id, assign.pool, assign.attempt,
+                        error_type, protocol.clip(message, LOGGED_MESSAGE_BYTES))
+            log.debug("traceback of task %s:\n%s", assign.id, trace)
+            self._report(_failure(assign, error_type, message, trace))
+            return
+        limit = self._max_result_bytes
+        if limit is not None and len(result) > limit:
+            # Sent, it would cost the connection and every task on it; this way only its own task fails.
+            message = protocol.result_too_large(len(result), limit)
+            log.warning("task %s (pool %s, attempt %d) failed: %s", assign.id, assign.pool, assign.attempt, message)
+            self._report(_failure(assign, InvalidArgument.__name__, message, ""))
+            return
+        self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
 
     def _report(self, done: protocol.Done, result: bytes | None = None) -> None:
         self.finished += 1

@@ -14,6 +14,7 @@ import json
 import pytest
 
 import cronoq
+from tests.integration.test_tenant_tree import CONFIG as PINNED, TOKENS
 from tests.support import run_command, start_worker_process, until
 
 
@@ -157,26 +158,8 @@ def test_cronoq_explain_a_task_behind_a_critical_backlog(broker_factory, tmp_pat
 
 # -- tokens pinned to a tenant -------------------------------------------------------------------------
 
-TOKENS = {"T_ACME": "acme-secret", "T_SEARCH": "search-secret"}
-PINNED = """
-[[pools]]
-name = "default"
-fair_share = true
-
-[[auth.tokens]]
-token_env = "T_ACME"
-role = "client"
-tenant = "acme"
-
-[[auth.tokens]]
-token_env = "T_SEARCH"
-role = "client"
-tenant = "acme/search"
-"""
-
-
 async def test_a_pinned_token_explains_only_its_subtree_s_tasks(broker_factory):
-    broker = broker_factory(PINNED, env=TOKENS)
+    broker = broker_factory(PINNED, env=TOKENS)  # the tenant tree's tokens: acme, and acme/search
     async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, cronoq.connect(
         broker.clients, token=TOKENS["T_SEARCH"]
     ) as search:

@@ -36,6 +36,16 @@ def standby_of(config: Path, tmp_path: Path, name: str = "standby") -> BrokerPro
     return standby
 
 
+def primary_and_standby(brokers: list[BrokerProcess], tmp_path: Path) -> tuple[Path, BrokerProcess, BrokerProcess]:
+    """A primary serving POOLS from tmp_path's config and data_dir, and a standby of it (both stopped at teardown)."""
+    config = write_config(tmp_path / "cronoq.toml", POOLS)
+    primary = BrokerProcess(config).start()
+    brokers.append(primary)
+    standby = standby_of(config, tmp_path)
+    brokers.append(standby)
+    return config, primary, standby
+
+
 def refused(endpoint: str) -> bool:
     """Whether nothing listens at a tcp:// endpoint (a TCP connection to it is refused)."""
     host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
@@ -108,11 +118,7 @@ def test_a_standby_without_a_data_dir_is_refused(tmp_path):
 
 
 def test_a_standby_binds_nothing_while_the_primary_serves_and_stops_at_once_on_sigterm(brokers, tmp_path):
-    config = write_config(tmp_path / "cronoq.toml", POOLS)
-    primary = BrokerProcess(config).start()
-    brokers.append(primary)
-    standby = standby_of(config, tmp_path)
-    brokers.append(standby)
+    _, primary, standby = primary_and_standby(brokers, tmp_path)
     assert f"data_dir {tmp_path / 'cronoq-data'}: it is in use (pid {primary.proc.pid})" in standby.log.read_text()
     assert refused(standby.clients) and refused(standby.workers)
     assert standby.proc.poll() is None and not refused(primary.clients)
@@ -138,11 +144,7 @@ def test_a_standby_never_starts_a_data_dir_afresh(brokers, tmp_path):
 
 
 async def test_a_standby_takes_over_after_kill_9_under_load_losing_and_rerunning_nothing(brokers, tmp_path):
-    config = write_config(tmp_path / "cronoq.toml", POOLS)
-    primary = BrokerProcess(config).start()
-    brokers.append(primary)
-    standby = standby_of(config, tmp_path)
-    brokers.append(standby)
+    _, primary, standby = primary_and_standby(brokers, tmp_path)
     runs = tmp_path / "runs"
     worker = start_worker_process(f"{primary.workers},{standby.workers}", "tests.apps.counted:pools",
                                   tmp_path / "worker.log", concurrency=CONCURRENCY)
@@ -182,11 +184,7 @@ async def test_a_standby_takes_over_after_kill_9_under_load_losing_and_rerunning
 
 
 async def test_a_primary_stopped_with_sigterm_hands_over_to_the_standby(brokers, tmp_path):
-    config = write_config(tmp_path / "cronoq.toml", POOLS)
-    primary = BrokerProcess(config).start()
-    brokers.append(primary)
-    standby = standby_of(config, tmp_path)
-    brokers.append(standby)
+    _, primary, standby = primary_and_standby(brokers, tmp_path)
     runs = tmp_path / "runs"
     async with cronoq.connect(f"{primary.clients},{standby.clients}", request_timeout=WAIT) as client:
         # No worker yet: the tasks wait in the primary, then in the standby that took its data_dir over.
@@ -207,11 +205,7 @@ async def test_a_primary_stopped_with_sigterm_hands_over_to_the_standby(brokers,
 
 
 def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp_path):
-    config = write_config(tmp_path / "cronoq.toml", POOLS)
-    primary = BrokerProcess(config).start()
-    brokers.append(primary)
-    standby = standby_of(config, tmp_path)
-    brokers.append(standby)
+    _, primary, standby = primary_and_standby(brokers, tmp_path)
     with cronoq.connect_sync([standby.clients, primary.clients], request_timeout=WAIT) as client:
         task = client.submit({"n": 1, "runs": str(tmp_path / "runs")}, pool="counted")
         assert client.status(task.id).state == "queued"
@@ -222,11 +216,7 @@ def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp
 
 
 async def test_sighup_while_standing_by_rereads_the_config_it_takes_over_with(brokers, tmp_path):
-    config = write_config(tmp_path / "cronoq.toml", POOLS)
-    primary = BrokerProcess(config).start()
-    brokers.append(primary)
-    standby = standby_of(config, tmp_path)
-    brokers.append(standby)
+    config, primary, standby = primary_and_standby(brokers, tmp_path)
     good = config.read_text()
     config.write_text(good + "[[pools]]\nname = 1\n")
     standby.proc.send_signal(signal.SIGHUP)
