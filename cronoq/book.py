@@ -92,6 +92,10 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     seq: int = 0
     """The task's place in the order tasks finished (from 1; 0 while it is live): retention forgets the oldest
     first, and the results store says up to which one it holds them."""
+    retries: int = 0
+    """How many times it went back to its queue because its handler raised: `max_retries` bounds these.
+    Attempts lost with their worker or with the broker (a dispatch that never reached a worker) count in
+    `attempts` only, and `max_deliveries` bounds those."""
     waiters: Any = None
     """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
     the task, rather than in a map of its own: a watched queued task costs ~160 bytes less). Never stored."""
@@ -461,7 +465,7 @@ class TaskBook:
                     tasks.append(record)
                 else:
                     lost.append(record)
-            elif record.pool not in pools or record.attempts >= max_deliveries:
+            elif record.pool not in pools or record.attempts - record.retries >= max_deliveries:
                 lost.append(record)
             else:
                 record.not_before = None
@@ -572,8 +576,9 @@ class TaskBook:
         if task is None or task.state != RUNNING or task.worker != worker_id or task.attempts != attempt:
             return None
         record: TaskRecord = task  # type: ignore[assignment]
-        if not ok and task.attempts <= record.max_retries:
-            retry_at = now + self._backoff(task.attempts)
+        if not ok and record.retries < record.max_retries:
+            record.retries += 1
+            retry_at = now + self._backoff(record.retries)
             self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
             record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
             self._attempt_ended(record, "retried", now, f"{error_type}: {error_message}")
@@ -587,9 +592,9 @@ class TaskBook:
             self._finish(record, FAILED, now, error_type=error_type, error_message=error_message, traceback=traceback)
         return record
 
-    def _backoff(self, attempts: int) -> float:
+    def _backoff(self, retry: int) -> float:
         """Exponential backoff with jitter, so retries of a burst do not return in lockstep."""
-        ceiling = min(RETRY_BACKOFF_CAP, RETRY_BACKOFF_BASE * 2 ** (attempts - 1))
+        ceiling = min(RETRY_BACKOFF_CAP, RETRY_BACKOFF_BASE * 2 ** (retry - 1))
         return ceiling * self._rng.uniform(0.5, 1.0)
 
     def lose_worker(self, worker_id: Hashable, now: float) -> list[TaskRecord]:
@@ -598,7 +603,7 @@ class TaskBook:
         for task in self.core.remove_worker(worker_id, now):
             record: TaskRecord = task  # type: ignore[assignment]
             self._attempt_ended(record, "worker_lost", now)
-            if task.attempts >= self.max_deliveries:
+            if self._lost_deliveries(record) >= self.max_deliveries:
                 self.core.cancel(task.id, now)
                 self._fail_lost(record, now)
             else:
@@ -607,11 +612,17 @@ class TaskBook:
                 requeued.append(record)
         return requeued
 
+    @staticmethod
+    def _lost_deliveries(record: TaskRecord) -> int:
+        """Of a running task's attempts, those that ended without an outcome, the one running now included:
+        each earlier attempt was either that or a failure that was retried."""
+        return record.attempts - record.retries
+
     def _fail_lost(self, record: TaskRecord, now: float) -> None:
         self._finish(
             record, FAILED, now, error_type="WorkerLost",
-            error_message=f"the task's worker was lost on each of its {record.attempts} deliveries "
-            f"(max_deliveries = {self.max_deliveries})",
+            error_message=f"the task's worker was lost on {self._lost_deliveries(record)} of its "
+            f"{record.attempts} deliveries (max_deliveries = {self.max_deliveries})",
         )
 
     def _requeued(self, record: TaskRecord) -> None:

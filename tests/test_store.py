@@ -101,14 +101,15 @@ def picture(world: World) -> dict[str, tuple]:
         except NotFound:
             continue
         state, error, payload = info.state, info.error, record.payload
-        if state == "running" and info.attempts >= book.max_deliveries:
+        lost = info.attempts - record.retries
+        if state == "running" and lost >= book.max_deliveries:
             state, payload = "failed", b""
-            error = (f"WorkerLost: the task's worker was lost on each of its {info.attempts} deliveries "
+            error = (f"WorkerLost: the task's worker was lost on {lost} of its {info.attempts} deliveries "
                      f"(max_deliveries = {book.max_deliveries})")
         elif state in ("running", "delayed"):
             state = "queued"
         out[task_id] = (info.pool, info.tenant, info.priority, state, info.attempts, info.deadline,
-                        payload, record.result, error, record.key, record.submission)
+                        payload, record.result, error, record.key, record.submission, record.retries)
     return out
 
 
@@ -209,6 +210,42 @@ def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
     world = World(tmp_path, now=world.now + 1)
     info = world.book.info(first.id)
     assert (info.state, info.attempts) == ("failed", 3) and "WorkerLost" in info.error
+
+
+def test_a_delivery_lost_with_the_broker_does_not_use_up_a_retry(tmp_path):
+    # max_retries counts runs whose handler raised. A dispatch the broker wrote and died before sending never
+    # ran the handler: it counts as an attempt, and the task still gets every retry it asked for.
+    world = World(tmp_path)
+    task, _ = world.book.submit(SubmitRequest(b"x", pool="a", max_retries=1), world.now)
+    world.core.add_worker("w", ["a"], 1)
+    world.book.dispatch(world.now)
+    world.commit()
+    world.crash()
+    world = World(tmp_path, now=world.now + 1)
+    world.core.add_worker("w", ["a"], 1)
+    for attempt, state in ((2, "delayed"), (3, "failed")):
+        world.now += 60  # past any retry's backoff
+        assert [(r.id, n) for _, r, n in world.book.dispatch(world.now)] == [(task.id, attempt)]
+        world.book.complete("w", task.id, attempt, world.now, ok=False, error_type="Boom", error_message="no")
+        world.core.grant("w", 1)
+        assert world.book.info(task.id).state == state
+    assert world.book.get(task.id).retries == 1
+
+
+def test_max_deliveries_counts_lost_runs_not_failures(tmp_path):
+    world = World(tmp_path)
+    book, core = world.book, world.core
+    task, _ = book.submit(SubmitRequest(b"x", pool="a", max_retries=10), world.now)
+    core.add_worker("w1", ["a"], 1)
+    for attempt in range(1, book.max_deliveries + 1):  # as many retries as a task may lose deliveries
+        world.now += 60
+        assert [n for _, _, n in book.dispatch(world.now)] == [attempt]
+        book.complete("w1", task.id, attempt, world.now, ok=False, error_type="Boom", error_message="no")
+        core.grant("w1", 1)
+    world.now += 60
+    book.dispatch(world.now)
+    assert book.lose_worker("w1", world.now) == [book.get(task.id)]  # one lost run: it goes back
+    assert book.info(task.id).state == "queued"
 
 
 def test_deadlines_that_passed_while_down_expire_and_delays_hold(tmp_path):

@@ -189,7 +189,7 @@ class Journal:
         self._pending.append(Dispatched(r.id, r.attempts, r.started_at))  # type: ignore[arg-type]
 
     def requeued(self, r: TaskRecord) -> None:
-        self._pending.append(Requeued(r.id, r.not_before, r.error_type, r.error_message, r.traceback))
+        self._pending.append(Requeued(r.id, r.not_before, r.error_type, r.error_message, r.traceback, r.retries))
 
     def finished(self, r: TaskRecord) -> None:
         self._pending.append(Finished(

@@ -6,7 +6,10 @@ Each record is an array `[tag, field, ...]`, so the common ones cost a few
 dozen bytes. Times are Unix seconds, as in the task book.
 
 Changing a record's fields means a new `FORMAT`: a broker refuses files of a
-format it does not know instead of guessing. Format 2 (this one) stores a
+format it does not know instead of guessing. The one exception is a field
+added at the end with a default (`TaskRecord.retries`, `Requeued.retries`):
+a file without it reads as the default, and a broker that does not know it
+skips it, so such a file keeps its format. Format 2 (this one) stores a
 task record as the book's own `TaskRecord` (`t`; an `accepted` record is the
 first fields of one), and numbers finished tasks (`Finished.seq`); format 1
 files (with `Kept` snapshot records) are still read.
@@ -76,6 +79,9 @@ class Requeued(_Record, tag="r"):
     error_type: str = ""
     error_message: str = ""
     traceback: str = ""
+    retries: int = 0
+    """The task's `retries` (the handler raised and it went back) so far: a lost worker's requeue carries it
+    unchanged."""
 
 
 class Finished(_Record, tag="f"):

@@ -94,7 +94,7 @@ class Replay:
                     record.state = QUEUED
                     record.not_before = change.not_before
                     record.error_type, record.error_message = change.error_type, change.error_message
-                    record.traceback = change.traceback
+                    record.traceback, record.retries = change.traceback, change.retries
                     records[change.id] = records.pop(change.id)  # it queues again behind the others
             case Finished():
                 self._finished(change)
