@@ -423,9 +423,10 @@ class TaskBook:
     # ----------------------------------------------------------------- recovery
 
     def recover(self, records: Iterable[TaskRecord] | Mapping[str, TaskRecord], paused: Iterable[str], now: float,
-                *, seq_floor: int = 0) -> dict[str, int]:
-        """Carry on from durable state: `records` (or a replay's map of them by id) in the order a journal
-        replay gives them.
+                *, seq_floor: int = 0, by_id: ShardedMap[str, TaskRecord] | None = None) -> dict[str, int]:
+        """Carry on from durable state: `records` (or a map of them by id) in the order a journal replay gives
+        them (cronoq.store.replay). `by_id`: a map of exactly those records by id, which a book that holds
+        no record yet takes over as its own rather than copying it (a replay's `by_id`).
 
         Finished records are kept for lookups (in the order they finished;
         numbers up to `seq_floor` are taken); queued and delayed ones re-enter
@@ -445,12 +446,11 @@ class TaskBook:
         tasks: list[TaskRecord] = []
         self.finished.next_seq = max(self.finished.next_seq, seq_floor + 1)
         # A million queued tasks come back through here: what can be done in bulk, at C speed, is.
-        if isinstance(records, Mapping):
-            every = list(records.values())
-            self.records.update(records)
+        every = list(records.values()) if isinstance(records, Mapping) else list(records)
+        if by_id is not None and not self.records:
+            self.records = by_id
         else:
-            every = list(records)
-            self.records.update(zip(map(_ID, every), every))
+            self.records.put_all(list(map(_ID, every)), every)
         self._index(every)
         max_deliveries, journal = self.max_deliveries, self.journal
         for record in every:

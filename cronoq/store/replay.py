@@ -12,12 +12,14 @@ only holds what is live or not stored yet.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from itertools import compress, count
+from operator import attrgetter, eq, not_, or_
 
 import msgspec
 
 from cronoq.book import TaskRecord
 from cronoq.core import QUEUED, RUNNING
+from cronoq.core.shards import ShardedMap
 from cronoq.store.records import (
     Accepted,
     Dispatched,
@@ -33,14 +35,28 @@ from cronoq.store.records import (
 
 
 _WHOLE = {TaskRecord, Accepted}
-_ID, _SEQ = attrgetter("id"), attrgetter("seq")
+_ID, _SEQ, _MARK = attrgetter("id"), attrgetter("seq"), attrgetter("_seq")
 
 
 class Replay:
-    """Applies records in the order they were written; `records` and `paused` are the outcome."""
+    """Applies records in the order they were written; `ordered()`, `by_id` and `paused` are the outcome.
+
+    The records go straight into `by_id`, a ShardedMap the task book takes
+    over as its own map of records (`TaskBook.recover`): a restart with a
+    million queued tasks builds that map once, not a dict and then a copy
+    of it. Their order — the order of a dict in which a record moved to the
+    end when it queued again or finished — is kept in a list beside it:
+    each record is appended when it comes, and again when it moves. The
+    earlier places of a record that moved, and the places of one that went,
+    are stale; `ordered()` leaves them out. Until then, a moved record's
+    `_seq` (the core's arrival number, unused until the core takes the
+    record) holds its current place in that list (from 1), and a record
+    that went holds -1; `ordered()` sets them back to 0.
+    """
 
     def __init__(self, archived_through: int = 0) -> None:
-        self.records: dict[str, TaskRecord] = {}
+        self.by_id: ShardedMap[str, TaskRecord] = ShardedMap()
+        """Every record in its last state, by task id (in no order)."""
         self.paused: set[str] = set()
         self.archived_through = archived_through
         self.max_seq = 0
@@ -50,16 +66,22 @@ class Replay:
         """Changes of tasks this replay never saw accepted (only after a damaged file); skipped."""
         self.orphan_ids: set[str] = set()
         """The tasks those changes named, unless later forgotten: lost with the damage."""
+        self._order: list[TaskRecord] = []
+        self._entered = 0
+        """Records entered into `by_id` less those taken out of it: `len(by_id)` unless an id came twice."""
+        self._marked: list[TaskRecord] = []
+        """Records whose `_seq` holds a mark (they moved or went), to clear in `ordered()`."""
 
     def apply_batch(self, batch: list[Record]) -> None:
         """Apply one frame's records (the common case, whole task records, without a call each)."""
-        records = self.records
         archived = self.archived_through
         if set(map(type, batch)) <= _WHOLE:  # a frame of accepted tasks, or of a snapshot's records
             highest = max(map(_SEQ, batch), default=0)
-            if not highest or not archived:  # and none for the results store to answer: at C speed
+            if not highest or not archived:  # and none for the results store to answer: in bulk
                 self.max_seq = max(self.max_seq, highest)
-                records.update(zip(map(_ID, batch), batch))  # type: ignore[arg-type]
+                self.by_id.put_all(list(map(_ID, batch)), batch)  # type: ignore[arg-type]
+                self._order += batch  # type: ignore[arg-type]
+                self._entered += len(batch)
                 self.applied += len(batch)
                 return
         for change in batch:
@@ -71,13 +93,12 @@ class Replay:
                         self.max_seq = seq
                     if seq <= archived:
                         continue
-                records[change.id] = change
+                self._put(change)
             else:
                 self.apply(change)
 
     def apply(self, change: Record) -> None:
         self.applied += 1
-        records = self.records
         match change:
             case TaskRecord():
                 self.applied -= 1
@@ -95,20 +116,23 @@ class Replay:
                     record.not_before = change.not_before
                     record.error_type, record.error_message = change.error_type, change.error_message
                     record.traceback = change.traceback
-                    records[change.id] = records.pop(change.id)  # it queues again behind the others
+                    self._move(record)  # it queues again behind the others
             case Finished():
                 self._finished(change)
             case Forgotten():
-                if records.pop(change.id, None) is None:
+                record = self.by_id.pop(change.id, None)
+                if record is None:
                     self.orphans += 1
                     self.orphan_ids.discard(change.id)  # lost, but it would be gone by now anyway
+                else:
+                    self._gone(record)
             case Paused():
                 if change.paused:
                     self.paused.add(change.pool)
                 else:
                     self.paused.discard(change.pool)
             case Kept():
-                records[change.id] = kept_to_record(change)
+                self._put(kept_to_record(change))
             case Header() | End():
                 self.applied -= 1  # framing, not a change
 
@@ -120,7 +144,8 @@ class Replay:
         if seq > self.max_seq:
             self.max_seq = seq
         if seq and seq <= self.archived_through:
-            del self.records[change.id]  # the results store holds it
+            del self.by_id[change.id]  # the results store holds it
+            self._gone(record)
             return
         record.state = change.state
         record.finished_at = change.finished_at
@@ -129,10 +154,66 @@ class Replay:
         record.traceback = change.traceback
         record.payload = b""
         record.seq = seq
-        self.records[change.id] = self.records.pop(change.id)  # finished order: forgotten oldest first
+        self._move(record)  # finished order: forgotten oldest first
+
+    def _put(self, record: TaskRecord) -> None:
+        """Enter one record; one it replaces (the same id again: only after damage) gives up its place."""
+        former = self.by_id.get(record.id)
+        self.by_id[record.id] = record
+        self._order.append(record)
+        if former is None:
+            self._entered += 1
+        elif former is not record:
+            self._gone(former)
+            self._entered += 1
+
+    def _move(self, record: TaskRecord) -> None:
+        """A record moves to the end of the order: its earlier place goes stale."""
+        self._order.append(record)
+        if not record._seq:
+            self._marked.append(record)
+        record._seq = len(self._order)
+
+    def _gone(self, record: TaskRecord) -> None:
+        """A record left `by_id`: each of its places goes stale."""
+        if not record._seq:
+            self._marked.append(record)
+        record._seq = -1
+        self._entered -= 1
+
+    def ordered(self) -> list[TaskRecord]:
+        """Every record in `by_id`, in the order that matters (the module's): finished ones in the order they
+        finished, live ones in the order they last entered their queue. The list is the replay's own: the
+        caller may keep it, not change it."""
+        order = self._order
+        if len(self.by_id) != self._entered:  # an id came twice in one frame (damage): the later record stays
+            by_id = self.by_id
+            seen: set[str] = set()
+            kept = []
+            for record in reversed(order):
+                if record._seq != -1 and record.id not in seen and by_id.get(record.id) is record:
+                    seen.add(record.id)
+                    kept.append(record)
+            kept.reverse()
+        elif self._marked:
+            # A place counts where the record's mark is 0 (it never moved) or that place (1, 2, ...): at C speed.
+            marks = list(map(_MARK, order))
+            kept = list(compress(order, map(or_, map(not_, marks), map(eq, marks, count(1)))))
+        else:
+            return order
+        for record in self._marked:
+            record._seq = 0
+        self._order, self._marked, self._entered = kept, [], len(kept)
+        return kept
+
+    @property
+    def records(self) -> dict[str, TaskRecord]:
+        """The records by id in `ordered()`'s order, as a dict (for repairs and tests: a restart takes
+        `ordered()` and `by_id` as they are). Built on each call."""
+        return {record.id: record for record in self.ordered()}
 
     def _get(self, task_id: str) -> TaskRecord | None:
-        record = self.records.get(task_id)
+        record = self.by_id.get(task_id)
         if record is None:
             self._orphan(task_id)
         return record
