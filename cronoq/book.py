@@ -15,8 +15,8 @@ import datetime
 import math
 import random
 from dataclasses import asdict, dataclass
-from itertools import compress
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Union
 
 import msgspec
@@ -487,20 +487,39 @@ class TaskBook:
         return counts
 
     def _index(self, records: list[TaskRecord]) -> None:
-        """Enter the keys and submission ids of recovered records (most often all of one tenant: in bulk)."""
-        for record in compress(records, map(_KEY, records)):
-            self._keys[(record.pool, record.tenant, record.key)] = record.id  # type: ignore[index]
-        submitted = list(compress(records, map(_SUBMISSION, records)))
-        tenants = set(map(_TENANT, submitted))
-        if len(tenants) == 1:
-            of_tenant = self._submissions.setdefault(tenants.pop(), ShardedMap())
-            of_tenant.update(zip(map(_SUBMISSION, submitted), map(_ID, submitted)))
+        """Enter the keys and submission ids of recovered records: a tenant's submission ids in bulk (most often
+        every record has one, and they are all of one tenant)."""
+        keys = list(map(_KEY, records))
+        if keys.count(None) != len(keys):
+            for record in compress(records, keys):
+                self._keys[(record.pool, record.tenant, record.key)] = record.id  # type: ignore[index]
+        submissions = list(map(_SUBMISSION, records))
+        without = submissions.count(None)
+        if without == len(submissions):
             return
-        for record in submitted:
-            of_tenant = self._submissions.get(record.tenant)
+        if without:
+            records = list(compress(records, submissions))
+            submissions = list(map(_SUBMISSION, records))
+        tenants = list(map(_TENANT, records))
+        distinct = set(tenants)
+        if len(distinct) > BULK_TENANTS:  # many tenants, few tasks each: one at a time
+            for record in records:
+                of_tenant = self._submissions.get(record.tenant)
+                if of_tenant is None:
+                    of_tenant = self._submissions[record.tenant] = ShardedMap()
+                of_tenant[record.submission] = record.id  # type: ignore[index]
+            return
+        for tenant in distinct:
+            if len(distinct) == 1:
+                ids = list(map(_ID, records))
+            else:  # this tenant's, at C speed: a pass over the records per tenant
+                mine = list(map(eq, tenants, repeat(tenant)))
+                submissions = list(compress(map(_SUBMISSION, records), mine))
+                ids = list(compress(map(_ID, records), mine))
+            of_tenant = self._submissions.get(tenant)
             if of_tenant is None:
-                of_tenant = self._submissions[record.tenant] = ShardedMap()
-            of_tenant[record.submission] = record.id  # type: ignore[index]
+                of_tenant = self._submissions[tenant] = ShardedMap()
+            of_tenant.put_all(submissions, ids)  # type: ignore[arg-type]
 
     def kept(self) -> Iterator[TaskRecord]:
         """Every record in memory in the order `recover` wants them: finished ones as they finished, then live
@@ -783,6 +802,10 @@ class TaskBook:
         return {"records": len(self.records), "live": len(self.core), "finished": len(self.finished),
                 "finished_bytes": self.finished.bytes}
 
+
+BULK_TENANTS = 16
+"""Up to this many tenants among recovered tasks, a restart indexes their submission ids a tenant at a time, in
+bulk (a pass over every record per tenant); past it, a record at a time."""
 
 GATED_DISPATCHES = 8
 """Tasks dispatched per pass while the results store falls behind (max_unarchived finished records wait for it),
