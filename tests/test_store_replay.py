@@ -26,14 +26,17 @@ frames_of_records = st.lists(
 
 
 def _frames(specs: list[tuple]) -> list[list]:
-    """The frames the specs describe: an `accepted` frame holds several records (the last `seq` of them carry
-    that finish number, as a snapshot's frame would); every other change is a frame of its own."""
+    """The frames the specs describe: an `accepted` frame holds several records (with a `seq` over 3, a
+    snapshot's records, finished with that number); every other change is a frame of its own."""
     frames: list[list] = []
     for n, (kind, *args) in enumerate(specs):
         if kind == "accepted":
             names, seq = args
-            frames.append([Accepted(name, "p", None, 0, f"{n}".encode(), float(n), seq=seq if seq > 3 else 0)
-                           for name in names])
+            if seq > 3:
+                frames.append([TaskRecord(name, "p", None, 0, b"", float(n), state="succeeded",
+                                          finished_at=float(n), seq=seq) for name in names])
+            else:
+                frames.append([Accepted(name, "p", None, 0, f"{n}".encode(), float(n)) for name in names])
         elif kind == "dispatched":
             frames.append([Dispatched(args[0], 1, float(n))])
         elif kind == "requeued":

@@ -34,7 +34,7 @@ from cronoq.store.records import (
 )
 
 
-_WHOLE = {TaskRecord, Accepted}
+_WHOLE, _ACCEPTED = {TaskRecord, Accepted}, {Accepted}
 _ID, _SEQ, _MARK = attrgetter("id"), attrgetter("seq"), attrgetter("_seq")
 
 
@@ -75,8 +75,10 @@ class Replay:
     def apply_batch(self, batch: list[Record]) -> None:
         """Apply one frame's records (the common case, whole task records, without a call each)."""
         archived = self.archived_through
-        if set(map(type, batch)) <= _WHOLE:  # a frame of accepted tasks, or of a snapshot's records
-            highest = max(map(_SEQ, batch), default=0)
+        kinds = set(map(type, batch))
+        if kinds <= _WHOLE:  # a frame of accepted tasks, or of a snapshot's records
+            # An accepted record is written without a finish number (AcceptedEntry): only a snapshot's have one.
+            highest = 0 if kinds == _ACCEPTED else max(map(_SEQ, batch), default=0)
             if not highest or not archived:  # and none for the results store to answer: in bulk
                 self.max_seq = max(self.max_seq, highest)
                 self.by_id.put_all(list(map(_ID, batch)), batch)  # type: ignore[arg-type]
