@@ -35,6 +35,11 @@ from cronoq.store.records import (
 
 
 _WHOLE, _ACCEPTED = {TaskRecord, Accepted}, {Accepted}
+
+COMPACT_ORDER_AT = 4096
+"""Stale places in the order past which, once they are half of it, the replay drops them there and then: records
+that went (most of a long run's, stored in the results store) are freed as they would be from a dict, and their
+memory serves the records read next."""
 _ID, _SEQ, _MARK = attrgetter("id"), attrgetter("seq"), attrgetter("_seq")
 
 
@@ -51,7 +56,7 @@ class Replay:
     are stale; `ordered()` leaves them out. Until then, a moved record's
     `_seq` (the core's arrival number, unused until the core takes the
     record) holds its current place in that list (from 1), and a record
-    that went holds -1; `ordered()` sets them back to 0.
+    that went holds -1; `ordered()` sets the moved ones' back to 0.
     """
 
     def __init__(self, archived_through: int = 0) -> None:
@@ -69,8 +74,13 @@ class Replay:
         self._order: list[TaskRecord] = []
         self._entered = 0
         """Records entered into `by_id` less those taken out of it: `len(by_id)` unless an id came twice."""
-        self._marked: list[TaskRecord] = []
-        """Records whose `_seq` holds a mark (they moved or went), to clear in `ordered()`."""
+        self._moved: list[TaskRecord] = []
+        """Records whose `_seq` holds their place (they moved), to clear in `ordered()`."""
+        self._stale = 0
+        """Places gone stale (a record moved, or went): `ordered()` must filter the order when there are any."""
+
+    # A journal of a busy broker is mostly frames of mixed changes, applied one by one: the lookups in `by_id`
+    # choose its shard inline (cronoq/core/shards.py), as the book's hot paths do.
 
     def apply_batch(self, batch: list[Record]) -> None:
         """Apply one frame's records (the common case, whole task records, without a call each)."""
@@ -86,6 +96,7 @@ class Replay:
                 self._entered += len(batch)
                 self.applied += len(batch)
                 return
+        by_id = self.by_id
         for change in batch:
             if isinstance(change, TaskRecord):  # accepted, or a snapshot's record
                 self.applied += 1
@@ -95,7 +106,16 @@ class Replay:
                         self.max_seq = seq
                     if seq <= archived:
                         continue
-                self._put(change)
+                task_id = change.id
+                shard = by_id.whole or by_id.shards[hash(task_id) % by_id.count]
+                if task_id in shard:
+                    self._put(change)
+                    continue
+                shard[task_id] = change
+                if len(shard) > by_id.split_at:
+                    by_id.split()
+                self._order.append(change)
+                self._entered += 1
             else:
                 self.apply(change)
 
@@ -111,6 +131,8 @@ class Replay:
                     record.state = RUNNING
                     record.attempts = change.attempt
                     record.started_at = change.started_at
+            case Finished():
+                self._finished(change)
             case Requeued():
                 record = self._get(change.id)
                 if record is not None:
@@ -119,10 +141,9 @@ class Replay:
                     record.error_type, record.error_message = change.error_type, change.error_message
                     record.traceback = change.traceback
                     self._move(record)  # it queues again behind the others
-            case Finished():
-                self._finished(change)
             case Forgotten():
-                record = self.by_id.pop(change.id, None)
+                by_id = self.by_id
+                record = (by_id.whole or by_id.shards[hash(change.id) % by_id.count]).pop(change.id, None)
                 if record is None:
                     self.orphans += 1
                     self.orphan_ids.discard(change.id)  # lost, but it would be gone by now anyway
@@ -139,15 +160,23 @@ class Replay:
                 self.applied -= 1  # framing, not a change
 
     def _finished(self, change: Finished) -> None:
-        record = self._get(change.id)
+        task_id = change.id
+        by_id = self.by_id
+        shard = by_id.whole or by_id.shards[hash(task_id) % by_id.count]
+        record = shard.get(task_id)
         if record is None:
+            self._orphan(task_id)
             return
         seq = change.seq
         if seq > self.max_seq:
             self.max_seq = seq
         if seq and seq <= self.archived_through:
-            del self.by_id[change.id]  # the results store holds it
-            self._gone(record)
+            del shard[task_id]  # the results store holds it
+            record._seq = -1  # _gone(record), inline: a replay after a long run does this for most tasks
+            self._entered -= 1
+            self._stale += 1
+            if self._stale > COMPACT_ORDER_AT and 2 * self._stale > len(self._order):
+                self.ordered()
             return
         record.state = change.state
         record.finished_at = change.finished_at
@@ -171,22 +200,27 @@ class Replay:
 
     def _move(self, record: TaskRecord) -> None:
         """A record moves to the end of the order: its earlier place goes stale."""
-        self._order.append(record)
+        order = self._order
+        order.append(record)
         if not record._seq:
-            self._marked.append(record)
-        record._seq = len(self._order)
+            self._moved.append(record)
+        record._seq = len(order)
+        self._stale += 1
+        if self._stale > COMPACT_ORDER_AT and 2 * self._stale > len(order):
+            self.ordered()
 
     def _gone(self, record: TaskRecord) -> None:
         """A record left `by_id`: each of its places goes stale."""
-        if not record._seq:
-            self._marked.append(record)
         record._seq = -1
         self._entered -= 1
+        self._stale += 1
+        if self._stale > COMPACT_ORDER_AT and 2 * self._stale > len(self._order):
+            self.ordered()
 
     def ordered(self) -> list[TaskRecord]:
         """Every record in `by_id`, in the order that matters (the module's): finished ones in the order they
         finished, live ones in the order they last entered their queue. The list is the replay's own: the
-        caller may keep it, not change it."""
+        caller may keep it, not change it. (The replay calls it too, to drop stale places as it goes.)"""
         order = self._order
         if len(self.by_id) != self._entered:  # an id came twice in one frame (damage): the later record stays
             by_id = self.by_id
@@ -197,15 +231,15 @@ class Replay:
                     seen.add(record.id)
                     kept.append(record)
             kept.reverse()
-        elif self._marked:
+        elif self._stale:
             # A place counts where the record's mark is 0 (it never moved) or that place (1, 2, ...): at C speed.
             marks = list(map(_MARK, order))
             kept = list(compress(order, map(or_, map(not_, marks), map(eq, marks, count(1)))))
         else:
             return order
-        for record in self._marked:
+        for record in self._moved:  # (those that went are dropped: their marks do not matter)
             record._seq = 0
-        self._order, self._marked, self._entered = kept, [], len(kept)
+        self._order, self._moved, self._entered, self._stale = kept, [], len(kept), 0
         return kept
 
     @property
@@ -215,7 +249,8 @@ class Replay:
         return {record.id: record for record in self.ordered()}
 
     def _get(self, task_id: str) -> TaskRecord | None:
-        record = self.by_id.get(task_id)
+        by_id = self.by_id
+        record = (by_id.whole or by_id.shards[hash(task_id) % by_id.count]).get(task_id)
         if record is None:
             self._orphan(task_id)
         return record
