@@ -6,6 +6,8 @@ Commands (each prints its figures; docs/durability.md quotes them):
                          noop tasks in flight): every 5 s its RSS, data_dir size, records in memory, rate, and the
                          longest ping the whole time (a stall of the loop shows there)
   restart [--tasks N]    restart a broker holding N queued tasks, then one holding N retained results
+  restart-ab COPY...     one data_dir of N queued tasks restarted by each copy of cronoq in turn (its path put first
+                         on PYTHONPATH: "Benchmarking a modified copy" in bench/README.md), interleaved A B, B A, ...
   store [--rows N]       the two candidate stores for retained results: SQLite (the one used) and the journal's
                          own frames in segment files with an id index in memory
   archiver [--rows N]    the results store's hand-over, step by step: the broker's side and the archiver's
@@ -219,6 +221,51 @@ def restart(tasks: int, window: int, runs: int) -> dict[str, Any]:
     return out
 
 
+def restart_ab(copies: list[Path], tasks: int, window: int, runs: int) -> dict[str, Any]:
+    """Queue `tasks` tasks once (with this repository's cronoq), then start a fresh copy of that data_dir with
+    each copy of cronoq in turn, `runs` times each, in the order A B, B A, A B ...: a change to the restart
+    against the code before it, on the same bytes and as close in time as can be."""
+    import shutil
+
+    from bench.load import submit_many
+    from bench.scale import _pause
+
+    labels = [chr(ord("A") + n) for n in range(len(copies))]
+    times: dict[str, list[tuple[float, float, float]]] = {label: [] for label in labels}
+    with tempfile.TemporaryDirectory(prefix="cronoq-restart-ab-") as tmp:
+        folder = Path(tmp)
+        filled, data = folder / "filled", folder / "data"
+        text, clients, _ = broker_config(durable=True, tokens=False, data_dir=data)
+        broker = CronoqBroker(text, folder)
+        broker.start()
+        asyncio.run(_pause(clients))
+        print(f"  queueing {tasks:,} tasks…", flush=True)
+        probe = asyncio.run(submit_many(clients, tasks, window, timeout=7200))[-1]
+        broker.stop(grace=600)
+        data.rename(filled)
+        print(f"  data_dir {_dir_bytes(filled) / 2**20:.0f} MiB", flush=True)
+        before = os.environ.get("PYTHONPATH")
+        try:
+            for run in range(runs):
+                for label in labels if run % 2 == 0 else labels[::-1]:
+                    shutil.rmtree(data, ignore_errors=True)
+                    shutil.copytree(filled, data)  # each start reads the same bytes, from the page cache
+                    os.environ["PYTHONPATH"] = str(copies[labels.index(label)])  # child_env puts it first
+                    print(f"  {label} ({copies[labels.index(label)]}):", flush=True)
+                    times[label].append(_restart_seconds(broker, clients, probe))
+                    broker.stop(grace=600)
+        finally:
+            if before is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = before
+    for label, copy in zip(labels, copies):
+        serving = sorted(f"{t[1]:.2f}" for t in times[label])
+        cpu = sorted(f"{t[2]:.2f}" for t in times[label])
+        print(f"  {label} {copy}: served again after {', '.join(serving)} s; broker CPU {', '.join(cpu)} s")
+    return {"tasks": tasks, "copies": [str(copy) for copy in copies], "runs": times}
+
+
 # --------------------------------------------------------------------- main
 
 
@@ -239,6 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", type=int, default=1_000_000)
     p.add_argument("--window", type=int, default=1000)
     p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("restart-ab")
+    p.add_argument("copies", nargs="+", type=Path, help="directories that each hold a cronoq package")
+    p.add_argument("--tasks", type=int, default=1_000_000)
+    p.add_argument("--window", type=int, default=1000)
+    p.add_argument("--runs", type=int, default=3)
     p = sub.add_parser("store")
     p.add_argument("--rows", type=int, default=200_000)
     p = sub.add_parser("archiver")
@@ -254,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(_load(args.address, args.seconds, args.window))
     elif args.command == "restart":
         restart(args.tasks, args.window, args.runs)
+    elif args.command == "restart-ab":
+        restart_ab(args.copies, args.tasks, args.window, args.runs)
     elif args.command == "store":
         from bench.retention_store import compare
         compare(args.rows)

@@ -15,8 +15,8 @@ import datetime
 import math
 import random
 from dataclasses import asdict, dataclass
-from itertools import compress
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Union
 
 import msgspec
@@ -427,9 +427,10 @@ class TaskBook:
     # ----------------------------------------------------------------- recovery
 
     def recover(self, records: Iterable[TaskRecord] | Mapping[str, TaskRecord], paused: Iterable[str], now: float,
-                *, seq_floor: int = 0) -> dict[str, int]:
-        """Carry on from durable state: `records` (or a replay's map of them by id) in the order a journal
-        replay gives them.
+                *, seq_floor: int = 0, by_id: ShardedMap[str, TaskRecord] | None = None) -> dict[str, int]:
+        """Carry on from durable state: `records` (or a map of them by id) in the order a journal replay gives
+        them (cronoq.store.replay). `by_id`: a map of exactly those records by id, which a book that holds
+        no record yet takes over as its own rather than copying it (a replay's `by_id`).
 
         Finished records are kept for lookups (in the order they finished;
         numbers up to `seq_floor` are taken); queued and delayed ones re-enter
@@ -449,12 +450,11 @@ class TaskBook:
         tasks: list[TaskRecord] = []
         self.finished.next_seq = max(self.finished.next_seq, seq_floor + 1)
         # A million queued tasks come back through here: what can be done in bulk, at C speed, is.
-        if isinstance(records, Mapping):
-            every = list(records.values())
-            self.records.update(records)
+        every = list(records.values()) if isinstance(records, Mapping) else list(records)
+        if by_id is not None and not self.records:
+            self.records = by_id
         else:
-            every = list(records)
-            self.records.update(zip(map(_ID, every), every))
+            self.records.put_all(list(map(_ID, every)), every)
         self._index(every)
         max_deliveries, journal = self.max_deliveries, self.journal
         for record in every:
@@ -491,20 +491,39 @@ class TaskBook:
         return counts
 
     def _index(self, records: list[TaskRecord]) -> None:
-        """Enter the keys and submission ids of recovered records (most often all of one tenant: in bulk)."""
-        for record in compress(records, map(_KEY, records)):
-            self._keys[(record.pool, record.tenant, record.key)] = record.id  # type: ignore[index]
-        submitted = list(compress(records, map(_SUBMISSION, records)))
-        tenants = set(map(_TENANT, submitted))
-        if len(tenants) == 1:
-            of_tenant = self._submissions.setdefault(tenants.pop(), ShardedMap())
-            of_tenant.update(zip(map(_SUBMISSION, submitted), map(_ID, submitted)))
+        """Enter the keys and submission ids of recovered records: a tenant's submission ids in bulk (most often
+        every record has one, and they are all of one tenant)."""
+        keys = list(map(_KEY, records))
+        if keys.count(None) != len(keys):
+            for record in compress(records, keys):
+                self._keys[(record.pool, record.tenant, record.key)] = record.id  # type: ignore[index]
+        submissions = list(map(_SUBMISSION, records))
+        without = submissions.count(None)
+        if without == len(submissions):
             return
-        for record in submitted:
-            of_tenant = self._submissions.get(record.tenant)
+        if without:
+            records = list(compress(records, submissions))
+            submissions = list(map(_SUBMISSION, records))
+        tenants = list(map(_TENANT, records))
+        distinct = set(tenants)
+        if len(distinct) > BULK_TENANTS:  # many tenants, few tasks each: one at a time
+            for record in records:
+                of_tenant = self._submissions.get(record.tenant)
+                if of_tenant is None:
+                    of_tenant = self._submissions[record.tenant] = ShardedMap()
+                of_tenant[record.submission] = record.id  # type: ignore[index]
+            return
+        for tenant in distinct:
+            if len(distinct) == 1:
+                ids = list(map(_ID, records))
+            else:  # this tenant's, at C speed: a pass over the records per tenant
+                mine = list(map(eq, tenants, repeat(tenant)))
+                submissions = list(compress(map(_SUBMISSION, records), mine))
+                ids = list(compress(map(_ID, records), mine))
+            of_tenant = self._submissions.get(tenant)
             if of_tenant is None:
-                of_tenant = self._submissions[record.tenant] = ShardedMap()
-            of_tenant[record.submission] = record.id  # type: ignore[index]
+                of_tenant = self._submissions[tenant] = ShardedMap()
+            of_tenant.put_all(submissions, ids)  # type: ignore[arg-type]
 
     def kept(self) -> Iterator[TaskRecord]:
         """Every record in memory in the order `recover` wants them: finished ones as they finished, then live
@@ -794,6 +813,10 @@ class TaskBook:
         return {"records": len(self.records), "live": len(self.core), "finished": len(self.finished),
                 "finished_bytes": self.finished.bytes}
 
+
+BULK_TENANTS = 16
+"""Up to this many tenants among recovered tasks, a restart indexes their submission ids a tenant at a time, in
+bulk (a pass over every record per tenant); past it, a record at a time."""
 
 GATED_DISPATCHES = 8
 """Tasks dispatched per pass while the results store falls behind (max_unarchived finished records wait for it),

@@ -46,7 +46,7 @@ class World:
         db, archived_through = open_store(data_dir)
         self.archive = Archive(data_dir, db, archived_through, ttl=ttl, max_bytes=max_bytes)
         # Ids must not repeat across restarts: continue after the highest one the journal or the store knows.
-        known = [int(task_id[1:]) for task_id in replay.records]
+        known = [int(task_id[1:]) for task_id in replay.by_id]
         for (n,) in db.execute("SELECT n FROM partitions").fetchall():
             known += [int(msgspec.msgpack.decode(body, type=TaskRecord).id[1:])
                       for (body,) in db.execute(f"SELECT record FROM results_{n}").fetchall()]
@@ -57,7 +57,8 @@ class World:
                              max_deliveries=3, result_ttl=ttl, result_retention_bytes=max_bytes,
                              rng=random.Random(1), journal=self.journal)
         self.book.archive = self.archive
-        self.recovered = self.book.recover(replay.records, replay.paused, now,
+        # As the broker does (cronoq/broker/durable.py): the book takes over the replay's map of records.
+        self.recovered = self.book.recover(replay.ordered(), replay.paused, now, by_id=replay.by_id,
                                            seq_floor=max(replay.max_seq, archived_through))
         self.archive.start(now)
         self.commit()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import cronoq
-from cronoq.book import SubmitRequest, TaskBook
+from cronoq.book import BULK_TENANTS, SubmitRequest, TaskBook
 from cronoq.broker.cron import STATE_FILE, CronRunner
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.schedules import Schedule
@@ -83,6 +83,29 @@ def test_recovery_rebuilds_keys_and_submission_ids_per_tenant(tmp_path):
             assert dup and again.id == first.id
     fresh, dup = book.submit(SubmitRequest(b"3", pool="a", tenant="initech", key="k", submission="s"), after.now)
     assert not dup and fresh.id not in (acme.id, globex.id)
+
+
+@pytest.mark.parametrize("tenants", [1, 3, BULK_TENANTS + 4])
+def test_recovery_indexes_every_tenants_submission_ids_however_many_tenants(tmp_path, tenants):
+    """Up to BULK_TENANTS tenants a restart indexes submission ids a tenant at a time, past it a task at a time:
+    either way each id finds its own tenant's task, and only that tenant's."""
+    world = World(tmp_path)
+    names = [None] + [f"tenant-{n}" for n in range(tenants - 1)]
+    first = {}
+    for n in range(60):
+        tenant = names[n % tenants]
+        submission = None if n % 7 == 3 else f"s{n // tenants}"  # the same ids in every tenant; some none
+        record, _ = world.book.submit(SubmitRequest(b"1", pool="a", tenant=tenant, submission=submission), world.now)
+        if submission is not None:
+            first[tenant, submission] = record.id
+    world.journal.commit()
+    world.crash()
+    book = World(tmp_path, now=world.now + 1).book
+    for (tenant, submission), task_id in first.items():
+        again, dup = book.submit(SubmitRequest(b"x", pool="a", tenant=tenant, submission=submission), world.now)
+        assert dup and again.id == task_id
+    fresh, dup = book.submit(SubmitRequest(b"x", pool="a", tenant="initech", submission="s0"), world.now)
+    assert not dup and fresh.id not in first.values()
 
 
 def test_keys_in_the_reserved_namespace_are_refused_unless_the_broker_makes_them():

@@ -103,7 +103,7 @@ class DataDir:
                     data_dir, db, archived_through, ttl=self._config.result_ttl,
                     max_bytes=self._config.result_retention_bytes,
                 )
-                counts = self._book.recover(replay.records, replay.paused, now,
+                counts = self._book.recover(replay.ordered(), replay.paused, now, by_id=replay.by_id,
                                             seq_floor=max(replay.max_seq, archived_through))
                 journal.commit()  # what recovery decided (requeued, failed) before anything else happens
                 del replay

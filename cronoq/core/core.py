@@ -53,9 +53,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from heapq import heappush
+from operator import attrgetter
 from typing import Collection, Hashable, Iterable, Iterator, Mapping
 
-from cronoq.core.pool import Pool
+from cronoq.core.pool import ClassQueue, Pool, TenantStats
 from cronoq.core.settings import PoolSettings, tenant_path
 from cronoq.core.shards import ShardedMap
 from cronoq.core.task import (
@@ -77,6 +78,8 @@ from cronoq.core.workers import Worker
 from cronoq.errors import InvalidArgument, NotFound
 
 _FINISHED = {SUCCEEDED: SUCCEEDED, FAILED: FAILED}  # maps to our own constants (identity checks)
+_NO_RUN = object()  # restore(): the pool name of no run of tasks (no task's pool is this)
+_POOL = attrgetter("pool")
 
 
 class SchedulerCore:
@@ -249,7 +252,7 @@ class SchedulerCore:
         held.
         """
         pools = self._pools
-        for name in {task.pool for task in tasks}:
+        for name in set(map(_POOL, tasks)):  # at C speed: a restart's backlog is a million tasks
             pool = pools.get(name)
             if pool is None or pool.draining:
                 raise NotFound(no_pool_message(name, pool, self.pool_names()))
@@ -262,16 +265,36 @@ class SchedulerCore:
             held = self._tasks
         count = 0 if held is None else len(held)
         seq = self._seq
+        # A run of tasks that go to the end of one FIFO class, of one tenant (most often a pool's whole backlog),
+        # is appended with its count kept here: the class's, pool's and tenant's counts take it when it ends.
+        run_pool: object = _NO_RUN
+        run_tenant = run_priority = None
+        run = 0
+        tail: Task | None = None
         for task in tasks:
+            if held is not None:
+                held[task.id] = task
+            not_before = task.not_before
+            if (task.deadline is None and (not_before is None or not_before <= now) and task.pool == run_pool
+                    and task.tenant == run_tenant and task.priority == run_priority):
+                task._ts = ts
+                seq += 1
+                task._seq = seq
+                task.state = QUEUED
+                tail._next = task  # type: ignore[union-attr]  # (the run's last task's _next: set when it ends)
+                tail = task
+                run += 1
+                continue
+            if run:
+                self._end_run(pool, ts, cls, tail, run)  # type: ignore[arg-type]
+                run = 0
+            run_pool = _NO_RUN
             pool = pools[task.pool]
             tenant = task.tenant
             ts = pool.tenants.get(tenant)
             if ts is None:
                 ts = pool.tenant_stats(tenant)
             task._ts = ts
-            if held is not None:
-                held[task.id] = task
-            not_before = task.not_before
             if not_before is not None and not_before > now:
                 self._seq = seq
                 self._delay(pool, task)
@@ -287,26 +310,40 @@ class SchedulerCore:
                 heappush(cls.edf, entry)
                 self._expiry.push(entry)
                 cls.deadlined += 1
-            elif cls.rest.__class__ is FifoQueue:  # Chain.append, inline: the common case, a million times
+            elif cls.rest.__class__ is FifoQueue:  # Chain.append, inline; and the start of a run
                 rest = cls.rest
                 task._next = None
                 if rest.tail is None:
                     rest.head = task
                 else:
                     rest.tail._next = task
-                rest.tail = task
+                rest.tail = tail = task
                 rest.live += 1
+                run_pool, run_tenant, run_priority = task.pool, tenant, task.priority
             else:
                 cls.rest.push(task)
             cls.queued += 1
             pool.queued += 1
             ts.queued += 1
             pool.tree_backlog[ts.top] = pool.tree_backlog.get(ts.top, 0) + 1
+        if run:
+            self._end_run(pool, ts, cls, tail, run)  # type: ignore[arg-type]
         self._seq = seq
         if held is not None and len(held) != count + len(tasks):
             raise InvalidArgument("restore() was given a task id twice, or one already held")
         for pool in pools.values():
             self._refresh(pool)
+
+    @staticmethod
+    def _end_run(pool: Pool, ts: TenantStats, cls: ClassQueue, tail: Task, run: int) -> None:
+        """`restore` appended `run` more tasks to `cls`'s FIFO chain, the last one `tail`: count them."""
+        tail._next = None
+        cls.rest.tail = tail  # type: ignore[union-attr]
+        cls.rest.live += run  # type: ignore[union-attr]
+        cls.queued += run
+        pool.queued += run
+        ts.queued += run
+        pool.tree_backlog[ts.top] += run
 
     def cancel(self, task_id: str, now: float) -> Task | None:
         """Cancel a queued or delayed task and return it; None if it is running or unknown."""

@@ -35,7 +35,7 @@ elsewhere (the core's arrival numbers, cronoq.book.TaskBook.kept).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sized
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence, Sized
 from itertools import chain
 from typing import Any, Hashable, TypeVar, overload
 
@@ -137,6 +137,19 @@ class ShardedMap(MutableMapping[K, V]):
             return
         for key, value in items:
             self[key] = value
+
+    def put_all(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        """`self[keys[i]] = values[i]` for each i, in that order (as many values as keys): a restart's bulk,
+        without a tuple per pair, and one dict update while the map has not split."""
+        whole = self.whole
+        if whole is not None:
+            if len(whole) + len(keys) <= self.split_at:
+                whole.update(zip(keys, values))
+                return
+            self.split()
+        shards, count = self.shards, self.count
+        for key, value in zip(keys, values):
+            shards[hash(key) % count][key] = value
 
     def clear(self) -> None:
         for shard in self.shards:

@@ -130,7 +130,7 @@ def repair(data_dir: Path, out: TextIO = sys.stdout) -> int:
             raise StoreError(f"cannot write the repaired state in {data_dir}: {exc.strerror or exc}; the original "
                              f"files are in {copy}; run the repair again") from None
         report = [f"{data_dir} was damaged; the original files are in {copy}", *lines,
-                  f"wrote a snapshot of {_count(len(found.replay.records), 'task record')} (generation {generation}) and an "
+                  f"wrote a snapshot of {_count(len(found.replay.by_id), 'task record')} (generation {generation}) and an "
                   f"empty {journal_path(data_dir, generation).name}: the broker can start"]
         (copy / "repair-report.txt").write_text("\n".join(report) + "\n" + _all_lost(found))
         print(*report, sep="\n", file=out)
@@ -226,7 +226,7 @@ def _copy_originals(data_dir: Path) -> Path:
 def _write_state(data_dir: Path, generation: int, replay: Replay) -> None:
     """The recovered records as a new generation, the way a compaction writes one; leftovers go."""
     os.close(create_journal(data_dir, generation))
-    install_snapshot(data_dir, generation, replay.records.values(), sorted(replay.paused))
+    install_snapshot(data_dir, generation, replay.ordered(), sorted(replay.paused))
     for leftover in data_dir.glob("*.tmp"):
         leftover.unlink()
     frames.fsync_dir(data_dir)

@@ -24,6 +24,7 @@ operations = st.lists(
         st.tuples(st.just("del"), keys),
         st.tuples(st.just("update"), st.lists(st.tuples(keys, values), max_size=8)),
         st.tuples(st.just("update_mapping"), st.dictionaries(keys, values, max_size=8)),
+        st.tuples(st.just("put_all"), st.lists(st.tuples(keys, values), max_size=12)),
         st.tuples(st.just("clear")),
     ),
     max_size=120,
@@ -55,6 +56,12 @@ def _apply(target: dict | ShardedMap, op: tuple) -> object:
                 return None
             case "update" | "update_mapping":
                 target.update(args[0])
+                return None
+            case "put_all":  # ShardedMap's bulk insert, against a dict's update with the same pairs
+                if isinstance(target, ShardedMap):
+                    target.put_all([key for key, _ in args[0]], [value for _, value in args[0]])
+                else:
+                    target.update(args[0])
                 return None
             case "clear":
                 target.clear()
