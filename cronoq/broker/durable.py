@@ -245,8 +245,11 @@ class DataDir:
         except OSError as exc:
             self._compaction_failed(exc, now)
             return
-        log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d",
-                 len(self._book.records), journal.bytes, journal.compacting.pid)  # type: ignore[union-attr]
+        running = journal.compacting
+        assert running is not None
+        self._metrics.fork_took(running.fork_seconds)
+        log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d (fork %.1f ms)",
+                 len(self._book.records), journal.bytes, running.pid, running.fork_seconds * 1e3)
 
     def _install_compaction(self, journal: Journal, now: float) -> None:
         running = journal.compacting

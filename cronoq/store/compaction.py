@@ -49,6 +49,7 @@ class BackgroundSnapshot:
         self.temporary = temporary
         self.started = time.monotonic()
         self.size = 0
+        self.fork_seconds = 0.0  # how long fork() held the caller
         self._status_fd = status_fd
 
     @classmethod
@@ -58,6 +59,7 @@ class BackgroundSnapshot:
         memory) to `temporary` and fsyncs it. Raises OSError when the fork fails."""
         read_end, write_end = os.pipe()
         parent = os.getpid()
+        forking = time.perf_counter()
         try:
             pid = os.fork()
         except OSError:
@@ -66,9 +68,12 @@ class BackgroundSnapshot:
             raise
         if pid == 0:  # the child: never returns
             _child(temporary, frames_of, [read_end, *close_in_child], write_end, parent)
+        forked = time.perf_counter() - forking
         os.close(write_end)
         os.set_blocking(read_end, False)
-        return cls(pid, read_end, generation, temporary)
+        snapshot = cls(pid, read_end, generation, temporary)
+        snapshot.fork_seconds = forked
+        return snapshot
 
     def poll(self) -> bool:
         """True once the child has written the whole file; False while it runs. Raises OSError (with the
