@@ -714,25 +714,42 @@ def test_finished_records_leave_memory_once_stored_and_answer_from_the_store(tmp
     assert not duplicate and fresh.id not in {r.id for r in handles}
 
 
-def test_records_the_store_confirmed_leave_memory_a_batch_per_exchange(tmp_path, monkeypatch):
-    """Forgetting 10^5 confirmed records in one go held the loop: they go RELEASE_BATCH at a time, and every
-    later exchange (each pass of the broker) takes the next batch, even with nothing new to ship."""
-    monkeypatch.setattr("cronoq.book.RELEASE_BATCH", 30)
+def _finished_and_stored(tmp_path, count: int) -> World:
     world = World(tmp_path, ttl=1e9)
     world.core.add_worker("w", ["a"], 1000)
-    for n in range(100):
+    for n in range(count):
         world.book.submit(SubmitRequest(bytes([n]), pool="a"), world.now)
     for _, record, attempt in world.book.dispatch(world.now):
         world.book.complete("w", record.id, attempt, world.now, ok=True, result=record.payload)
     world.commit()
     world.archive.catch_up()
-    assert world.archive.rows == 100 and len(world.book.finished) == 100
+    assert world.archive.rows == count and len(world.book.finished) == count
+    return world
+
+
+def test_records_the_store_confirmed_leave_memory_a_batch_per_exchange(tmp_path, monkeypatch):
+    """Forgetting 10^5 confirmed records in one go held the loop: an exchange lets go of RELEASE_CHUNK at a
+    time until RELEASE_BUDGET has passed (here none: one chunk), and every later exchange (each pass of the
+    broker) takes the next, even with nothing new to ship."""
+    monkeypatch.setattr("cronoq.book.RELEASE_CHUNK", 30)
+    monkeypatch.setattr("cronoq.book.RELEASE_BUDGET", 0.0)
+    world = _finished_and_stored(tmp_path, 100)
     left = []
     for listen in (True, False, False, False):  # then as after each commit: nothing new shipped or heard
         world.archive.exchange(world.book, listen=listen)
         left.append(len(world.book.finished))
     assert left == [70, 40, 10, 0]
     assert world.book.records == {} and not world.book.finished.releasable(world.archive.archived_through)
+
+
+def test_an_exchange_lets_go_of_chunks_until_its_budget_is_spent(tmp_path, monkeypatch):
+    """The bound is time, not a count (a page copied under a compaction's child makes each record cost ten
+    times more): with time to spare, one exchange lets go of every confirmed record, a chunk after another."""
+    monkeypatch.setattr("cronoq.book.RELEASE_CHUNK", 30)
+    monkeypatch.setattr("cronoq.book.RELEASE_BUDGET", 3600.0)
+    world = _finished_and_stored(tmp_path, 100)
+    world.archive.exchange(world.book, listen=True)
+    assert len(world.book.finished) == 0 and world.book.records == {}
 
 
 def test_while_the_store_falls_behind_only_a_trickle_is_dispatched_and_at_twice_the_limit_none(tmp_path):
