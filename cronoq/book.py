@@ -768,7 +768,7 @@ class TaskBook:
 
     def _forget(self, record: TaskRecord) -> None:
         task_id = record.id
-        records = self.records  # records.pop(task_id, None), inline (core/shards.py): a drain forgets 2,000 a pass
+        records = self.records  # records.pop(task_id, None), inline (core/shards.py): a drain forgets hundreds a pass
         (records.whole or records.shards[hash(task_id) % records.count]).pop(task_id, None)
         self._attempt_ends.pop(task_id, None)
         if record.key is not None:

@@ -565,9 +565,19 @@ def _busy_world(tmp_path: Path, seed: int) -> World:
     return world
 
 
-def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path):
+def _start_compaction(world: World, from_files: bool) -> None:
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools(), from_files=from_files,
+                                   archived_through=world.archive.archived_through)
+
+
+WAYS = pytest.mark.parametrize("from_files", [False, True], ids=["forked", "from the files"])
+
+
+@WAYS
+def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path, from_files):
     world = _busy_world(tmp_path, 21)
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
+    assert world.journal.compacting.forked is not from_files
     assert world.journal.generation == 2
     random_workload(world, random.Random(22), 100)  # meanwhile, into journal 2
     world.commit()
@@ -584,11 +594,12 @@ def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path):
     assert picture(again) == expected
 
 
+@WAYS
 @pytest.mark.parametrize("when", ["child writing", "child done, not installed", "installed, old journal left"])
-def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path, monkeypatch, when):
+def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path, monkeypatch, when, from_files):
     hold = _hold_compaction(monkeypatch, tmp_path) if when == "child writing" else None
     world = _busy_world(tmp_path, 23)
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
     running = world.journal.compacting
     assert running is not None
     random_workload(world, random.Random(24), 50)
@@ -629,11 +640,30 @@ def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path,
     assert not (tmp_path / "snapshot.tmp").exists()
 
 
-def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_path, monkeypatch):
+def test_a_compaction_from_the_files_refuses_a_damaged_journal_and_changes_nothing(tmp_path):
+    """The files before the new journal were written whole: a child reading them back that finds a bad frame
+    says where, and nothing is replaced (the broker logs it and tries again later)."""
+    world = _busy_world(tmp_path, 27)
+    journal = tmp_path / "journal.00000001"
+    data = bytearray(journal.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    journal.write_bytes(bytes(data))
+    before = _files(tmp_path)
+    _start_compaction(world, from_files=True)
+    with pytest.raises(OSError, match="journal.00000001.*damaged"):
+        while world.journal.poll_compaction() is None:
+            time.sleep(0.01)
+    after = _files(tmp_path)
+    assert not (tmp_path / "snapshot.tmp").exists() and not (tmp_path / SNAPSHOT).exists()
+    assert after["journal.00000001"] == before["journal.00000001"], "the damaged journal is left as it was"
+
+
+@WAYS
+def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_path, monkeypatch, from_files):
     hold = _hold_compaction(monkeypatch, tmp_path)
     world = _busy_world(tmp_path, 25)
     before = _files(tmp_path)
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
     child = _wait_for(hold)
     os.kill(child, 9)
     hold.unlink()
@@ -647,7 +677,7 @@ def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_
         {name: data for name, data in before.items() if name.startswith("journal")}, "the old journal is untouched"
     random_workload(world, random.Random(26), 50)
     world.commit()
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
     while world.journal.poll_compaction() is None:
         time.sleep(0.01)
     assert _journal_files(tmp_path) == ["journal.00000003", "lock", SNAPSHOT]
