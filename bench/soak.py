@@ -111,6 +111,7 @@ def scrape(address: str) -> str:
 HISTOGRAMS = {"pass": "cronoq_loop_pass_seconds", "pass cpu": "cronoq_loop_pass_cpu_seconds",
               "heartbeat work": "cronoq_loop_heartbeat_seconds",
               "gc": "cronoq_gc_pause_seconds",
+              "snapshot start": "cronoq_snapshot_start_seconds",
               "commit": "cronoq_journal_commit_seconds",
               "sync": "cronoq_journal_sync_seconds",
               # Submit to dispatch inside the broker, per pool: the probe pool's is the broker's own share of the

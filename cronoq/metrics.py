@@ -62,6 +62,7 @@ class BrokerMetrics:
         self.pass_cpu_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.heartbeat_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.gc_seconds = [Histogram(GC_SECONDS_BUCKETS) for _ in range(3)]
+        self.snapshot_start_seconds = Histogram(GC_SECONDS_BUCKETS)
 
     def task_finished(self, pool: str, outcome: str, submitted_at: float, started_at: float | None,
                       finished_at: float | None) -> None:
@@ -92,6 +93,10 @@ class BrokerMetrics:
     def gc_paused(self, generation: int, seconds: float) -> None:
         """One collection of Python's cyclic garbage collector (generation 0, 1 or 2) held the loop this long."""
         self.gc_seconds[generation].observe(seconds)
+
+    def snapshot_start_took(self, seconds: float) -> None:
+        """Starting a compaction's snapshot writer (a process of its own) held the loop this long."""
+        self.snapshot_start_seconds.observe(seconds)
 
     @staticmethod
     def _histogram(by_pool: dict[str, Histogram], pool: str) -> Histogram:
@@ -179,6 +184,10 @@ class BrokerCollector:
                                      "sweeps, a journal compaction when one is due).")
         beat.add_metric([], self._metrics.heartbeat_seconds.buckets(), self._metrics.heartbeat_seconds.sum)
         yield beat
+        start = HistogramMetricFamily("cronoq_snapshot_start_seconds",
+                                     "Time the broker's loop spent starting a compaction's snapshot writer process.")
+        start.add_metric([], self._metrics.snapshot_start_seconds.buckets(), self._metrics.snapshot_start_seconds.sum)
+        yield start
         yield _histogram_family("cronoq_gc_pause_seconds", "Time one collection of Python's garbage collector took.",
                                 {str(g): h for g, h in enumerate(self._metrics.gc_seconds)}, label="generation")
 

@@ -31,6 +31,7 @@ def test_backlog_dispatches_completions_and_histograms_are_exposed():
     metrics.gc_paused(0, 0.0002)
     metrics.heartbeat_took(0.0003)
     metrics.gc_paused(2, 0.3)
+    metrics.snapshot_start_took(0.012)
     text = generate_latest(registry_for(lambda: {"pools": core.stats(), "workers": 1}, metrics)).decode()
     got = samples(text)
     assert got[("cronoq_workers_connected", ())] == 1
@@ -54,6 +55,8 @@ def test_backlog_dispatches_completions_and_histograms_are_exposed():
     assert got[("cronoq_loop_heartbeat_seconds_count", ())] == 1
     assert got[("cronoq_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.25")))] == 0
     assert got[("cronoq_gc_pause_seconds_sum", (("generation", "2"),))] == 0.3
+    assert got[("cronoq_snapshot_start_seconds_bucket", (("le", "0.01"),))] == 0
+    assert got[("cronoq_snapshot_start_seconds_bucket", (("le", "0.025"),))] == 1
 
 
 def test_histogram_buckets_are_cumulative_and_bounds_inclusive():

@@ -603,9 +603,19 @@ def _busy_world(tmp_path: Path, seed: int) -> World:
     return world
 
 
-def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path):
+def _start_compaction(world: World, from_files: bool) -> None:
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools(), from_files=from_files,
+                                   archived_through=world.archive.archived_through)
+
+
+WAYS = pytest.mark.parametrize("from_files", [False, True], ids=["forked", "from the files"])
+
+
+@WAYS
+def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path, from_files):
     world = _busy_world(tmp_path, 21)
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
+    assert world.journal.compacting.forked is not from_files
     assert world.journal.generation == 2
     random_workload(world, random.Random(22), 100)  # meanwhile, into journal 2
     world.commit()
@@ -622,11 +632,12 @@ def test_a_background_compaction_writes_while_the_book_carries_on(tmp_path):
     assert picture(again) == expected
 
 
+@WAYS
 @pytest.mark.parametrize("when", ["child writing", "child done, not installed", "installed, old journal left"])
-def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path, monkeypatch, when):
+def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path, monkeypatch, when, from_files):
     hold = _hold_compaction(monkeypatch, tmp_path) if when == "child writing" else None
     world = _busy_world(tmp_path, 23)
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
     running = world.journal.compacting
     assert running is not None
     random_workload(world, random.Random(24), 50)
@@ -667,11 +678,30 @@ def test_a_crash_at_any_point_of_a_background_compaction_loses_nothing(tmp_path,
     assert not (tmp_path / "snapshot.tmp").exists()
 
 
-def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_path, monkeypatch):
+def test_a_compaction_from_the_files_refuses_a_damaged_journal_and_changes_nothing(tmp_path):
+    """The files before the new journal were written whole: a child reading them back that finds a bad frame
+    says where, and nothing is replaced (the broker logs it and tries again later)."""
+    world = _busy_world(tmp_path, 27)
+    journal = tmp_path / "journal.00000001"
+    data = bytearray(journal.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    journal.write_bytes(bytes(data))
+    before = _files(tmp_path)
+    _start_compaction(world, from_files=True)
+    with pytest.raises(OSError, match="journal.00000001.*damaged"):
+        while world.journal.poll_compaction() is None:
+            time.sleep(0.01)
+    after = _files(tmp_path)
+    assert not (tmp_path / "snapshot.tmp").exists() and not (tmp_path / SNAPSHOT).exists()
+    assert after["journal.00000001"] == before["journal.00000001"], "the damaged journal is left as it was"
+
+
+@WAYS
+def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_path, monkeypatch, from_files):
     hold = _hold_compaction(monkeypatch, tmp_path)
     world = _busy_world(tmp_path, 25)
     before = _files(tmp_path)
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
     child = _wait_for(hold)
     os.kill(child, 9)
     hold.unlink()
@@ -685,7 +715,7 @@ def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_
         {name: data for name, data in before.items() if name.startswith("journal")}, "the old journal is untouched"
     random_workload(world, random.Random(26), 50)
     world.commit()
-    world.journal.start_compaction(world.book.kept, world.book.paused_pools())
+    _start_compaction(world, from_files)
     while world.journal.poll_compaction() is None:
         time.sleep(0.01)
     assert _journal_files(tmp_path) == ["journal.00000003", "lock", SNAPSHOT]
@@ -752,25 +782,42 @@ def test_finished_records_leave_memory_once_stored_and_answer_from_the_store(tmp
     assert not duplicate and fresh.id not in {r.id for r in handles}
 
 
-def test_records_the_store_confirmed_leave_memory_a_batch_per_exchange(tmp_path, monkeypatch):
-    """Forgetting 10^5 confirmed records in one go held the loop: they go RELEASE_BATCH at a time, and every
-    later exchange (each pass of the broker) takes the next batch, even with nothing new to ship."""
-    monkeypatch.setattr("cronoq.book.RELEASE_BATCH", 30)
+def _finished_and_stored(tmp_path, count: int) -> World:
     world = World(tmp_path, ttl=1e9)
     world.core.add_worker("w", ["a"], 1000)
-    for n in range(100):
+    for n in range(count):
         world.book.submit(SubmitRequest(bytes([n]), pool="a"), world.now)
     for _, record, attempt in world.book.dispatch(world.now):
         world.book.complete("w", record.id, attempt, world.now, ok=True, result=record.payload)
     world.commit()
     world.archive.catch_up()
-    assert world.archive.rows == 100 and len(world.book.finished) == 100
+    assert world.archive.rows == count and len(world.book.finished) == count
+    return world
+
+
+def test_records_the_store_confirmed_leave_memory_a_batch_per_exchange(tmp_path, monkeypatch):
+    """Forgetting 10^5 confirmed records in one go held the loop: an exchange lets go of RELEASE_CHUNK at a
+    time until RELEASE_BUDGET has passed (here none: one chunk), and every later exchange (each pass of the
+    broker) takes the next, even with nothing new to ship."""
+    monkeypatch.setattr("cronoq.book.RELEASE_CHUNK", 30)
+    monkeypatch.setattr("cronoq.book.RELEASE_BUDGET", 0.0)
+    world = _finished_and_stored(tmp_path, 100)
     left = []
     for listen in (True, False, False, False):  # then as after each commit: nothing new shipped or heard
         world.archive.exchange(world.book, listen=listen)
         left.append(len(world.book.finished))
     assert left == [70, 40, 10, 0]
     assert world.book.records == {} and not world.book.finished.releasable(world.archive.archived_through)
+
+
+def test_an_exchange_lets_go_of_chunks_until_its_budget_is_spent(tmp_path, monkeypatch):
+    """The bound is time, not a count (a page copied under a compaction's child makes each record cost ten
+    times more): with time to spare, one exchange lets go of every confirmed record, a chunk after another."""
+    monkeypatch.setattr("cronoq.book.RELEASE_CHUNK", 30)
+    monkeypatch.setattr("cronoq.book.RELEASE_BUDGET", 3600.0)
+    world = _finished_and_stored(tmp_path, 100)
+    world.archive.exchange(world.book, listen=True)
+    assert len(world.book.finished) == 0 and world.book.records == {}
 
 
 def test_while_the_store_falls_behind_only_a_trickle_is_dispatched_and_at_twice_the_limit_none(tmp_path):

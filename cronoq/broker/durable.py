@@ -7,7 +7,7 @@ broker's use of it:
   results store's archiver, and the finished records it has confirmed leave
   memory (cronoq.store.archive);
 - about once a second, a compaction is started when the journal has grown
-  well past the records in memory: a forked child writes the snapshot while
+  well past the records in memory: a child process writes the snapshot while
   the broker carries on (cronoq.store.compaction), and the next ticks install
   it once the child succeeded.
 
@@ -32,6 +32,7 @@ from cronoq.config import BrokerConfig
 from cronoq.metrics import BrokerMetrics
 from cronoq.store import results
 from cronoq.store.archive import Archive, open_store
+from cronoq.store.compaction import FORK_MAX_RSS, resident_bytes
 from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError, sync_files
 
 log = logging.getLogger("cronoq.broker")
@@ -43,8 +44,8 @@ SYNC_INTERVAL = 1.0
 WRITE_IN_THREAD_BYTES = 256 * 1024
 # Seconds before trying again after a compaction failed (a full disk, say).
 COMPACTION_RETRY = 60.0
-# For tests only: compact at a smaller journal and ratio than a broker would, and retry sooner, to reach the code
-# paths quickly: "MIN_BYTES[,RATIO[,RETRY_SECONDS]]".
+# For tests only: compact at a smaller journal and ratio than a broker would, retry sooner, and read the files back
+# at another size, to reach the code paths quickly: "MIN_BYTES[,RATIO[,RETRY_SECONDS[,FORK_MAX_RSS]]]".
 COMPACTION_ENV = "CRONOQ_TEST_COMPACTION"
 # For tests only: how many finished tasks may wait for the results store before dispatching waits.
 UNARCHIVED_ENV = "CRONOQ_TEST_MAX_UNARCHIVED"
@@ -61,7 +62,7 @@ class DataDir:
         self.archive: Archive | None = None
         self._next_compaction = 0.0  # monotonic time: after a failed compaction, wait before the next try
         self.compactions = 0
-        self._min_bytes, self._ratio, self._retry = _compaction_settings()
+        self._min_bytes, self._ratio, self._retry, self._fork_max_rss = _compaction_settings()
         # One thread for the journal's fdatasyncs and its file housekeeping (Journal.housekeeper): a sync can
         # take tens of milliseconds on a busy disk, a new file's fsync or unlinking big files milliseconds, and
         # the loop goes on serving (and appending) meanwhile. Made when first needed.
@@ -236,17 +237,23 @@ class DataDir:
         self._start_compaction(journal, now)
 
     def _start_compaction(self, journal: Journal, now: float) -> None:
-        """Commit here and now, then start a compaction in a forked child. Raises OSError if the commit fails."""
+        """Commit here and now, then start a compaction's snapshot writer. Raises OSError if the commit fails."""
         self._compaction_due = False
         self.commit()
         try:
             book = self._book
-            journal.start_compaction(book.kept, book.paused_pools())
+            journal.start_compaction(
+                book.kept, book.paused_pools(), from_files=resident_bytes() > self._fork_max_rss,
+                archived_through=self.archive.archived_through if self.archive is not None else 0)
         except OSError as exc:
             self._compaction_failed(exc, now)
             return
-        log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d",
-                 len(self._book.records), journal.bytes, journal.compacting.pid)  # type: ignore[union-attr]
+        running = journal.compacting
+        assert running is not None
+        self._metrics.snapshot_start_took(running.start_seconds)
+        log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d %s in %.1f ms",
+                 len(self._book.records), journal.bytes, running.pid,
+                 "forked" if running.forked else "reading the files back, started", running.start_seconds * 1e3)
 
     def _install_compaction(self, journal: Journal, now: float) -> None:
         running = journal.compacting
@@ -298,9 +305,10 @@ class DataDir:
             log.error("could not close the journal in %s: %s", self._config.data_dir, exc)
 
 
-def _compaction_settings() -> tuple[int, float, float]:
-    """(journal bytes, journal records per record in memory) before a compaction, and seconds before a retry."""
+def _compaction_settings() -> tuple[int, float, float, int]:
+    """(journal bytes, journal records per record in memory) before a compaction, seconds before a retry, and
+    the broker's resident bytes above which the snapshot is written from the files rather than by a fork."""
     parts = os.environ.get(COMPACTION_ENV, "").split(",")
-    defaults = (COMPACT_MIN_BYTES, COMPACT_RATIO, COMPACTION_RETRY)
-    values = [part or default for part, default in zip(parts + [""] * 3, defaults)]
-    return int(values[0]), float(values[1]), float(values[2])
+    defaults = (COMPACT_MIN_BYTES, COMPACT_RATIO, COMPACTION_RETRY, FORK_MAX_RSS)
+    values = [part or default for part, default in zip(parts + [""] * 4, defaults)]
+    return int(values[0]), float(values[1]), float(values[2]), int(values[3])

@@ -31,11 +31,13 @@ way.
 Compaction, when the journal grows much larger than the records in memory:
 commit, start journal g+1, write the snapshot (generation g+1) to a
 temporary file and fsync it, rename it over the old one, then delete the
-journals before g+1. The broker writes the snapshot in a forked child
-(`start_compaction`, cronoq.store.compaction) and renames it once the child
-succeeded (`poll_compaction`); `compact` does it all at once. A crash at any
-point leaves an old snapshot with all the journals after it, or the new
-snapshot with the new journal; recovery replays whichever it finds.
+journals before g+1. The broker has the snapshot written by a child process
+(`start_compaction`, cronoq.store.compaction: a forked one walking its
+memory, or, for a big broker, one reading back the files before g+1) and
+renames it once the child succeeded (`poll_compaction`); `compact` does it
+all at once. A crash at any point leaves an old snapshot with all the
+journals after it, or the new snapshot with the new journal; recovery
+replays whichever it finds.
 
 Finished tasks leave the snapshot (and memory) once the results store holds
 them: opening with `archived_through` leaves out those it holds.
@@ -56,7 +58,7 @@ from typing import Callable, Iterable, Iterator
 
 from cronoq.book import TaskRecord, stored_form
 from cronoq.store import frames
-from cronoq.store.compaction import BackgroundSnapshot
+from cronoq.store.compaction import BackgroundSnapshot, temporary_of
 from cronoq.store.reading import (
     SNAPSHOT,
     DamagedFile,
@@ -299,17 +301,24 @@ class Journal:
         self.bytes = self.records = 0
         return size
 
-    def start_compaction(self, kept: Callable[[], Iterable[TaskRecord]], paused: list[str]) -> None:
-        """Start journal g+1, and fork a child that writes the snapshot of generation g+1 from its copy of
-        memory: `kept()` runs in the child, and must give the records as they are now. The journal carries
-        on meanwhile; `poll_compaction` installs the snapshot once it is written. Raises OSError."""
+    def start_compaction(self, kept: Callable[[], Iterable[TaskRecord]], paused: list[str], *,
+                         archived_through: int = 0, from_files: bool = False) -> None:
+        """Start journal g+1, and a child that writes the snapshot of generation g+1: the state exactly as
+        journal g left it. A forked child writes `kept()` (run in the child, on its copy of memory: it must
+        give the records as they are now) and `paused`; with `from_files`, a process reads back the snapshot
+        and the journals before g+1 instead, leaving out the finished tasks numbered up to `archived_through`
+        (cronoq.store.compaction says when which). The journal carries on meanwhile; `poll_compaction`
+        installs the snapshot once it is written. Raises OSError."""
         self._next_generation()
         self._covered = (self.bytes, self.records)
         generation = self.generation
-        self.compacting = BackgroundSnapshot.start(
-            generation, _temporary(self.data_dir), lambda: _snapshot_frames(generation, kept(), paused),
-            close_in_child=[self._lock_fd, self._fd],
-        )
+        if from_files:
+            self.compacting = BackgroundSnapshot.read_back(self.data_dir, generation, archived_through)
+        else:
+            self.compacting = BackgroundSnapshot.fork(
+                generation, temporary_of(self.data_dir), lambda: snapshot_frames(generation, kept(), paused),
+                close_in_child=[self._lock_fd, self._fd],
+            )
 
     def poll_compaction(self) -> int | None:
         """If the running compaction's child is done: install its snapshot and delete the journals it
@@ -444,7 +453,7 @@ def create_journal(data_dir: Path, generation: int) -> int:
 def install_snapshot(data_dir: Path, generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> int:
     """Replace the snapshot atomically with one of `kept` naming `generation`, then delete the journals before
     it (journal `generation` must exist already). Returns the snapshot's size."""
-    size = frames.write_atomically(data_dir / SNAPSHOT, _snapshot_frames(generation, kept, paused))
+    size = frames.write_atomically(data_dir / SNAPSHOT, snapshot_frames(generation, kept, paused))
     _delete_journals_before(data_dir, generation)
     return size
 
@@ -468,11 +477,9 @@ def _log_failed_install(installing: concurrent.futures.Future[None]) -> None:
         log.error("could not install the new snapshot or delete the journals it replaces: %s", error)
 
 
-def _temporary(data_dir: Path) -> Path:
-    return data_dir / (SNAPSHOT + ".tmp")
-
-
-def _snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> Iterator[bytes]:
+def snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> Iterator[bytes]:
+    """A snapshot file's frames: its header, `paused` pools and `kept` records, SNAPSHOT_FRAME_RECORDS a frame, then
+    the count."""
     yield encode([Header("snapshot", FORMAT, generation)])
     count = 0
     chunk: list[Record] = [Paused(pool, True) for pool in paused]

@@ -286,6 +286,30 @@ def read_state(data_dir: Path, archived_through: int = 0) -> State:
     return state
 
 
+def read_before(data_dir: Path, generation: int, archived_through: int = 0) -> Replay:
+    """Read the snapshot and the journals before `generation` (a compaction's: the broker appends to
+    `generation` meanwhile, and those files no longer change), leaving out the finished tasks numbered up to
+    `archived_through`. Any gap, even one that looks like a torn tail, is refused (DamagedFile): the broker
+    wrote those journals whole before it moved on."""
+    replay = Replay(archived_through)
+    snapshot = data_dir / SNAPSHOT
+    first = 1
+    if snapshot.exists():
+        read = read_file(snapshot, "snapshot", replay)
+        if read.gaps:
+            raise DamagedFile(snapshot, read.gaps[0].start, gap_text(read.gaps[0], read.size))
+        if not read.whole_snapshot():
+            raise DamagedFile(snapshot, read.size, _short_snapshot(read))
+        assert read.header is not None
+        first = read.header.generation
+    for older in range(first, generation):
+        path = journal_path(data_dir, older)
+        read = read_file(path, "journal", replay)
+        if read.gaps:
+            raise DamagedFile(path, read.gaps[0].start, gap_text(read.gaps[0], read.size))
+    return replay
+
+
 def _short_snapshot(read: FileRead) -> str:
     if read.header is None:
         return "the file is empty"

@@ -214,10 +214,12 @@ async def test_a_reload_applies_new_retention_limits(broker_factory):
 # --------------------------------------------------------------------- crashes on the new paths
 
 
+@pytest.mark.parametrize("fork_max_rss", ["", "0"], ids=["forked", "from the files"])
 async def test_kill_9_of_the_broker_while_its_compaction_child_writes_loses_nothing(broker_factory, restarted,
-                                                                                    tmp_path):
+                                                                                    tmp_path, fork_max_rss):
     hold = tmp_path / "compaction-held"
-    env = {"CRONOQ_TEST_COMPACTION": "1,0.5", "CRONOQ_TEST_HOLD_COMPACTION": str(hold)}
+    # A broker bigger than FORK_MAX_RSS (here: any) has the snapshot written from the files, not by a fork.
+    env = {"CRONOQ_TEST_COMPACTION": f"1,0.5,,{fork_max_rss}", "CRONOQ_TEST_HOLD_COMPACTION": str(hold)}
     broker = broker_factory('[[pools]]\nname = "default"\n', env=env, name="compact.toml")
     data_dir = broker.config_path.parent / "compact-data"
     async with cronoq.connect(broker.clients) as client:
