@@ -24,6 +24,7 @@ use rmpv::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::error::{Error, Result};
+use crate::explain::Explanation;
 use crate::handle::{timed_out, Ended, Source, TaskHandle};
 use crate::task::{Priority, Task, TaskInfo, TaskState};
 use crate::transport::{curve_public_key, Dealer, Options};
@@ -452,6 +453,15 @@ impl Client {
             deadline: h.opt_float("deadline"),
             error: h.opt_str("error").map(str::to_string),
         })
+    }
+
+    /// Why the task is where it is: what stands before it while it waits (higher classes, deadline
+    /// tasks, its place in its queue, its tenant's path in the fair share, a paused pool, busy
+    /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
+    /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
+    pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
+        let (h, _) = self.request("explain", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
+        Explanation::from_value(h.get("value"))
     }
 
     /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:

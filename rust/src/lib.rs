@@ -2,7 +2,7 @@
 //! scheduling embedded, with no broker.
 //!
 //! - [`connect`] → [`Client`]: `submit` a [`Task`], await its [`TaskHandle::result`], `status`,
-//!   `cancel`, `pause`/`resume`.
+//!   `cancel`, `explain` (an [`Explanation`]), `pause`/`resume`.
 //! - [`Worker`]: serves pools for a broker, each a [`PoolConfig`] and an async handler.
 //! - [`Scheduler`]: the broker's scheduling rules in this process.
 //!
@@ -14,6 +14,7 @@ mod client;
 pub mod core;
 mod embedded;
 mod error;
+mod explain;
 mod handle;
 mod handler;
 mod pool;
@@ -25,6 +26,7 @@ mod worker;
 pub use client::{connect, Client, Connect, DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT};
 pub use embedded::Scheduler;
 pub use error::{Error, Result};
+pub use explain::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, Waiting};
 pub use handle::TaskHandle;
 pub use handler::Failure;
 pub use pool::{Fairness, PoolConfig};
