@@ -104,6 +104,9 @@ impl Dealer {
                 .map_err(|e| zmq_error("cannot monitor the socket", e))?;
             let pair = context().socket(zmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
             pair.set_linger(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
+            // No limit on the events waiting to be read: libzmq's I/O thread sends them blocking,
+            // and would hang every socket of the process on a full queue.
+            pair.set_rcvhwm(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
             pair.connect(&endpoint).map_err(|e| zmq_error("cannot connect the monitor", e))?;
             let fd = pair.get_fd().map_err(|e| zmq_error("no descriptor for the monitor", e))?;
             let afd = watch(fd).map_err(|e| Error::Unavailable(format!("cannot watch the monitor: {e}")))?;
@@ -179,11 +182,24 @@ impl Signals {
     }
 }
 
+// libzmq's own call (linked through the `zmq` crate's zmq-sys): stopping a monitor takes a null
+// endpoint, which the crate's `Socket::monitor(&str, _)` cannot pass.
+extern "C" {
+    fn zmq_socket_monitor(socket: *mut std::ffi::c_void, endpoint: *const std::ffi::c_char, events: i32) -> i32;
+}
+
 impl Drop for Dealer {
     fn drop(&mut self) {
         if self.monitor.is_some() {
-            // Stop the monitor before its PAIR goes, so libzmq has nowhere to block on.
-            let _ = self.sock.monitor("", 0);
+            // Stop the monitor before its PAIR goes: libzmq's I/O thread sends events blocking, and
+            // one it sends as the socket closes (a connection ending) to a PAIR nobody reads would
+            // stall every socket of the process for good. (`monitor("", 0)` did not stop it: libzmq
+            // refuses the empty endpoint.)
+            // SAFETY: the socket is open (it closes after this, as its field drops) and a null
+            // endpoint is how libzmq documents stopping a monitor.
+            unsafe {
+                zmq_socket_monitor(self.sock.as_mut_ptr(), std::ptr::null(), 0);
+            }
         }
     }
 }
