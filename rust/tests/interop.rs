@@ -3,8 +3,9 @@
 //! (a) a Python worker serves tasks a Rust client submits; (b) a Rust worker serves tasks a Python
 //! client submits; (c) the 3:1 fair order through the broker with a Rust client; (d) a token pinned
 //! to a tenant, naming another, is refused with PermissionDenied; the client re-sends what is
-//! outstanding after the broker crashes and restarts; and `explain` reads the broker's answer for a
-//! task waiting in a paused pool and for a retried one.
+//! outstanding after the broker crashes and restarts; `explain` reads the broker's answer for a
+//! task waiting in a paused pool and for a retried one; and a client and a worker given a primary
+//! and its standby carry on with the standby after the primary is killed.
 
 mod support;
 
@@ -456,6 +457,57 @@ async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
         ]
     );
     assert!(why.history.iter().all(|e| e.at.is_some()), "{:?}", why.history);
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_and_worker_follow_the_standby_that_takes_over() {
+    let dir = Scratch::new("i");
+    let data = dir.0.join("data");
+    let mut primary =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let mut standby = primary.standby();
+
+    // No address at all is the caller's mistake, named.
+    for none in [vec![], vec![" , ".to_string()]] {
+        let refused = cronoq::connect(none.clone()).await;
+        assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("broker address")), "{refused:?}");
+        let refused = Worker::new(none).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) }).run();
+        assert!(matches!(refused.await, Err(Error::InvalidArgument(_))));
+    }
+
+    // The primary first, then its standby, which refuses connections while it stands by: the client
+    // (a list) and the worker (one string with a comma) are served by the primary.
+    let sched = cronoq::connect(vec![primary.clients.clone(), standby.clients.clone()]).await.unwrap();
+    let worker = Worker::new(format!("{},{}", primary.workers, standby.workers))
+        .heartbeat(Duration::from_millis(200), 5)
+        .pool(PoolConfig::new("work"), |p: Payload| async move { Ok::<_, Error>(p.decode::<u32>()? * 2) });
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let served = sched.submit(Task::new(1u32).pool("work")).await.unwrap();
+    assert_eq!(served.result_timeout::<u32>(LONG).await.unwrap(), 2);
+
+    // A task waiting in a paused pool when the primary dies: its result comes from the standby.
+    sched.pause("work").await.unwrap();
+    let before = sched.submit(Task::new(2u32).pool("work")).await.unwrap();
+    primary.proc.kill();
+    // Submitted while no broker serves: held, and sent to the standby once it has taken over.
+    let submitting = sched.clone();
+    let after = tokio::spawn(async move { submitting.submit(Task::new(3u32).pool("work")).await });
+    standby.proc.wait_for("cronoq broker ready", LONG);
+    let after = after.await.unwrap().unwrap();
+    assert_eq!(sched.status(before.id()).await.unwrap().state, TaskState::Queued, "the journal carried it over");
+    sched.resume("work").await.unwrap();
+    assert_eq!(before.result_timeout::<u32>(LONG).await.unwrap(), 4);
+    assert_eq!(after.result_timeout::<u32>(LONG).await.unwrap(), 6);
+    assert!(sched.reconnects() >= 1, "the standby's handshake is a new connection");
+
+    // The worker registered with the standby by itself; a client that only knows the standby's
+    // address (and a dead one before it) is served too.
+    let late = cronoq::connect([primary.clients.as_str(), standby.clients.as_str()]).await.unwrap();
+    let task = late.submit(Task::new(5u32).pool("work")).await.unwrap();
+    assert_eq!(task.result_timeout::<u32>(LONG).await.unwrap(), 10);
     stopper.stop().await;
     running.await.unwrap().unwrap();
 }
