@@ -13,8 +13,15 @@
 //!
 //! On each connection the client asks the broker's rules (`hello`) and refuses a payload over its
 //! `max_payload_bytes` itself, before sending anything.
+//!
+//! The address may list a broker's primary and its standbys (docs/scaling.md, "Standby"): the one
+//! socket connects to all of them with `ZMQ_IMMEDIATE`, so requests are only queued on a completed
+//! connection — the broker that serves, since a standby binds nothing until it takes over. A
+//! request made while no connection is up is held here and leaves with the next one, as re-sent
+//! requests do; `request_timeout` still bounds its wait. After a takeover the standby's handshake
+//! is a new connection like a restarted broker's: what is outstanding is re-sent to it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -23,10 +30,12 @@ use std::time::{Duration, Instant};
 use rmpv::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+use crate::address::{self, Addresses};
 use crate::error::{Error, Result};
+use crate::explain::Explanation;
 use crate::handle::{timed_out, Ended, Source, TaskHandle};
 use crate::task::{Priority, Task, TaskInfo, TaskState};
-use crate::transport::{curve_public_key, Dealer, Options};
+use crate::transport::{curve_public_key, Dealer, Options, HIGH_WATER_MARK};
 use crate::wire::{self, Direction, Header, BATCH_BYTES};
 
 /// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
@@ -38,9 +47,17 @@ pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
 const REWAIT_INTERVAL: Duration = Duration::from_secs(10);
 /// How long after a refused token new requests fail at once (docs/protocol.md, "Bad tokens").
 const REFUSAL_WINDOW: Duration = Duration::from_secs(1);
+/// How soon requests libzmq would not queue while a connection was up are offered again (libzmq may
+/// attach a new connection a moment after its monitor reports the handshake).
+const HELD_RETRY: Duration = Duration::from_millis(20);
 
 /// Start connecting to the broker's client endpoint at `address`; set options on the returned
 /// [`Connect`], then `.await` it.
+///
+/// `address` may list a broker's primary and its standbys (a list, or one string with commas):
+/// requests go to whichever serves, and after a takeover the client carries on with the new one by
+/// itself, re-sending what was outstanding. Awaiting fails with `InvalidArgument` when no address is
+/// given or libzmq cannot use one.
 ///
 /// ```no_run
 /// # async fn demo() -> cronoq::Result<()> {
@@ -48,17 +65,23 @@ const REFUSAL_WINDOW: Duration = Duration::from_secs(1);
 ///     .token(std::env::var("CRONOQ_TOKEN").unwrap_or_default())
 ///     .request_timeout(std::time::Duration::from_secs(10))
 ///     .await?;
+/// let failover = cronoq::connect(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"]).await?;
 /// # Ok(()) }
 /// ```
-pub fn connect(address: impl Into<String>) -> Connect {
-    Connect { address: address.into(), token: Vec::new(), curve: None, request_timeout: DEFAULT_REQUEST_TIMEOUT }
+pub fn connect(address: impl Addresses) -> Connect {
+    Connect {
+        addresses: address.into_strings(),
+        token: Vec::new(),
+        curve: None,
+        request_timeout: DEFAULT_REQUEST_TIMEOUT,
+    }
 }
 
 /// Options of a connection to a broker; `.await` it for a [`Client`].
 #[derive(Debug, Clone)]
 #[must_use = "a Connect does nothing until awaited"]
 pub struct Connect {
-    address: String,
+    addresses: Vec<String>,
     token: Vec<u8>,
     curve: Option<String>,
     request_timeout: Duration,
@@ -85,17 +108,18 @@ impl Connect {
     }
 
     async fn open(self) -> Result<Client> {
+        let addresses = address::parse(&self.addresses, "broker address")?;
         let options = Options {
             curve_server_key: self.curve.as_deref().map(curve_public_key).transpose()?,
             monitor: true,
             heartbeat: Some((1000, 5000)),
         };
-        let dealer = Dealer::connect(&self.address, &options)?;
+        let dealer = Dealer::connect(&addresses, &options)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut prefix = [0u8; 8];
         getrandom::getrandom(&mut prefix).expect("the operating system's random source");
         let inner = Arc::new(Inner {
-            address: self.address,
+            address: addresses.join(" or "),
             request_timeout: self.request_timeout,
             outbox: tx,
             rules: Notify::new(),
@@ -203,6 +227,7 @@ impl State {
 }
 
 struct Inner {
+    /// Every address, as messages name them ("A or B" for a primary and its standby).
     address: String,
     request_timeout: Duration,
     outbox: mpsc::UnboundedSender<Cmd>,
@@ -454,6 +479,15 @@ impl Client {
         })
     }
 
+    /// Why the task is where it is: what stands before it while it waits (higher classes, deadline
+    /// tasks, its place in its queue, its tenant's path in the fair share, a paused pool, busy
+    /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
+    /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
+    pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
+        let (h, _) = self.request("explain", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
+        Explanation::from_value(h.get("value"))
+    }
+
     /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
     /// `Unavailable` when no reply comes.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
@@ -586,15 +620,16 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     let _ = tx.send(Ok((header, body)));
 }
 
-/// A handshake completed: after the first, re-send what is outstanding, and ask the rules again.
-fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>) {
+/// A handshake completed: after the first, re-send what is outstanding (but what `sent` holds:
+/// requests held while no connection was up, leaving now), and ask the rules again.
+fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>, sent: &HashSet<i64>) {
     let first = state.connections == 0;
     state.connections += handshakes;
     state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
     if !first || handshakes > 1 {
         state.reconnects += 1;
         for (rid, p) in &state.pending {
-            if p.resend && p.reply.is_some() {
+            if p.resend && p.reply.is_some() && !sent.contains(rid) {
                 posted.push((*rid, p.header.clone(), p.body.clone()));
             }
         }
@@ -644,6 +679,9 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
     let mut tick = tokio::time::interval(tick_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut posted: Vec<Posted> = Vec::new();
+    // Messages libzmq would not take: no connection was up (ZMQ_IMMEDIATE), or its queue was full.
+    let mut held: Vec<Posted> = Vec::new();
+    let mut held_tried = Instant::now();
     let mut last_rewait = Instant::now();
     let mut ticked = false;
     loop {
@@ -651,8 +689,15 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         // Handshakes first: a connection's handshake comes before any reply on it.
         let handshakes = dealer.handshakes();
         if handshakes > 0 {
-            connected(&mut inner.state.lock().unwrap(), handshakes, &mut posted);
+            let mut state = inner.state.lock().unwrap();
+            let sent = take_held(&state, &mut held, &mut posted);
+            connected(&mut state, handshakes, &mut posted, &sent);
+            drop(state);
+            held_tried = Instant::now();
             Client { inner: inner.clone() }.ask_rules(); // posts through the channel: taken below
+        } else if !held.is_empty() && dealer.is_up() && held_tried.elapsed() >= HELD_RETRY {
+            take_held(&inner.state.lock().unwrap(), &mut held, &mut posted);
+            held_tried = Instant::now();
         }
         while let Some(frames) = dealer.try_recv() {
             let (header, body) = match frames.as_slice() {
@@ -683,12 +728,14 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
             }
         }
         if !posted.is_empty() {
-            flush(&dealer, &token, &inner, std::mem::take(&mut posted));
+            let unsent = flush(&dealer, &token, std::mem::take(&mut posted));
+            hold(&inner, &mut held, unsent);
         }
         if dealer.has_input() {
             continue;
         }
         drop(inner);
+        let retry_held = (!held.is_empty() && dealer.is_up()).then(|| held_tried + HELD_RETRY);
         tokio::select! {
             _ = dealer.signals.changed() => {}
             cmd = rx.recv() => match cmd {
@@ -696,12 +743,14 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
                 Some(Cmd::Close) | None => return,
             },
             _ = tick.tick() => ticked = true,
+            _ = tokio::time::sleep_until(retry_held.unwrap_or_else(Instant::now).into()), if retry_held.is_some() => {}
         }
     }
 }
 
-/// Send posted messages, packed into batches; a full send queue fails the requests it refused.
-fn flush(dealer: &Dealer, token: &[u8], inner: &Inner, posted: Vec<Posted>) {
+/// Send posted messages, packed into batches; returns those libzmq would not take (no connection
+/// is up, or its send queue is full), in order.
+fn flush(dealer: &Dealer, token: &[u8], mut posted: Vec<Posted>) -> Vec<Posted> {
     let items: Vec<(Vec<u8>, Option<Vec<u8>>)> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
     let mut sent = 0;
     for (frames, carried) in wire::pack(&items, BATCH_BYTES) {
@@ -709,19 +758,50 @@ fn flush(dealer: &Dealer, token: &[u8], inner: &Inner, posted: Vec<Posted>) {
         message.push(token.to_vec());
         message.extend(frames);
         if !dealer.send(&message) {
-            let mut state = inner.state.lock().unwrap();
-            for (rid, _, _) in &posted[sent..] {
-                if let Some(mut p) = state.pending.remove(rid) {
-                    if let Some(tx) = p.reply.take() {
-                        let _ = tx.send(Err(Error::Unavailable(format!(
-                            "the send queue to {} is full; is the broker running?",
-                            inner.address
-                        ))));
-                    }
-                }
-            }
-            return;
+            return posted.split_off(sent);
         }
         sent += carried;
     }
+    Vec::new()
+}
+
+/// Keep messages libzmq would not take, to send with the next connection (or on a retry while one
+/// is up). Past as many as a socket would queue the broker has been away long: the requests beyond
+/// fail now.
+fn hold(inner: &Inner, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
+    if unsent.is_empty() {
+        return;
+    }
+    let room = (HIGH_WATER_MARK as usize).saturating_sub(held.len()).min(unsent.len());
+    let over = unsent.split_off(room);
+    held.extend(unsent);
+    if over.is_empty() {
+        return;
+    }
+    let mut state = inner.state.lock().unwrap();
+    for (rid, _, _) in over {
+        if let Some(mut p) = state.pending.remove(&rid) {
+            if let Some(tx) = p.reply.take() {
+                let _ = tx.send(Err(Error::Unavailable(format!(
+                    "the send queue to the broker at {} is full; is it running?",
+                    inner.address
+                ))));
+            }
+        }
+    }
+}
+
+/// Move the held messages still wanted (a request still waiting for its reply, or a message that
+/// answers none) to `posted`; returns the rids of the requests among them.
+fn take_held(state: &State, held: &mut Vec<Posted>, posted: &mut Vec<Posted>) -> HashSet<i64> {
+    let mut sent = HashSet::new();
+    for (rid, header, body) in held.drain(..) {
+        if rid == 0 {
+            posted.push((rid, header, body));
+        } else if state.pending.get(&rid).is_some_and(|p| p.reply.is_some()) {
+            sent.insert(rid);
+            posted.push((rid, header, body));
+        }
+    }
+    sent
 }

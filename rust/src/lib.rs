@@ -2,18 +2,21 @@
 //! scheduling embedded, with no broker.
 //!
 //! - [`connect`] → [`Client`]: `submit` a [`Task`], await its [`TaskHandle::result`], `status`,
-//!   `cancel`, `pause`/`resume`.
+//!   `cancel`, `explain` (an [`Explanation`]), `pause`/`resume`.
 //! - [`Worker`]: serves pools for a broker, each a [`PoolConfig`] and an async handler.
+//! - Both take a broker's primary and its standbys ([`Addresses`]) and follow the one that serves.
 //! - [`Scheduler`]: the broker's scheduling rules in this process.
 //!
 //! Errors are one [`Error`] enum whose codes are the Python `CronoqError` codes. See README.md.
 
 #![warn(missing_docs)]
 
+mod address;
 mod client;
 pub mod core;
 mod embedded;
 mod error;
+mod explain;
 mod handle;
 mod handler;
 mod pool;
@@ -22,9 +25,11 @@ mod transport;
 pub mod wire;
 mod worker;
 
+pub use address::Addresses;
 pub use client::{connect, Client, Connect, DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT};
 pub use embedded::Scheduler;
 pub use error::{Error, Result};
+pub use explain::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, Waiting};
 pub use handle::TaskHandle;
 pub use handler::Failure;
 pub use pool::{Fairness, PoolConfig};

@@ -8,7 +8,17 @@
 //! `ZMQ_EVENTS` after sending before it sleeps again ([`Dealer::has_input`]).
 //!
 //! With a socket monitor the task also learns of each completed handshake: that is how a client
-//! knows it reached a (possibly restarted) broker and must re-send what is outstanding.
+//! knows it reached a (possibly restarted) broker and must re-send what is outstanding, and how a
+//! worker knows to register.
+//!
+//! One DEALER connects to every address of a broker (its primary, then its standbys) with
+//! `ZMQ_IMMEDIATE`: libzmq queues messages only on a connection whose handshake completed, so only
+//! the broker that serves ever gets them (a standby binds nothing until it takes over). While no
+//! connection is up a send is refused (`EAGAIN`) instead of waiting in a queue for an address that
+//! may never answer: the owner keeps such messages and sends them on the next handshake.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +30,7 @@ use tokio::io::Interest;
 use crate::error::{Error, Result};
 
 /// Queued messages per socket each way before sends refuse (`EAGAIN`) and receives push back.
-const HIGH_WATER_MARK: i32 = 100_000;
+pub(crate) const HIGH_WATER_MARK: i32 = 100_000;
 
 /// The process's one ZeroMQ context.
 pub(crate) fn context() -> &'static zmq::Context {
@@ -62,6 +72,8 @@ pub(crate) struct Dealer {
     pub signals: Signals,
     sock: zmq::Socket,
     monitor: Option<zmq::Socket>,
+    /// Each endpoint's connection, by the monitor: up from its handshake to its disconnection.
+    links: RefCell<HashMap<Vec<u8>, bool>>,
 }
 
 /// The notification descriptors of a socket and its monitor.
@@ -75,14 +87,18 @@ fn zmq_error(what: &str, e: zmq::Error) -> Error {
 }
 
 impl Dealer {
-    /// A DEALER connected (in the background: libzmq connects and reconnects by itself) to `address`.
-    /// InvalidArgument for an address libzmq cannot use. Must be called inside a tokio runtime.
-    pub fn connect(address: &str, options: &Options) -> Result<Dealer> {
+    /// A DEALER connected (in the background: libzmq connects and reconnects by itself) to each of
+    /// `addresses`, in order. InvalidArgument for an address libzmq cannot use. Must be called
+    /// inside a tokio runtime.
+    pub fn connect(addresses: &[String], options: &Options) -> Result<Dealer> {
         let sock = context().socket(zmq::DEALER).map_err(|e| zmq_error("cannot make a socket", e))?;
         let setup = || -> zmq::Result<()> {
             sock.set_linger(0)?;
             sock.set_sndhwm(HIGH_WATER_MARK)?;
             sock.set_rcvhwm(HIGH_WATER_MARK)?;
+            // Queue only on connections whose handshake completed: of a primary and its standbys,
+            // only the one that serves takes a connection.
+            sock.set_immediate(true)?;
             if let Some((interval, timeout)) = options.heartbeat {
                 sock.set_heartbeat_ivl(interval)?;
                 sock.set_heartbeat_timeout(timeout)?;
@@ -100,10 +116,13 @@ impl Dealer {
             static MONITORS: AtomicUsize = AtomicUsize::new(0);
             let endpoint =
                 format!("inproc://cronoq-monitor-{}-{}", std::process::id(), MONITORS.fetch_add(1, Ordering::Relaxed));
-            sock.monitor(&endpoint, zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32)
-                .map_err(|e| zmq_error("cannot monitor the socket", e))?;
+            let events = zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
+            sock.monitor(&endpoint, events).map_err(|e| zmq_error("cannot monitor the socket", e))?;
             let pair = context().socket(zmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
             pair.set_linger(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
+            // No limit on the events waiting to be read: libzmq's I/O thread sends them blocking,
+            // and would hang every socket of the process on a full queue.
+            pair.set_rcvhwm(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
             pair.connect(&endpoint).map_err(|e| zmq_error("cannot connect the monitor", e))?;
             let fd = pair.get_fd().map_err(|e| zmq_error("no descriptor for the monitor", e))?;
             let afd = watch(fd).map_err(|e| Error::Unavailable(format!("cannot watch the monitor: {e}")))?;
@@ -115,11 +134,13 @@ impl Dealer {
             Some((pair, afd)) => (Some(pair), Some(afd)),
             None => (None, None),
         };
-        sock.connect(address)
-            .map_err(|e| Error::InvalidArgument(format!("cannot connect to broker address {address:?}: {e}")))?;
+        for address in addresses {
+            sock.connect(address)
+                .map_err(|e| Error::InvalidArgument(format!("cannot connect to broker address {address:?}: {e}")))?;
+        }
         let raw = sock.get_fd().map_err(|e| zmq_error("no descriptor for the socket", e))?;
         let fd = watch(raw).map_err(|e| Error::Unavailable(format!("cannot watch the socket: {e}")))?;
-        Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd } })
+        Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd }, links: RefCell::default() })
     }
 
     /// The next whole message, if one is waiting (never blocks).
@@ -127,8 +148,8 @@ impl Dealer {
         self.sock.recv_multipart(zmq::DONTWAIT).ok()
     }
 
-    /// Send one message without blocking; false when the send queue is full (the broker has been
-    /// unreachable for long).
+    /// Send one message without blocking; false when no connection is up (`ZMQ_IMMEDIATE`) or the
+    /// one that is has a full send queue.
     pub fn send(&self, frames: &[Vec<u8>]) -> bool {
         self.sock.send_multipart(frames, zmq::DONTWAIT).is_ok()
     }
@@ -139,17 +160,28 @@ impl Dealer {
             || self.monitor.as_ref().is_some_and(|m| m.get_events().map(|e| e.contains(zmq::POLLIN)).unwrap_or(false))
     }
 
-    /// How many handshakes completed since the last call.
+    /// How many handshakes completed since the last call (also keeps [`is_up`](Self::is_up) current).
     pub fn handshakes(&self) -> usize {
         let Some(monitor) = &self.monitor else { return 0 };
         let mut n = 0;
+        let mut links = self.links.borrow_mut();
         while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
             let event = frames.first().filter(|f| f.len() >= 2).map(|f| u16::from_le_bytes([f[0], f[1]]));
+            let endpoint = frames.get(1).cloned().unwrap_or_default();
             if event == Some(zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16) {
                 n += 1;
+                links.insert(endpoint, true);
+            } else if event == Some(zmq::SocketEvent::DISCONNECTED as u16) {
+                links.insert(endpoint, false);
             }
         }
         n
+    }
+
+    /// Whether some connection's handshake completed and it has not ended since, as far as the
+    /// monitor has said (always false without a monitor).
+    pub fn is_up(&self) -> bool {
+        self.links.borrow().values().any(|up| *up)
     }
 }
 
@@ -179,11 +211,24 @@ impl Signals {
     }
 }
 
+// libzmq's own call (linked through the `zmq` crate's zmq-sys): stopping a monitor takes a null
+// endpoint, which the crate's `Socket::monitor(&str, _)` cannot pass.
+extern "C" {
+    fn zmq_socket_monitor(socket: *mut std::ffi::c_void, endpoint: *const std::ffi::c_char, events: i32) -> i32;
+}
+
 impl Drop for Dealer {
     fn drop(&mut self) {
         if self.monitor.is_some() {
-            // Stop the monitor before its PAIR goes, so libzmq has nowhere to block on.
-            let _ = self.sock.monitor("", 0);
+            // Stop the monitor before its PAIR goes: libzmq's I/O thread sends events blocking, and
+            // one it sends as the socket closes (a connection ending) to a PAIR nobody reads would
+            // stall every socket of the process for good. (`monitor("", 0)` did not stop it: libzmq
+            // refuses the empty endpoint.)
+            // SAFETY: the socket is open (it closes after this, as its field drops) and a null
+            // endpoint is how libzmq documents stopping a monitor.
+            unsafe {
+                zmq_socket_monitor(self.sock.as_mut_ptr(), std::ptr::null(), 0);
+            }
         }
     }
 }

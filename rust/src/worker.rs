@@ -10,6 +10,10 @@
 //! silent for `liveness` intervals the worker drops its socket, waits (doubling, up to 32 s) and
 //! registers again. Tasks running meanwhile still report; the broker ignores leases it gave away.
 //!
+//! Given a broker's primary and standbys, the worker connects one socket to all of them
+//! (`ZMQ_IMMEDIATE`: messages go only over a completed connection) and registers on every new
+//! connection, so it serves a standby the moment that has taken over.
+//!
 //! A result over the broker's max_payload_bytes (from `welcome`) is not sent: the task fails with
 //! `InvalidArgument` instead, and failure texts are cut to bounded sizes, so one task's output never
 //! costs the connection and the other tasks on it.
@@ -22,6 +26,7 @@ use rmpv::Value;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
+use crate::address::{self, Addresses};
 use crate::error::{Error, Result};
 use crate::handler::{self, Failure, Handler, Outcome};
 use crate::pool::PoolConfig;
@@ -48,7 +53,7 @@ const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(32);
 /// # Ok(()) }
 /// ```
 pub struct Worker {
-    address: String,
+    addresses: Vec<String>,
     token: Vec<u8>,
     curve: Option<String>,
     concurrency: u32,
@@ -79,11 +84,15 @@ impl Stopper {
 
 impl Worker {
     /// A worker for the broker's worker endpoint at `address` (4 slots, no pool yet).
-    pub fn new(address: impl Into<String>) -> Worker {
+    ///
+    /// `address` may list the worker endpoints of a broker's primary and its standbys (a list, or
+    /// one string with commas): the worker serves whichever serves, and registers with a standby
+    /// the moment it has taken over. `run` fails with `InvalidArgument` when none is given.
+    pub fn new(address: impl Addresses) -> Worker {
         let (stop_tx, _) = watch::channel(false);
         let (done_tx, done_rx) = watch::channel(false);
         Worker {
-            address: address.into(),
+            addresses: address.into_strings(),
             token: Vec::new(),
             curve: None,
             concurrency: 4,
@@ -158,9 +167,12 @@ impl Worker {
                 "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
             ));
         }
+        let addresses = address::parse(&self.addresses, "broker address")?;
         let options = Options {
             curve_server_key: self.curve.as_deref().map(curve_public_key).transpose()?,
-            monitor: false,
+            // Handshakes: register on every new connection (a restarted broker, or a standby that
+            // took over, does not know this worker; a `ready` sent while none was up was dropped).
+            monitor: true,
             heartbeat: None,
         };
         let handlers: HashMap<String, Handler> = self.pools.iter().map(|(p, h)| (p.name.clone(), h.clone())).collect();
@@ -168,7 +180,8 @@ impl Worker {
         let (finished_tx, mut finished) = mpsc::unbounded_channel::<(String, i64, Outcome)>();
         let mut s = Session {
             worker: &self,
-            dealer: Dealer::connect(&self.address, &options)?,
+            dealer: Dealer::connect(&addresses, &options)?,
+            addresses,
             posted: Vec::new(),
             rid: 0,
             registered: false,
@@ -185,6 +198,12 @@ impl Worker {
         let mut stopping: Option<Instant> = None;
         let mut ticked = false;
         loop {
+            if s.dealer.handshakes() > 0 {
+                s.registered = false;
+                if stopping.is_none() {
+                    s.send_ready();
+                }
+            }
             while let Some(frames) = s.dealer.try_recv() {
                 s.last_heard = Instant::now();
                 let (header, body) = match frames.as_slice() {
@@ -247,6 +266,8 @@ impl Worker {
 struct Session<'a> {
     worker: &'a Worker,
     dealer: Dealer,
+    /// The broker's worker endpoints: its primary's, then its standbys'.
+    addresses: Vec<String>,
     posted: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     rid: i64,
     registered: bool,
@@ -397,7 +418,7 @@ impl Session<'_> {
             self.flush();
             tokio::time::sleep(self.reconnect_delay).await;
             self.reconnect_delay = (self.reconnect_delay * 2).min(RECONNECT_DELAY_MAX);
-            self.dealer = Dealer::connect(&self.worker.address, options)?;
+            self.dealer = Dealer::connect(&self.addresses, options)?;
             self.registered = false;
             self.last_heard = Instant::now();
             self.send_ready();

@@ -2,8 +2,10 @@
 //!
 //! (a) a Python worker serves tasks a Rust client submits; (b) a Rust worker serves tasks a Python
 //! client submits; (c) the 3:1 fair order through the broker with a Rust client; (d) a token pinned
-//! to a tenant, naming another, is refused with PermissionDenied; and the client re-sends what is
-//! outstanding after the broker crashes and restarts.
+//! to a tenant, naming another, is refused with PermissionDenied; the client re-sends what is
+//! outstanding after the broker crashes and restarts; `explain` reads the broker's answer for a
+//! task waiting in a paused pool and for a retried one; and a client and a worker given a primary
+//! and its standby carry on with the standby after the primary is killed.
 
 mod support;
 
@@ -371,6 +373,141 @@ async fn sizes_are_checked_where_they_are_made() {
     let fine = sched.submit(Task::new("fine").pool("work")).await.unwrap();
     let other = cronoq::connect(&broker.clients).await.unwrap();
     assert_eq!(other.result::<String>(fine.id()).await.unwrap(), "fine");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
+    let dir = Scratch::new("h");
+    let body = "[[pools]]\nname = \"llm\"\nfair_share = true\n\n[[auth.tokens]]\ntoken_env = \"T_ACME\"\nrole = \"client\"\ntenant = \"acme\"\n\n[[auth.tokens]]\ntoken_env = \"T_ADMIN\"\nrole = \"admin\"\n\n[[auth.tokens]]\ntoken_env = \"T_WORKER\"\nrole = \"worker\"\n";
+    let broker = Broker::start(
+        &dir.0,
+        body,
+        "durability = \"none\"",
+        &[("T_ACME", "acme-secret"), ("T_ADMIN", "admin-secret"), ("T_WORKER", "worker-secret")],
+    );
+    let sched = cronoq::connect(&broker.clients).token("admin-secret").await.unwrap();
+
+    // Queued behind two others of its tenant in a paused pool that no worker serves yet.
+    sched.pause("llm").await.unwrap();
+    let mut handles = Vec::new();
+    for n in 0..3 {
+        handles.push(sched.submit(Task::new(n).pool("llm").tenant("acme")).await.unwrap());
+    }
+    let why = sched.explain(handles[2].id()).await.unwrap();
+    assert_eq!(
+        (why.id.as_str(), why.state, why.tenant.as_deref(), why.attempts, why.max_retries),
+        (handles[2].id(), TaskState::Queued, Some("acme"), 0, 0)
+    );
+    assert!(why.history.is_empty() && why.submitted_at > 1e9, "{why:?}");
+    let waiting = why.waiting.expect("a queued task says what it waits for");
+    assert!(waiting.paused && waiting.fair && waiting.estimate.is_none(), "{waiting:?}");
+    assert!(waiting.estimate_note.contains("paused"), "{}", waiting.estimate_note);
+    assert_eq!((waiting.queue_ahead, waiting.queue_length, waiting.higher_classes_ahead), (Some(2), 3, 0));
+    assert_eq!((waiting.workers, waiting.running), (0, 0));
+    assert_eq!(waiting.nodes.iter().map(|n| (n.name.as_str(), n.share)).collect::<Vec<_>>(), [("acme", 1.0)]);
+
+    // A token pinned to another tenant cannot see it: NotFound, as for an id that never existed.
+    let globex = sched.submit(Task::new("g").pool("llm").tenant("globex")).await.unwrap();
+    let acme = cronoq::connect(&broker.clients).token("acme-secret").await.unwrap();
+    assert!(matches!(acme.explain(globex.id()).await, Err(Error::NotFound(_))));
+    assert!(matches!(sched.explain("0123456789abcdef0123456789abcdef").await, Err(Error::NotFound(_))));
+    assert!(acme.explain(handles[0].id()).await.is_ok());
+
+    // A task whose first run fails is retried; its explanation lists both attempts.
+    let calls = Arc::new(Mutex::new(0u32));
+    let counted = calls.clone();
+    let worker = Worker::new(&broker.workers).token("worker-secret").heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("llm"),
+        move |p: Payload| {
+            let counted = counted.clone();
+            async move {
+                let text: Value = p.decode().map_err(|e| Refused(e.to_string()))?;
+                let call = {
+                    let mut calls = counted.lock().unwrap();
+                    *calls += 1;
+                    *calls
+                };
+                if text.as_str() == Some("flaky") && call == 1 {
+                    return Err(Refused("not yet".into()));
+                }
+                Ok(text)
+            }
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    sched.resume("llm").await.unwrap();
+    for h in &handles {
+        h.result_timeout::<Value>(LONG).await.unwrap();
+    }
+    globex.result_timeout::<Value>(LONG).await.unwrap();
+    *calls.lock().unwrap() = 0;
+    let flaky = sched.submit(Task::new("flaky").pool("llm").tenant("acme").max_retries(2)).await.unwrap();
+    assert_eq!(flaky.result_timeout::<String>(LONG).await.unwrap(), "flaky");
+    let why = sched.explain(flaky.id()).await.unwrap();
+    assert_eq!((why.state, why.attempts, why.max_retries, why.waiting), (TaskState::Succeeded, 2, 2, None));
+    let ends: Vec<_> = why.history.iter().map(|e| (e.attempt, e.ended.clone(), e.error.clone())).collect();
+    assert_eq!(
+        ends,
+        [
+            (1, cronoq::Ended::Retried, Some("Refused: refused: not yet".to_string())),
+            (2, cronoq::Ended::Succeeded, None)
+        ]
+    );
+    assert!(why.history.iter().all(|e| e.at.is_some()), "{:?}", why.history);
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_and_worker_follow_the_standby_that_takes_over() {
+    let dir = Scratch::new("i");
+    let data = dir.0.join("data");
+    let mut primary =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let mut standby = primary.standby();
+
+    // No address at all is the caller's mistake, named.
+    for none in [vec![], vec![" , ".to_string()]] {
+        let refused = cronoq::connect(none.clone()).await;
+        assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("broker address")), "{refused:?}");
+        let refused = Worker::new(none).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) }).run();
+        assert!(matches!(refused.await, Err(Error::InvalidArgument(_))));
+    }
+
+    // The primary first, then its standby, which refuses connections while it stands by: the client
+    // (a list) and the worker (one string with a comma) are served by the primary.
+    let sched = cronoq::connect(vec![primary.clients.clone(), standby.clients.clone()]).await.unwrap();
+    let worker = Worker::new(format!("{},{}", primary.workers, standby.workers))
+        .heartbeat(Duration::from_millis(200), 5)
+        .pool(PoolConfig::new("work"), |p: Payload| async move { Ok::<_, Error>(p.decode::<u32>()? * 2) });
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let served = sched.submit(Task::new(1u32).pool("work")).await.unwrap();
+    assert_eq!(served.result_timeout::<u32>(LONG).await.unwrap(), 2);
+
+    // A task waiting in a paused pool when the primary dies: its result comes from the standby.
+    sched.pause("work").await.unwrap();
+    let before = sched.submit(Task::new(2u32).pool("work")).await.unwrap();
+    primary.proc.kill();
+    // Submitted while no broker serves: held, and sent to the standby once it has taken over.
+    let submitting = sched.clone();
+    let after = tokio::spawn(async move { submitting.submit(Task::new(3u32).pool("work")).await });
+    standby.proc.wait_for("cronoq broker ready", LONG);
+    let after = after.await.unwrap().unwrap();
+    assert_eq!(sched.status(before.id()).await.unwrap().state, TaskState::Queued, "the journal carried it over");
+    sched.resume("work").await.unwrap();
+    assert_eq!(before.result_timeout::<u32>(LONG).await.unwrap(), 4);
+    assert_eq!(after.result_timeout::<u32>(LONG).await.unwrap(), 6);
+    assert!(sched.reconnects() >= 1, "the standby's handshake is a new connection");
+
+    // The worker registered with the standby by itself; a client that only knows the standby's
+    // address (and a dead one before it) is served too.
+    let late = cronoq::connect([primary.clients.as_str(), standby.clients.as_str()]).await.unwrap();
+    let task = late.submit(Task::new(5u32).pool("work")).await.unwrap();
+    assert_eq!(task.result_timeout::<u32>(LONG).await.unwrap(), 10);
     stopper.stop().await;
     running.await.unwrap().unwrap();
 }

@@ -325,3 +325,193 @@ fn an_unreadable_batch_item_costs_only_itself() {
     let items = wire::read(Direction::ClientReply, &batch, None).unwrap();
     assert!(items[0].is_ok() && items[1].is_err() && items[2].is_ok());
 }
+
+/// A value that matches `pattern` (the vectors' "Matching replies" forms this test meets).
+fn example_of(pattern: &Json) -> Value {
+    match pattern {
+        Json::Object(m) if m.contains_key("same") => Value::from(CAPTURED),
+        Json::Object(m) if m.contains_key("has") => Value::Map(
+            m["has"].as_object().unwrap().iter().map(|(k, p)| (Value::from(k.as_str()), example_of(p))).collect(),
+        ),
+        Json::Object(m) => match m.get("type").and_then(Json::as_str) {
+            Some("float") => Value::F64(m.get("min").and_then(Json::as_f64).unwrap_or(0.5)),
+            Some("string") => Value::from(m.get("contains").and_then(Json::as_str).unwrap_or("text")),
+            other => panic!("no example for {other:?}"),
+        },
+        Json::Array(items) => Value::Array(items.iter().map(example_of).collect()),
+        literal => from_json(literal, Kind::Any),
+    }
+}
+
+/// `base` with the entries of `over` put in (recursively, for maps in both).
+fn overlay(base: Value, over: &Value) -> Value {
+    match (base, over) {
+        (Value::Map(mut entries), Value::Map(news)) => {
+            for (k, v) in news {
+                match entries.iter_mut().find(|(key, _)| key == k) {
+                    Some((_, old)) => *old = overlay(std::mem::replace(old, Value::Nil), v),
+                    None => entries.push((k.clone(), v.clone())),
+                }
+            }
+            Value::Map(entries)
+        }
+        (_, over) => over.clone(),
+    }
+}
+
+fn map_of(entries: Vec<(&str, Value)>) -> Value {
+    Value::Map(entries.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+}
+
+fn opt_f(x: Option<f64>) -> Value {
+    x.map_or(Value::Nil, Value::F64)
+}
+
+fn opt_s(s: &Option<String>) -> Value {
+    s.as_deref().map_or(Value::Nil, Value::from)
+}
+
+fn opt_u(n: Option<u64>) -> Value {
+    n.map_or(Value::Nil, Value::from)
+}
+
+/// A typed explanation written back under the keys docs/protocol.md gives them.
+fn explanation_value(e: &cronoq::Explanation) -> Value {
+    let waiting = e.waiting.as_ref().map_or(Value::Nil, |w| {
+        let nodes = w
+            .nodes
+            .iter()
+            .map(|n| {
+                let ceiling = n.ceiling.as_ref().map_or(Value::Nil, |c| {
+                    map_of(vec![
+                        ("limit", c.limit.into()),
+                        ("running", c.running.into()),
+                        ("capped", c.capped.into()),
+                        ("capped_since", opt_f(c.capped_since)),
+                        ("capped_for", opt_f(c.capped_for)),
+                    ])
+                });
+                map_of(vec![
+                    ("name", n.name.as_str().into()),
+                    ("own_tasks", n.own_tasks.into()),
+                    ("weight", Value::F64(n.weight)),
+                    ("backlogged", n.backlogged.into()),
+                    ("share", Value::F64(n.share)),
+                    ("lag", Value::F64(n.lag)),
+                    ("ceiling", ceiling),
+                ])
+            })
+            .collect();
+        map_of(vec![
+            ("fair", w.fair.into()),
+            ("higher_classes_ahead", w.higher_classes_ahead.into()),
+            ("deadline_ahead", w.deadline_ahead.into()),
+            ("deadline_ahead_exact", w.deadline_ahead_exact.into()),
+            ("queue_ahead", opt_u(w.queue_ahead)),
+            ("queue_ahead_exact", w.queue_ahead_exact.into()),
+            ("queue_length", w.queue_length.into()),
+            ("nodes", Value::Array(nodes)),
+            ("tenant_share", opt_f(w.tenant_share)),
+            ("paused", w.paused.into()),
+            ("workers", w.workers.into()),
+            ("ready_workers", w.ready_workers.into()),
+            ("running", w.running.into()),
+            ("max_in_flight", opt_u(w.max_in_flight)),
+            ("delayed_for", opt_f(w.delayed_for)),
+            ("retry", w.retry.into()),
+            ("dispatch_rate", opt_f(w.dispatch_rate)),
+            ("estimate", opt_f(w.estimate)),
+            ("estimate_note", w.estimate_note.as_str().into()),
+        ])
+    });
+    let history = e
+        .history
+        .iter()
+        .map(|a| {
+            map_of(vec![
+                ("attempt", a.attempt.into()),
+                ("ended", a.ended.as_str().into()),
+                ("at", opt_f(a.at)),
+                ("error", opt_s(&a.error)),
+            ])
+        })
+        .collect();
+    map_of(vec![
+        ("id", e.id.as_str().into()),
+        ("pool", e.pool.as_str().into()),
+        ("tenant", opt_s(&e.tenant)),
+        ("priority", e.priority.as_str().into()),
+        ("state", e.state.as_str().into()),
+        ("attempts", e.attempts.into()),
+        ("max_retries", e.max_retries.into()),
+        ("submitted_at", Value::F64(e.submitted_at)),
+        ("started_at", opt_f(e.started_at)),
+        ("finished_at", opt_f(e.finished_at)),
+        ("deadline", opt_f(e.deadline)),
+        ("not_before", opt_f(e.not_before)),
+        ("error", opt_s(&e.error)),
+        ("history", Value::Array(history)),
+        ("waiting", waiting),
+    ])
+}
+
+#[test]
+fn the_explain_vector_reads_into_a_typed_explanation() {
+    // Every key the vector shows of the broker's explain map is read into the typed field of that
+    // name, of that type: the map the vector describes (the keys it leaves open filled in), read and
+    // written back under the documented names, still matches the vector.
+    let vector: Json =
+        serde_json::from_str(&std::fs::read_to_string(vectors_dir().join("explain.json")).unwrap()).unwrap();
+    let patterns: Vec<&Json> = vector["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["message"]["tag"] == "explain")
+        .flat_map(|s| s["expect"]["client"].as_array().unwrap())
+        .map(|reply| &reply["header"])
+        .filter(|h| h[0] == "ok")
+        .map(|h| &h[3])
+        .collect();
+    assert!(!patterns.is_empty(), "explain.json has an ok answering explain");
+    let rest = map_of(vec![
+        ("id", "someone else's".into()),
+        ("pool", "p".into()),
+        ("tenant", Value::Nil),
+        ("priority", "low".into()),
+        ("state", "queued".into()),
+        ("attempts", 9.into()),
+        ("max_retries", 0.into()),
+        ("submitted_at", Value::F64(1.0)),
+        (
+            "waiting",
+            map_of(vec![
+                ("fair", true.into()),
+                ("higher_classes_ahead", 5.into()),
+                ("deadline_ahead", 0.into()),
+                ("deadline_ahead_exact", true.into()),
+                ("queue_ahead", 1.into()),
+                ("queue_ahead_exact", true.into()),
+                ("queue_length", 2.into()),
+                ("nodes", Value::Array(vec![])),
+                ("tenant_share", Value::Nil),
+                ("paused", true.into()),
+                ("workers", 3.into()),
+                ("ready_workers", 0.into()),
+                ("running", 0.into()),
+                ("max_in_flight", Value::Nil),
+                ("delayed_for", Value::Nil),
+                ("retry", true.into()),
+                ("dispatch_rate", Value::Nil),
+                ("estimate", Value::F64(2.0)),
+                ("estimate_note", "".into()),
+            ]),
+        ),
+    ]);
+    for pattern in patterns {
+        let value = overlay(rest.clone(), &example_of(pattern));
+        let explanation = cronoq::Explanation::from_value(&value).unwrap_or_else(|e| panic!("{e}: {value}"));
+        let mut captured = HashMap::from([("task".to_string(), Value::from(CAPTURED))]);
+        let written = explanation_value(&explanation);
+        assert!(matches(pattern, &written, &mut captured), "{written}\ndoes not match {pattern}");
+    }
+}

@@ -155,6 +155,22 @@ impl Broker {
         proc
     }
 
+    /// A `--standby` broker on this one's config file (so on its data_dir), with endpoints of its
+    /// own: started, and standing by until this one's lock on the data_dir goes.
+    pub fn standby(&self) -> Broker {
+        let clients = format!("tcp://127.0.0.1:{}", free_port());
+        let workers = format!("tcp://127.0.0.1:{}", free_port());
+        let log = self.config.with_extension(format!("standby-{}.log", free_port()));
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let config = self.config.to_str().unwrap();
+        let args = ["-m", "cronoq.broker.cli", "-c", config, "--log-level", "WARNING", "--standby"];
+        let mut all = args.to_vec();
+        all.extend(["--clients", clients.as_str(), "--workers", workers.as_str()]);
+        let mut proc = Proc::spawn(&all, &log, &env);
+        proc.wait_for("cronoq broker standing by", Duration::from_secs(60));
+        Broker { proc, clients, workers, config: self.config.clone(), env: self.env.clone() }
+    }
+
     /// Kill the broker (SIGKILL: no goodbye) and start it again on the same config and ports.
     pub fn crash_and_restart(&mut self) {
         self.proc.kill();
