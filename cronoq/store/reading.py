@@ -249,20 +249,26 @@ class State:
     """Generations whose journal is missing, or was torn before its header was whole: to create."""
 
 
+def _read_snapshot(data_dir: Path, replay: Replay) -> int:
+    """Read data_dir's snapshot, if there is one, into `replay`; the first journal generation after it (1
+    without one). Raises DamagedFile for a snapshot with a gap or cut short."""
+    snapshot = data_dir / SNAPSHOT
+    if not snapshot.exists():
+        return 1
+    read = read_file(snapshot, "snapshot", replay)
+    if read.gaps:
+        raise DamagedFile(snapshot, read.gaps[0].start, gap_text(read.gaps[0], read.size))
+    if not read.whole_snapshot():
+        raise DamagedFile(snapshot, read.size, _short_snapshot(read))
+    assert read.header is not None
+    return read.header.generation
+
+
 def read_state(data_dir: Path, archived_through: int = 0) -> State:
     """Read the snapshot and the journals after it, leaving out the finished tasks numbered up to
     `archived_through` (the results store holds them). Raises DamagedFile (or StoreError), changing nothing."""
     replay = Replay(archived_through)
-    snapshot = data_dir / SNAPSHOT
-    first = 1
-    if snapshot.exists():
-        read = read_file(snapshot, "snapshot", replay)
-        if read.gaps:
-            raise DamagedFile(snapshot, read.gaps[0].start, gap_text(read.gaps[0], read.size))
-        if not read.whole_snapshot():
-            raise DamagedFile(snapshot, read.size, _short_snapshot(read))
-        assert read.header is not None
-        first = read.header.generation
+    first = _read_snapshot(data_dir, replay)
     generations = journal_generations(data_dir)
     live = [g for g in generations if g >= first] or [first]
     state = State(replay, live[-1], stale=[journal_path(data_dir, g) for g in generations if g < first],
@@ -292,16 +298,7 @@ def read_before(data_dir: Path, generation: int, archived_through: int = 0) -> R
     `archived_through`. Any gap, even one that looks like a torn tail, is refused (DamagedFile): the broker
     wrote those journals whole before it moved on."""
     replay = Replay(archived_through)
-    snapshot = data_dir / SNAPSHOT
-    first = 1
-    if snapshot.exists():
-        read = read_file(snapshot, "snapshot", replay)
-        if read.gaps:
-            raise DamagedFile(snapshot, read.gaps[0].start, gap_text(read.gaps[0], read.size))
-        if not read.whole_snapshot():
-            raise DamagedFile(snapshot, read.size, _short_snapshot(read))
-        assert read.header is not None
-        first = read.header.generation
+    first = _read_snapshot(data_dir, replay)
     for older in range(first, generation):
         path = journal_path(data_dir, older)
         read = read_file(path, "journal", replay)
