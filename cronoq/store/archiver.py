@@ -30,7 +30,6 @@ sends to the whole process group, so that the broker shuts it down itself.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import mmap
 import os
@@ -49,6 +48,7 @@ from typing import Any, Union
 import msgspec
 
 from cronoq.store import results
+from cronoq.store.lifeline import bind_to_parent
 from cronoq.store.scopes import ScopeFilter, log2_for
 
 log = logging.getLogger("cronoq.archiver")
@@ -329,12 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != args.parent:
+    if not bind_to_parent(args.parent):
         return 1
     sock = socket.socket(fileno=args.fd)
     try:

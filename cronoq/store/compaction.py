@@ -46,7 +46,6 @@ flushing of the parent's buffers).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import os
 import signal
@@ -58,6 +57,7 @@ from typing import Callable, Iterable, Iterator
 
 import cronoq
 from cronoq.store import frames
+from cronoq.store.lifeline import bind_to_parent
 from cronoq.store.reading import SNAPSHOT, read_before
 
 HOLD_ENV = "CRONOQ_TEST_HOLD_COMPACTION"
@@ -71,7 +71,6 @@ NICENESS = 10
 """How much lower the reading-back child's priority is than the broker's: on a busy host it yields the CPU to
 the broker, its workers and clients (a niceness of 10 weighs a tenth of theirs), and still gets on with it."""
 
-_PR_SET_PDEATHSIG = 1
 _STATUS_BYTES = 4096
 
 
@@ -244,13 +243,8 @@ def _detach(close: list[int], parent: int) -> None:
 
 
 def _die_with(parent: int) -> None:
-    """Be killed when the broker dies (Linux); leave now if it already has."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the broker died before the line above took effect
+    """Be killed when the broker dies; leave now if it already has."""
+    if not bind_to_parent(parent):
         os._exit(1)
 
 
