@@ -10,10 +10,11 @@ format it does not know instead of guessing. The one exception is a field
 added at the end with a default (`TaskRecord.retries` and
 `TaskRecord.attempt_ends`, `Requeued.retries`, `Requeued.ended` and
 `Requeued.ended_at`): a file without it reads as the default, and a broker
-that does not know it skips it, so such a file keeps its format. Format 2 (this one) stores a
-task record as the book's own `TaskRecord` (`t`; an `accepted` record is the
-first fields of one), and numbers finished tasks (`Finished.seq`); format 1
-files (with `Kept` snapshot records) are still read.
+that does not know it skips it, so such a file keeps its format. Format 2
+(this one) stores a task record as the book's own `TaskRecord` (`t`; an
+`accepted` record is the first fields of one), and numbers finished tasks
+(`Finished.seq`); format 1 files (with `Kept` snapshot records) are still
+read.
 """
 
 from __future__ import annotations
