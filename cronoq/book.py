@@ -56,6 +56,26 @@ MAX_NAME_LENGTH = 200
 RESERVED_KEY_PREFIX = "cronoq:"
 """Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""
 
+KEPT_ATTEMPT_ENDS = 16
+"""How many of a task's attempts that ended without ending it (retried, worker lost) its record keeps, the last
+ones: memory and the journal's snapshots follow the live tasks, not how often one of them failed."""
+ATTEMPT_ERROR_CHARS = 200
+"""Characters of an ended attempt's error ("Type: message") its record keeps; a longer one is clipped."""
+
+
+class PastAttempt(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One attempt that ended without ending its task, as the task's record keeps it (and stores it: snapshots
+    and the results store hold it, the journal's `requeued` record says how to rebuild it)."""
+
+    attempt: int
+    ended: str
+    """`retried` (the handler raised and the task was queued again) or `worker_lost` (its worker was lost, or
+    the broker stopped, while it ran)."""
+    at: float
+    error: Union[str, None] = None
+    """What the handler raised, `"Type: message"` clipped to ATTEMPT_ERROR_CHARS; None for a lost worker."""
+
+
 
 class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """What the book knows of one task; while it is live, also the scheduling core's task.
@@ -65,8 +85,8 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     queued task costs one object, not two. A msgspec struct, so that the
     journal and the snapshot read records straight back into this type
     (cronoq.store.records): the fields up to `submission` are what a submit
-    gives (the journal's `accepted` record), those up to `seq` are what is
-    stored (`stored_form`). `gc=False`: records hold no cycles (the core's
+    gives (the journal's `accepted` record), those before `waiters` are what
+    is stored (`stored_form`). `gc=False`: records hold no cycles (the core's
     `_next` links only run forward), and millions of them must not slow
     every collection.
     """
@@ -97,6 +117,9 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """How many times it went back to its queue because its handler raised: `max_retries` bounds these.
     Attempts lost with their worker or with the broker (a dispatch that never reached a worker) count in
     `attempts` only, and `max_deliveries` bounds those."""
+    attempt_ends: Union[tuple[PastAttempt, ...], None] = None
+    """How its last attempts that did not end it ended (`attempt_ended`), first first; None (no cost but the
+    slot) until one does."""
     waiters: Any = None
     """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
     the task, rather than in a map of its own: a watched queued task costs ~160 bytes less). Never stored."""
@@ -113,6 +136,22 @@ def stored_form(record: TaskRecord) -> tuple:
     """A record as snapshots and the results store keep it: encoded, the same as a TaskRecord whose fields
     after `seq` (the shell's and the core's, which may hold anything) are missing, and read back as such."""
     return ("t", *msgspec.structs.astuple(record)[:_STORED_FIELDS])
+
+
+def attempt_ended(record: TaskRecord, ended: str, at: float) -> PastAttempt:
+    """Note on `record` that its current attempt ended without ending it (`ended`: retried, worker_lost) at `at`,
+    keeping the last KEPT_ATTEMPT_ENDS such ends; returns the one noted. A retried attempt's error is the
+    record's (set before this is called). The task book calls it as it happens, a replay of the journal as it
+    reads the `requeued` record: both build the same entry."""
+    error = None
+    if ended == "retried":
+        error = f"{record.error_type}: {record.error_message}"
+        if len(error) > ATTEMPT_ERROR_CHARS:
+            error = error[:ATTEMPT_ERROR_CHARS - 1] + "…"
+    end = PastAttempt(record.attempts, ended, at, error)
+    earlier = record.attempt_ends
+    record.attempt_ends = (end,) if earlier is None else (*earlier[1 - KEPT_ATTEMPT_ENDS:], end)
+    return end
 
 
 @dataclass(frozen=True)
@@ -138,8 +177,9 @@ class AttemptEnd:
 
     `ended` is `succeeded` or `failed` (the last attempt, by its outcome), `retried` (the handler raised and
     the task was queued again), `worker_lost` (its worker was lost, or the broker stopped, while it ran),
-    `running` (the attempt under way), or `unknown` (not kept: the ends of earlier attempts live in memory
-    only, and a restarted broker has lost them). `at` is when it ended (Unix seconds), `error` what the
+    `running` (the attempt under way), or `unknown` (not kept: a record keeps the ends of its last
+    KEPT_ATTEMPT_ENDS attempts that did not end it, and data files written before records kept them have
+    none). `at` is when it ended (Unix seconds), `error` what the
     handler raised (`"Type: message"`), when known.
     """
 
@@ -222,7 +262,7 @@ class ChangeLog(Protocol):
 
     def accepted(self, record: TaskRecord) -> None: ...
     def dispatched(self, record: TaskRecord) -> None: ...
-    def requeued(self, record: TaskRecord) -> None: ...
+    def requeued(self, record: TaskRecord) -> None: ...  # how its attempt ended: the last of its attempt_ends
     def finished(self, record: TaskRecord) -> None: ...
     def paused(self, pool: str, paused: bool) -> None: ...
 
@@ -333,9 +373,6 @@ class TaskBook:
         self._unshipped: list[TaskRecord] = []
         self.max_unarchived = MAX_UNARCHIVED
         """Finished records waiting for the archive past which nothing more is dispatched."""
-        # task id -> how its attempts that did not end it ended (retried, worker lost), for `explain`. Only
-        # tasks that ran more than once have an entry, kept as long as their record is in memory; not durable.
-        self._attempt_ends: dict[str, list[AttemptEnd]] = {}
 
     # ----------------------------------------------------------------- submit
 
@@ -470,9 +507,9 @@ class TaskBook:
                 lost.append(record)
             else:
                 record.not_before = None
+                attempt_ended(record, "worker_lost", now)  # first: the journal's record says how it ended
                 if journal is not None:
                     journal.requeued(record)
-                self._attempt_ended(record, "worker_lost", now)
                 counts["requeued"] += 1
                 tasks.append(record)
         # A record is the core's task; and the book's map of records can serve as the core's map of its tasks.
@@ -601,7 +638,7 @@ class TaskBook:
             retry_at = now + self._backoff(record.retries)
             self.core.requeue(task_id, now, worker_id=worker_id, attempt=attempt, not_before=retry_at)
             record.error_type, record.error_message, record.traceback = error_type, error_message, traceback
-            self._attempt_ended(record, "retried", now, f"{error_type}: {error_message}")
+            attempt_ended(record, "retried", now)
             self._requeued(record)
             return record
         self.core.finish(task_id, now, worker_id=worker_id, attempt=attempt, state=SUCCEEDED if ok else FAILED)
@@ -622,12 +659,12 @@ class TaskBook:
         requeued = []
         for task in self.core.remove_worker(worker_id, now):
             record: TaskRecord = task  # type: ignore[assignment]
-            self._attempt_ended(record, "worker_lost", now)
             if self._lost_deliveries(record) >= self.max_deliveries:
                 self.core.cancel(task.id, now)
-                self._fail_lost(record, now)
+                self._fail_lost(record, now)  # its last attempt: the task's state says how it ended
             else:
                 record.not_before = None
+                attempt_ended(record, "worker_lost", now)
                 self._requeued(record)
                 requeued.append(record)
         return requeued
@@ -646,7 +683,8 @@ class TaskBook:
         )
 
     def _requeued(self, record: TaskRecord) -> None:
-        # It queues again behind the others: the core gave it a new arrival number, which orders snapshots.
+        # It queues again behind the others: the core gave it a new arrival number, which orders snapshots. Its
+        # attempt's end is noted: the journal's record says how it ended.
         if self.journal is not None:
             self.journal.requeued(record)
 
@@ -714,11 +752,13 @@ class TaskBook:
         )
 
     def _history(self, record: TaskRecord, info: TaskInfo) -> tuple[AttemptEnd, ...]:
-        """How each attempt ended: those logged, the last one from the task's state, the rest unknown."""
-        logged = {end.attempt: end for end in self._attempt_ends.get(record.id, ())}
+        """How each attempt ended: those the record keeps, the last one from the task's state, the rest unknown
+        (older than the kept ones, or ended before a broker that kept them)."""
+        kept = {end.attempt: AttemptEnd(end.attempt, end.ended, end.at, end.error)
+                for end in record.attempt_ends or ()}
         out = []
         for attempt in range(1, info.attempts + 1):
-            end = logged.get(attempt)
+            end = kept.get(attempt)
             if end is None and attempt == info.attempts:
                 if info.state == RUNNING:
                     end = AttemptEnd(attempt, "running")
@@ -727,13 +767,6 @@ class TaskBook:
                                      info.error if info.state == FAILED else None)
             out.append(end or AttemptEnd(attempt, "unknown"))
         return tuple(out)
-
-    def _attempt_ended(self, record: TaskRecord, how: str, now: float, error: str | None = None) -> None:
-        """An attempt ended without ending the task (or before the task's own end is known): log how."""
-        ends = self._attempt_ends.get(record.id)
-        if ends is None:
-            ends = self._attempt_ends[record.id] = []
-        ends.append(AttemptEnd(record.attempts, how, now, error))
 
     def next_wakeup(self) -> float | None:
         return self.core.next_wakeup()
@@ -800,7 +833,6 @@ class TaskBook:
         task_id = record.id
         records = self.records  # records.pop(task_id, None), inline (core/shards.py): a drain forgets hundreds a pass
         (records.whole or records.shards[hash(task_id) % records.count]).pop(task_id, None)
-        self._attempt_ends.pop(task_id, None)
         if record.key is not None:
             key = (record.pool, record.tenant, record.key)
             if self._keys.get(key) == task_id:

@@ -39,11 +39,21 @@ RECORD_MEMORY = 520
 entries in the book's maps), as measured with `python -m bench.retention memory`."""
 
 
+ATTEMPT_END_MEMORY = 120
+"""Bytes one kept end of an attempt (cronoq.book.PastAttempt) costs besides its error's characters: the struct,
+its place in the record's tuple, its time and its error string's own header (about 155 bytes with a 13-character
+error, by tracemalloc)."""
+
+
 def memory_bytes(record: TaskRecord) -> int:
     """What a finished record weighs against the retention budget when it is kept in memory."""
     result = record.result
-    return (RECORD_MEMORY + (0 if result is None else len(result)) + len(record.error_type)
-            + len(record.error_message) + len(record.traceback))
+    weight = (RECORD_MEMORY + (0 if result is None else len(result)) + len(record.error_type)
+              + len(record.error_message) + len(record.traceback))
+    ends = record.attempt_ends
+    if ends:  # most records have none
+        weight += sum(ATTEMPT_END_MEMORY + len(end.error or "") for end in ends)
+    return weight
 
 
 class ResultArchive(Protocol):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from cronoq.book import KEPT_ATTEMPT_ENDS
+
 BAR_WIDTH = 20
 CLASSES = ("critical", "high", "normal", "low")
 
@@ -187,7 +189,7 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
 
 _ENDED = {"retried": "the handler raised; retried", "worker_lost": "its worker was lost (or the broker stopped)",
           "succeeded": "succeeded", "failed": "failed", "running": "running now",
-          "unknown": "not known (earlier attempts are kept in memory only)"}
+          "unknown": f"not known (a task keeps how its last {KEPT_ATTEMPT_ENDS} ended attempts ended)"}
 
 
 def _count(n: int, exact: bool, what: str) -> str:

@@ -104,14 +104,23 @@ def picture(world: World) -> dict[str, tuple]:
         state, error, payload = info.state, info.error, record.payload
         lost = info.attempts - record.retries
         if state == "running" and lost >= book.max_deliveries:
-            state, payload = "failed", b""
-            error = (f"WorkerLost: the task's worker was lost on {lost} of its {info.attempts} deliveries "
-                     f"(max_deliveries = {book.max_deliveries})")
+            state, payload, error = "failed", b"", lost_text(book, info)
         elif state in ("running", "delayed"):
             state = "queued"
+        # How attempts ended, but for the last one of a live task (a restart ends a running one: its worker is
+        # lost) or one that failed with its lost worker (which a restart may do, as above).
+        ends = tuple(end for end in book.explain(task_id, world.now).history
+                     if end.attempt < info.attempts or info.state in TERMINAL and error != lost_text(book, info))
         out[task_id] = (info.pool, info.tenant, info.priority, state, info.attempts, info.deadline,
-                        payload, record.result, error, record.key, record.submission, record.retries)
+                        payload, record.result, error, record.key, record.submission, record.retries, ends)
     return out
+
+
+def lost_text(book: TaskBook, info) -> str:
+    """The error of a task failed because its worker was lost on every one of its deliveries."""
+    lost = info.attempts - book.get(info.id).retries
+    return (f"WorkerLost: the task's worker was lost on {lost} of its {info.attempts} deliveries "
+            f"(max_deliveries = {book.max_deliveries})")
 
 
 def random_workload(world: World, rng: random.Random, steps: int, *, commit: bool = True) -> None:
@@ -899,3 +908,108 @@ def test_a_format_1_data_dir_is_read_and_its_finished_tasks_go_to_the_store(tmp_
     assert world.book.get("t2").payload == b"p2" and world.book.paused_pools() == ["b"]
     assert "t0" not in world.book.records, "numbered and moved to the results store"
     assert world.book.submit(SubmitRequest(b"x", pool="a", tenant="acme", key="k0"), world.now)[1]
+
+
+# --------------------------------------------------------------------- how each attempt ended
+
+
+def _fail(world: World, task_id: str, message: str, worker: str = "w") -> None:
+    """Dispatch the task (past any backoff) and have its handler raise."""
+    world.now += 120
+    [(_, record, attempt)] = world.book.dispatch(world.now)
+    assert record.id == task_id
+    world.book.complete(worker, task_id, attempt, world.now, ok=False, error_type="ValueError",
+                        error_message=message)
+    world.core.grant(worker, 1)
+    world.commit()
+
+
+def _history(world: World, task_id: str) -> list[tuple]:
+    return [(e.attempt, e.ended, e.at, e.error) for e in world.book.explain(task_id, world.now).history]
+
+
+def test_a_task_keeps_its_last_16_attempt_ends_clipped_through_crashes_and_compaction(tmp_path):
+    KEPT_ATTEMPT_ENDS, ATTEMPT_ERROR_CHARS = 16, 200  # as docs/api.md says
+
+    world = World(tmp_path, compact_min_bytes=1, compact_ratio=2)
+    task, _ = world.book.submit(SubmitRequest(b"x", pool="a", max_retries=100), world.now)
+    world.core.add_worker("w", ["a"], 1)
+    runs = KEPT_ATTEMPT_ENDS + 4
+    for run in range(1, runs + 1):
+        _fail(world, task.id, f"run {run} " + "!" * (run * 10))  # the later errors are too long
+    before = _history(world, task.id)
+    assert [end[:2] for end in before[:4]] == [(n, "unknown") for n in range(1, 5)], "only the last 16 are kept"
+    assert [end[:2] for end in before[4:]] == [(n, "retried") for n in range(5, runs + 1)]
+    assert before[4][3] == "ValueError: run 5 " + "!" * 50
+    assert all(len(end[3]) <= ATTEMPT_ERROR_CHARS for end in before[4:]) and before[-1][3].endswith("…")
+    assert before[-1][3].startswith(f"ValueError: run {runs} !!!")
+    world.crash()
+
+    world = World(tmp_path, now=world.now, compact_min_bytes=1, compact_ratio=2)  # from the journal
+    assert _history(world, task.id) == before
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    world.crash()
+    world = World(tmp_path, now=world.now)  # from the snapshot alone
+    assert world.journal.generation > 1 and _history(world, task.id) == before
+    # One more failure after the snapshot: the oldest kept end gives way, in the journal as in memory.
+    world.core.add_worker("w", ["a"], 1)
+    _fail(world, task.id, "once more")
+    expected = _history(world, task.id)
+    assert expected[4][1] == "unknown" and expected[-1][1:] == ("retried", world.now, "ValueError: once more")
+    world.crash()
+    assert _history(World(tmp_path, now=world.now), task.id) == expected
+
+
+def test_lost_deliveries_are_kept_and_the_last_is_told_by_the_failure(tmp_path):
+    world = World(tmp_path)
+    book, core = world.book, world.core
+    task, _ = book.submit(SubmitRequest(b"x", pool="a"), world.now)
+    for attempt in range(1, book.max_deliveries + 1):
+        core.add_worker(f"w{attempt}", ["a"], 1)
+        book.dispatch(world.now)
+        world.now += 1
+        book.lose_worker(f"w{attempt}", world.now)
+        world.commit()
+    before = _history(world, task.id)
+    lost = f"WorkerLost: the task's worker was lost on 3 of its 3 deliveries (max_deliveries = 3)"
+    assert before == [(1, "worker_lost", 1001.0, None), (2, "worker_lost", 1002.0, None), (3, "failed", 1003.0, lost)]
+    world.crash()
+    assert _history(World(tmp_path, now=world.now), task.id) == before
+
+
+def test_data_files_without_attempt_ends_read_as_unknown_and_go_on_keeping_new_ones(tmp_path):
+    """Files an earlier version wrote (format 2, before records kept how attempts ended): a snapshot's records
+    have no `attempt_ends`, a journal's requeues no `ended`. They read as before; new ends are kept."""
+    from cronoq.book import stored_form
+    from cronoq.store.records import AcceptedEntry, Dispatched, End, Header, encode
+
+    old_requeued = msgspec.defstruct("Requeued", [("id", str), ("not_before", float), ("error_type", str),
+                                                  ("error_message", str), ("traceback", str), ("retries", int)],
+                                     tag="r", array_like=True)
+    snapshotted = TaskRecord("t0", "a", None, 2, b"p0", 990.0, max_retries=5, attempts=2, retries=2,
+                             error_type="ValueError", error_message="second", not_before=995.0)
+    old_form = stored_form(snapshotted)[:TaskRecord.__struct_fields__.index("retries") + 2]  # the tag, then
+    assert old_form[-1] == 2  # the stored fields up to `retries`: no attempt_ends
+    frames.write_atomically(tmp_path / SNAPSHOT, [
+        encode([Header("snapshot", 2, 1)]), encode([old_form]), encode([End(1)])])
+    fd = os.open(journal_path(tmp_path, 1), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    frames.append(fd, encode([Header("journal", 2, 1)]))
+    frames.append(fd, encode([AcceptedEntry("t1", "a", None, 2, b"p1", 995.0, max_retries=5),
+                              Dispatched("t1", 1, 996.0)]))
+    frames.append(fd, encode([old_requeued("t1", 997.0, "ValueError", "first", "", 1)]))
+    os.close(fd)
+
+    world = World(tmp_path, ttl=1e9)
+    assert [end[:2] for end in _history(world, "t0")] == [(1, "unknown"), (2, "unknown")]
+    assert _history(world, "t1") == [(1, "unknown", None, None)]
+    assert world.book.info("t1").error == "ValueError: first"
+    world.core.add_worker("w", ["a"], 1)
+    _fail(world, "t0", "third")
+    _fail(world, "t1", "second")
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    expected = {task_id: _history(world, task_id) for task_id in ("t0", "t1")}
+    assert [end[1] for end in expected["t0"]] == ["unknown", "unknown", "retried"]
+    assert [end[1] for end in expected["t1"]] == ["unknown", "retried"]
+    world.crash()
+    world = World(tmp_path, now=world.now)
+    assert {task_id: _history(world, task_id) for task_id in ("t0", "t1")} == expected

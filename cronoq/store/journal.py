@@ -191,7 +191,12 @@ class Journal:
         self._pending.append(Dispatched(r.id, r.attempts, r.started_at))  # type: ignore[arg-type]
 
     def requeued(self, r: TaskRecord) -> None:
-        self._pending.append(Requeued(r.id, r.not_before, r.error_type, r.error_message, r.traceback, r.retries))
+        # The book notes how the attempt ended before it requeues the task: the last of the record's ends.
+        end = r.attempt_ends[-1] if r.attempt_ends else None
+        self._pending.append(Requeued(
+            r.id, r.not_before, r.error_type, r.error_message, r.traceback, r.retries,
+            *(() if end is None else (end.ended, end.at)),
+        ))
 
     def finished(self, r: TaskRecord) -> None:
         self._pending.append(Finished(

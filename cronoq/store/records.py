@@ -7,12 +7,14 @@ dozen bytes. Times are Unix seconds, as in the task book.
 
 Changing a record's fields means a new `FORMAT`: a broker refuses files of a
 format it does not know instead of guessing. The one exception is a field
-added at the end with a default (`TaskRecord.retries`, `Requeued.retries`):
-a file without it reads as the default, and a broker that does not know it
-skips it, so such a file keeps its format. Format 2 (this one) stores a
-task record as the book's own `TaskRecord` (`t`; an `accepted` record is the
-first fields of one), and numbers finished tasks (`Finished.seq`); format 1
-files (with `Kept` snapshot records) are still read.
+added at the end with a default (`TaskRecord.retries` and
+`TaskRecord.attempt_ends`, `Requeued.retries`, `Requeued.ended` and
+`Requeued.ended_at`): a file without it reads as the default, and a broker
+that does not know it skips it, so such a file keeps its format. Format 2
+(this one) stores a task record as the book's own `TaskRecord` (`t`; an
+`accepted` record is the first fields of one), and numbers finished tasks
+(`Finished.seq`); format 1 files (with `Kept` snapshot records) are still
+read.
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ class Requeued(_Record, tag="r"):
     retries: int = 0
     """The task's `retries` (the handler raised and it went back) so far: a lost worker's requeue carries it
     unchanged."""
+    ended: str = ""
+    """How the attempt ended that this requeue follows: `retried` or `worker_lost` ("" in files written before
+    it was kept: the attempt's end is then unknown). A replay rebuilds the record's `attempt_ends` entry from
+    it, `ended_at`, the task's attempt number and, for a retry, the error above (cronoq.book.attempt_ended)."""
+    ended_at: float = 0.0
+    """When that attempt ended (Unix seconds)."""
 
 
 class Finished(_Record, tag="f"):

@@ -17,7 +17,7 @@ from operator import attrgetter, eq, not_, or_
 
 import msgspec
 
-from cronoq.book import TaskRecord
+from cronoq.book import TaskRecord, attempt_ended
 from cronoq.core import QUEUED, RUNNING
 from cronoq.core.shards import ShardedMap
 from cronoq.store.records import (
@@ -140,6 +140,8 @@ class Replay:
                     record.not_before = change.not_before
                     record.error_type, record.error_message = change.error_type, change.error_message
                     record.traceback, record.retries = change.traceback, change.retries
+                    if change.ended:  # (files written before attempts' ends were kept have none)
+                        attempt_ended(record, change.ended, change.ended_at)
                     self._move(record)  # it queues again behind the others
             case Forgotten():
                 by_id = self.by_id
