@@ -76,7 +76,6 @@ class PastAttempt(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """What the handler raised, `"Type: message"` clipped to ATTEMPT_ERROR_CHARS; None for a lost worker."""
 
 
-
 class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """What the book knows of one task; while it is live, also the scheduling core's task.
 
