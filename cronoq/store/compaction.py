@@ -16,7 +16,7 @@ Two ways to write it off the loop:
   126 ms.
 - **From the files** (`BackgroundSnapshot.read_back`): the files before
   g+1 no longer change, so a process started afresh (vfork and exec: about
-  a millisecond of the loop, whatever the broker holds) reads them back as
+  a millisecond, whatever the broker holds) reads them back as
   a broker starting up would (cronoq.store.replay, leaving out the finished
   tasks the results store holds) and writes what it read. The broker has
   it started by its housekeeping thread (`BackgroundSnapshot.read_back_in`):
