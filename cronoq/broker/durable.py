@@ -301,6 +301,13 @@ class DataDir:
         """Release data_dir: commit and fsync what is left, or, after a failure, nothing. Idempotent."""
         journal, self.journal = self.journal, None
         archive, self.archive = self.archive, None
+        if journal is not None:
+            # First: a start still queued for the housekeeping thread is dropped rather than run only to be killed
+            # when the thread ends (a stopping broker does not wait for its snapshot).
+            try:
+                journal.cancel_compaction()
+            except OSError as exc:
+                log.error("could not stop the compaction's snapshot writer: %s", exc)
         for thread in (self._writer, self._housekeeping):
             if thread is not None:  # a write or sync under way finishes before the journal's last one
                 thread.shutdown(wait=True)

@@ -184,11 +184,6 @@ class BackgroundSnapshot:
         snapshot.start_seconds = time.perf_counter() - starting
         return snapshot
 
-    @property
-    def starting(self) -> bool:
-        """Whether another thread is still starting the process (its pid is 0 until then)."""
-        return self._starting is not None and not self._starting.done()
-
     def _take_started(self) -> bool:
         """Take over the process another thread started, once it has: False while it is being started.
         Raises the OSError of a start that failed (then nothing was started and no file was written)."""
