@@ -112,6 +112,7 @@ HISTOGRAMS = {"pass": "cronoq_loop_pass_seconds", "pass cpu": "cronoq_loop_pass_
               "heartbeat work": "cronoq_loop_heartbeat_seconds",
               "gc": "cronoq_gc_pause_seconds",
               "snapshot start": "cronoq_snapshot_start_seconds",
+              "snapshot spawn (housekeeping thread)": "cronoq_snapshot_spawn_seconds",
               "commit": "cronoq_journal_commit_seconds",
               "sync": "cronoq_journal_sync_seconds",
               # Submit to dispatch inside the broker, per pool: the probe pool's is the broker's own share of the

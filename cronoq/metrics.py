@@ -63,6 +63,7 @@ class BrokerMetrics:
         self.heartbeat_seconds = Histogram(PASS_SECONDS_BUCKETS)
         self.gc_seconds = [Histogram(GC_SECONDS_BUCKETS) for _ in range(3)]
         self.snapshot_start_seconds = Histogram(GC_SECONDS_BUCKETS)
+        self.snapshot_spawn_seconds = Histogram(GC_SECONDS_BUCKETS)
 
     def task_finished(self, pool: str, outcome: str, submitted_at: float, started_at: float | None,
                       finished_at: float | None) -> None:
@@ -95,8 +96,14 @@ class BrokerMetrics:
         self.gc_seconds[generation].observe(seconds)
 
     def snapshot_start_took(self, seconds: float) -> None:
-        """Starting a compaction's snapshot writer (a process of its own) held the loop this long."""
+        """Starting a compaction's snapshot writer held the loop this long: a fork, or handing the start of a
+        process reading the files back to the housekeeping thread."""
         self.snapshot_start_seconds.observe(seconds)
+
+    def snapshot_spawn_took(self, seconds: float) -> None:
+        """The housekeeping thread started a compaction's process reading the files back in this long (the
+        loop does not wait for it); called from that thread."""
+        self.snapshot_spawn_seconds.observe(seconds)
 
     @staticmethod
     def _histogram(by_pool: dict[str, Histogram], pool: str) -> Histogram:
@@ -185,9 +192,15 @@ class BrokerCollector:
         beat.add_metric([], self._metrics.heartbeat_seconds.buckets(), self._metrics.heartbeat_seconds.sum)
         yield beat
         start = HistogramMetricFamily("cronoq_snapshot_start_seconds",
-                                     "Time the broker's loop spent starting a compaction's snapshot writer process.")
+                                     "Time the broker's loop spent starting a compaction's snapshot writer: a fork, "
+                                     "or handing a new process's start to the housekeeping thread.")
         start.add_metric([], self._metrics.snapshot_start_seconds.buckets(), self._metrics.snapshot_start_seconds.sum)
         yield start
+        spawn = HistogramMetricFamily("cronoq_snapshot_spawn_seconds",
+                                      "Time the broker's housekeeping thread spent starting a compaction's process "
+                                      "that reads the files back (the loop does not wait for it).")
+        spawn.add_metric([], self._metrics.snapshot_spawn_seconds.buckets(), self._metrics.snapshot_spawn_seconds.sum)
+        yield spawn
         yield _histogram_family("cronoq_gc_pause_seconds", "Time one collection of Python's garbage collector took.",
                                 {str(g): h for g, h in enumerate(self._metrics.gc_seconds)}, label="generation")
 

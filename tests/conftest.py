@@ -42,9 +42,9 @@ def broker_factory(tmp_path):
 
     def start(config_text: str = "", *, env: dict[str, str] | None = None, name: str = "cronoq.toml",
               broker_extra: str = "", args: list[str] | None = None,
-              nofile: tuple[int, int] | None = None) -> BrokerProcess:
+              nofile: tuple[int, int] | None = None, python: str | None = None) -> BrokerProcess:
         path = write_config(tmp_path / name, config_text, broker_extra=broker_extra)
-        broker = BrokerProcess(path, env=env, args=args, nofile=nofile)
+        broker = BrokerProcess(path, env=env, args=args, nofile=nofile, python=python)
         broker.start()
         started.append(broker)
         return broker

@@ -78,11 +78,12 @@ def wait_for_line(proc: subprocess.Popen, log: Path, text: str, *, timeout: floa
 
 
 def _spawn(args: list[str], log: Path, *, env: dict[str, str] | None, cwd: Path,
-           nofile: tuple[int, int] | None = None) -> subprocess.Popen:
-    """Start `python ARGS` with its output in `log`; `nofile`: its (soft, hard) open-file limits."""
+           nofile: tuple[int, int] | None = None, python: str | None = None) -> subprocess.Popen:
+    """Start `python ARGS` with its output in `log`; `nofile`: its (soft, hard) open-file limits; `python`:
+    the interpreter's path, if not this one's (the child's sys.executable, which it starts its helpers with)."""
     limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile))
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
+        return subprocess.Popen([python or sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
                                 env=_env(env), cwd=cwd, preexec_fn=limit)
 
 
@@ -90,11 +91,12 @@ class BrokerProcess:
     """A real `cronoq-broker -c FILE` child process."""
 
     def __init__(self, config_path: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None,
-                 nofile: tuple[int, int] | None = None, log: Path | None = None) -> None:
+                 nofile: tuple[int, int] | None = None, log: Path | None = None, python: str | None = None) -> None:
         self.config_path = config_path
         self.log_path = log  # None: beside the config, named after it (members sharing one file need their own)
         self.env = env
         self.nofile = nofile
+        self.python = python
         self.args = args or ["--log-level", "WARNING"]
         self.proc: subprocess.Popen | None = None
         self.clients = ""
@@ -105,7 +107,8 @@ class BrokerProcess:
         `log`: where its output goes (default: the `log` it was made with, else beside the config, NAME.log)."""
         self.log = log or self.log_path or self.config_path.with_suffix(".log")
         self.proc = _spawn(["-m", "cronoq.broker.cli", "-c", str(self.config_path), *self.args],
-                           self.log, env=self.env, cwd=self.config_path.parent, nofile=self.nofile)
+                           self.log, env=self.env, cwd=self.config_path.parent, nofile=self.nofile,
+                           python=self.python)
         if wait:
             self.wait_ready()
         return self

@@ -15,6 +15,8 @@ import logging
 import os
 import random
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -733,6 +735,132 @@ def test_a_killed_compaction_child_changes_nothing_and_a_later_one_succeeds(tmp_
     again = World(tmp_path, now=world.now, ttl=1e9)
     again.settle()
     assert picture(again) == expected
+
+
+# --------------------------------------------------------------------- a read-back started by the housekeeper
+
+
+@pytest.fixture
+def housekeeper():
+    """The broker's housekeeping thread: one thread that lives as long as the journal using it."""
+    thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="test-housekeeping")
+    yield thread
+    thread.shutdown(wait=True)
+
+
+def _child_of_thread(thread_id: int, pid: int) -> bool:
+    """Whether process `pid` was started by this process's thread `thread_id` (Linux: its children file)."""
+    return str(pid) in Path(f"/proc/self/task/{thread_id}/children").read_text().split()
+
+
+def _drained(thread: concurrent.futures.Executor) -> None:
+    """Return once everything handed to the one thread so far is done (an install, a spare journal)."""
+    thread.submit(int).result()
+
+
+def test_a_read_back_started_by_the_housekeeper_runs_from_the_rotation_and_is_its_child(tmp_path, monkeypatch,
+                                                                                        housekeeper):
+    hold = _hold_compaction(monkeypatch, tmp_path)
+    world = _busy_world(tmp_path, 31)
+    world.journal.housekeeper = housekeeper
+    started = []
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools(), from_files=True,
+                                   archived_through=world.archive.archived_through, started=started.append)
+    running = world.journal.compacting
+    assert running is not None and not running.forked and world.journal.generation == 2
+    assert not world.journal.wants_compaction(0), "no second compaction while the first one is being started"
+    assert world.journal.poll_compaction() is None
+    random_workload(world, random.Random(32), 100)  # meanwhile, into journal 2
+    world.commit()
+    child = _wait_for(hold)
+    assert [s.pid for s in started] == [child]
+    thread_id = housekeeper.submit(threading.get_native_id).result()
+    assert thread_id != threading.get_native_id() and _child_of_thread(thread_id, child), \
+        "the housekeeping thread started it (it dies when that thread ends: PR_SET_PDEATHSIG)"
+    hold.unlink()
+    end = time.monotonic() + 30
+    while world.journal.poll_compaction() is None:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    assert running.pid == child and running.spawn_seconds > 0
+    _drained(housekeeper)
+    assert _journal_files(tmp_path) == ["journal.00000002", "journal.00000003", "lock", SNAPSHOT]
+    expected = picture(world)
+    world.crash()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected
+
+
+def test_a_read_back_the_housekeeper_cannot_start_changes_nothing_and_a_later_one_succeeds(tmp_path, monkeypatch,
+                                                                                          housekeeper):
+    """A start that fails in the housekeeping thread (here: no interpreter to run) is `poll_compaction`'s
+    OSError, as a child that failed is: the broker logs it and tries again later."""
+    world = _busy_world(tmp_path, 33)
+    world.journal.housekeeper = housekeeper
+    before = _files(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(tmp_path.parent / "no-such-python"))
+    _start_compaction(world, from_files=True)
+    assert world.journal.compacting is not None
+    with pytest.raises(OSError, match="no-such-python|No such file"):
+        end = time.monotonic() + 30
+        while world.journal.poll_compaction() is None:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+    assert world.journal.compacting is None
+    _drained(housekeeper)
+    after = _files(tmp_path)
+    assert not (tmp_path / "snapshot.tmp").exists() and not (tmp_path / SNAPSHOT).exists()
+    assert after["journal.00000001"] == before["journal.00000001"], "the old journal is untouched"
+    monkeypatch.undo()
+    random_workload(world, random.Random(34), 50)
+    world.commit()
+    _start_compaction(world, from_files=True)
+    end = time.monotonic() + 30
+    while world.journal.poll_compaction() is None:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    _drained(housekeeper)
+    assert "journal.00000001" not in _journal_files(tmp_path) and (tmp_path / SNAPSHOT).exists()
+    expected = picture(world)
+    world.crash()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected
+
+
+@pytest.mark.parametrize("when", ["start queued behind other file work", "child writing"])
+def test_a_crash_while_the_housekeeper_starts_or_runs_a_read_back_loses_nothing(tmp_path, monkeypatch, housekeeper,
+                                                                                when):
+    hold = _hold_compaction(monkeypatch, tmp_path)
+    world = _busy_world(tmp_path, 35)
+    world.journal.housekeeper = housekeeper
+    busy = threading.Event()
+    if when == "start queued behind other file work":
+        housekeeper.submit(busy.wait, 30)  # a slow fsync, say: the start waits behind it
+    started = []
+    world.journal.start_compaction(world.book.kept, world.book.paused_pools(), from_files=True,
+                                   archived_through=world.archive.archived_through, started=started.append)
+    random_workload(world, random.Random(36), 50)
+    world.commit()
+    child = _wait_for(hold) if when == "child writing" else None
+    expected = picture(world)
+    if child is None:
+        world.journal.cancel_compaction()  # as a crash's abandon() does first: the start has not begun
+        assert world.journal.compacting is None
+        busy.set()  # (abandon() then waits for the spare journal, queued behind the slow work too)
+    world.crash()  # stops the child the thread started, and waits for it
+    _drained(housekeeper)
+    if child is None:
+        assert started == [], "a start that had not begun never happens"
+    else:
+        assert not Path(f"/proc/{child}").exists(), "the child was stopped and reaped"
+    hold.unlink(missing_ok=True)
+    monkeypatch.undo()
+    again = World(tmp_path, now=world.now, ttl=1e9)
+    again.settle()
+    assert picture(again) == expected
+    assert not (tmp_path / "snapshot.tmp").exists()
 
 
 # --------------------------------------------------------------------- the results store and its archiver

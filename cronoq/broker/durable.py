@@ -32,7 +32,7 @@ from cronoq.config import BrokerConfig
 from cronoq.metrics import BrokerMetrics
 from cronoq.store import results
 from cronoq.store.archive import Archive, open_store
-from cronoq.store.compaction import FORK_MAX_RSS, resident_bytes
+from cronoq.store.compaction import FORK_MAX_RSS, BackgroundSnapshot, resident_bytes
 from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError, sync_files
 
 log = logging.getLogger("cronoq.broker")
@@ -65,7 +65,9 @@ class DataDir:
         self._min_bytes, self._ratio, self._retry, self._fork_max_rss = _compaction_settings()
         # One thread for the journal's fdatasyncs and its file housekeeping (Journal.housekeeper): a sync can
         # take tens of milliseconds on a busy disk, a new file's fsync or unlinking big files milliseconds, and
-        # the loop goes on serving (and appending) meanwhile. Made when first needed.
+        # the loop goes on serving (and appending) meanwhile. Made when first needed. It also starts a big
+        # broker's compaction writer, which dies when the thread that started it ends (PR_SET_PDEATHSIG): so the
+        # thread lives until `close()`, as long as the broker, and is never replaced while the broker runs.
         self._housekeeping: concurrent.futures.ThreadPoolExecutor | None = None
         # One thread for big group commits (and all of them with durability "fsync"), made on the first.
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
@@ -237,23 +239,36 @@ class DataDir:
         self._start_compaction(journal, now)
 
     def _start_compaction(self, journal: Journal, now: float) -> None:
-        """Commit here and now, then start a compaction's snapshot writer. Raises OSError if the commit fails."""
+        """Commit here and now, then start a compaction's snapshot writer: a fork here, or a process reading the
+        files back, started by the housekeeping thread (the journal's housekeeper). Raises OSError if the commit
+        fails; a writer that cannot be started is logged and tried again later."""
         self._compaction_due = False
         self.commit()
         try:
             book = self._book
             journal.start_compaction(
                 book.kept, book.paused_pools(), from_files=resident_bytes() > self._fork_max_rss,
-                archived_through=self.archive.archived_through if self.archive is not None else 0)
+                archived_through=self.archive.archived_through if self.archive is not None else 0,
+                started=self._writer_started)
         except OSError as exc:
             self._compaction_failed(exc, now)
             return
         running = journal.compacting
         assert running is not None
-        self._metrics.snapshot_start_took(running.start_seconds)
-        log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d %s in %.1f ms",
-                 len(self._book.records), journal.bytes, running.pid,
-                 "forked" if running.forked else "reading the files back, started", running.start_seconds * 1e3)
+        self._metrics.snapshot_start_took(running.start_seconds)  # what the loop waited for
+        if running.forked:
+            log.info("compaction started: %d records in memory, journal %d bytes; writer pid %d forked in %.1f ms",
+                     len(self._book.records), journal.bytes, running.pid, running.start_seconds * 1e3)
+        else:
+            log.info("compaction started: %d records in memory, journal %d bytes; a writer reading the files back "
+                     "is being started (the loop waited %.2f ms)", len(self._book.records), journal.bytes,
+                     running.start_seconds * 1e3)
+
+    def _writer_started(self, running: BackgroundSnapshot) -> None:
+        """A process reading the files back has started (in the housekeeping thread, which it dies with)."""
+        self._metrics.snapshot_spawn_took(running.spawn_seconds)
+        log.info("compaction's writer pid %d, reading the files back, started in %.1f ms", running.pid,
+                 running.spawn_seconds * 1e3)
 
     def _install_compaction(self, journal: Journal, now: float) -> None:
         running = journal.compacting
@@ -286,6 +301,13 @@ class DataDir:
         """Release data_dir: commit and fsync what is left, or, after a failure, nothing. Idempotent."""
         journal, self.journal = self.journal, None
         archive, self.archive = self.archive, None
+        if journal is not None:
+            # First: a start still queued for the housekeeping thread is dropped rather than run only to be killed
+            # when the thread ends (a stopping broker does not wait for its snapshot).
+            try:
+                journal.cancel_compaction()
+            except OSError as exc:
+                log.error("could not stop the compaction's snapshot writer: %s", exc)
         for thread in (self._writer, self._housekeeping):
             if thread is not None:  # a write or sync under way finishes before the journal's last one
                 thread.shutdown(wait=True)

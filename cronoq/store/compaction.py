@@ -16,9 +16,12 @@ Two ways to write it off the loop:
   126 ms.
 - **From the files** (`BackgroundSnapshot.read_back`): the files before
   g+1 no longer change, so a process started afresh (vfork and exec: about
-  a millisecond of the loop, whatever the broker holds) reads them back as
+  a millisecond, whatever the broker holds) reads them back as
   a broker starting up would (cronoq.store.replay, leaving out the finished
-  tasks the results store holds) and writes what it read. Nothing is
+  tasks the results store holds) and writes what it read. The broker has
+  it started by its housekeeping thread (`BackgroundSnapshot.read_back_in`):
+  vfork waits for the new process to exec, and on a busy machine that
+  waited for a core, up to 25 ms, which the loop no longer does. Nothing is
   shared with the broker, but reading back costs CPU in proportion to the
   journal (about 0.6 s per 32 MiB), where a fork's child costs in
   proportion to what is in memory: a broker at full rate with little
@@ -36,7 +39,9 @@ there, and a leftover `snapshot.tmp` is deleted at the next start.
 A child touches nothing it shares with the broker but the file it writes:
 it restores the default signal handlers or ignores SIGINT (a signal meant
 for the broker must not reach it), holds neither the data directory's lock
-nor the journal, dies with the broker (Linux: PR_SET_PDEATHSIG), never runs
+nor the journal, dies with the broker (Linux: PR_SET_PDEATHSIG, which fires
+when the *thread* that started the child ends: whatever starts one must live
+as long as the broker), never runs
 the cyclic GC (in a forked child it would write to every object's header
 and copy the parent's whole heap), and reports "ok SIZE" or "error REASON"
 on a pipe. A forked child leaves with `os._exit` (no atexit handlers, no
@@ -46,7 +51,9 @@ flushing of the parent's buffers).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -59,6 +66,8 @@ import cronoq
 from cronoq.store import frames
 from cronoq.store.lifeline import bind_to_parent
 from cronoq.store.reading import SNAPSHOT, read_before
+
+log = logging.getLogger("cronoq.store")
 
 HOLD_ENV = "CRONOQ_TEST_HOLD_COMPACTION"
 """For tests only: a path. The child creates it after the snapshot's first frame, then waits while it exists,
@@ -86,10 +95,15 @@ class BackgroundSnapshot:
         """True: a forked child walks the broker's memory; False: a process reads the files back."""
         self.started = time.monotonic()
         self.start_seconds = 0.0
-        """How long starting the child held the caller (the broker's loop)."""
+        """How long starting the child held the caller (the broker's loop): the fork, the process's start, or
+        with `read_back_in` only handing the start to the other thread."""
+        self.spawn_seconds = 0.0
+        """How long the process's start took, in whichever thread started it."""
         self.size = 0
         self._status_fd = status_fd
         self._process = process
+        self._starting: concurrent.futures.Future[BackgroundSnapshot] | None = None
+        """`read_back_in`: the other thread's start, until `poll` or `cancel` takes over the process it started."""
 
     @classmethod
     def fork(cls, generation: int, temporary: Path, frames_of: Callable[[], Iterable[bytes]],
@@ -140,12 +154,56 @@ class BackgroundSnapshot:
         took = time.perf_counter() - starting
         os.set_blocking(read_end, False)
         snapshot = cls(process.pid, read_end, generation, temporary_of(data_dir), forked=False, process=process)
-        snapshot.start_seconds = took
+        snapshot.start_seconds = snapshot.spawn_seconds = took
         return snapshot
 
+    @classmethod
+    def read_back_in(cls, starter: concurrent.futures.Executor, data_dir: Path, generation: int,
+                     archived_through: int, *, started: Callable[["BackgroundSnapshot"], None] | None = None,
+                     ) -> "BackgroundSnapshot":
+        """Like `read_back`, but the process is started by `starter`, one thread, while the caller carries on:
+        the snapshot returned is running from now on (`poll` is False until the process has started and is
+        done), and `poll` raises the OSError of a start that failed. `started` is called in `starter`'s thread
+        with what it started (to time and log it).
+
+        The child is bound to the thread that starts it (PR_SET_PDEATHSIG fires when that *thread* ends, not
+        the process), so `starter`'s thread must live as long as the broker, as its housekeeping thread does."""
+        starting = time.perf_counter()
+        snapshot = cls(0, -1, generation, temporary_of(data_dir), forked=False)
+
+        def start() -> BackgroundSnapshot:
+            running = cls.read_back(data_dir, generation, archived_through)
+            if started is not None:
+                try:
+                    started(running)
+                except Exception:  # noqa: BLE001 - the process runs: a failed log line must not orphan it
+                    log.exception("after starting a compaction's snapshot writer")
+            return running
+
+        snapshot._starting = starter.submit(start)
+        snapshot.start_seconds = time.perf_counter() - starting
+        return snapshot
+
+    def _take_started(self) -> bool:
+        """Take over the process another thread started, once it has: False while it is being started.
+        Raises the OSError of a start that failed (then nothing was started and no file was written)."""
+        starting = self._starting
+        if starting is None:
+            return True
+        if not starting.done():
+            return False
+        self._starting = None
+        running = starting.result()
+        self.pid, self._status_fd, self._process = running.pid, running._status_fd, running._process
+        self.spawn_seconds = running.spawn_seconds
+        return True
+
     def poll(self) -> bool:
-        """True once the child has written the whole file; False while it runs. Raises OSError (with the
-        child's reason) when it failed or was killed; the temporary file is then gone."""
+        """True once the child has written the whole file; False while it runs (or is being started).
+        Raises OSError (with the child's reason) when it failed, was killed or could not be started; the
+        temporary file is then gone."""
+        if not self._take_started():
+            return False
         code = self._exit_code()
         if code is None:
             return False
@@ -162,6 +220,14 @@ class BackgroundSnapshot:
 
     def cancel(self) -> None:
         """Stop the child (if it still runs) and remove what it wrote."""
+        starting = self._starting
+        if starting is not None and not starting.cancel():  # cancel(): the other thread had not begun
+            try:
+                concurrent.futures.wait([starting])  # a start under way: a few milliseconds
+                self._take_started()
+            except Exception:  # noqa: BLE001 - it never started: nothing to stop
+                return
+        self._starting = None
         if self._status_fd < 0:
             return
         if self._process is not None:

@@ -307,18 +307,32 @@ class Journal:
         return size
 
     def start_compaction(self, kept: Callable[[], Iterable[TaskRecord]], paused: list[str], *,
-                         archived_through: int = 0, from_files: bool = False) -> None:
+                         archived_through: int = 0, from_files: bool = False,
+                         started: Callable[[BackgroundSnapshot], None] | None = None) -> None:
         """Start journal g+1, and a child that writes the snapshot of generation g+1: the state exactly as
         journal g left it. A forked child writes `kept()` (run in the child, on its copy of memory: it must
         give the records as they are now) and `paused`; with `from_files`, a process reads back the snapshot
         and the journals before g+1 instead, leaving out the finished tasks numbered up to `archived_through`
         (cronoq.store.compaction says when which). The journal carries on meanwhile; `poll_compaction`
-        installs the snapshot once it is written. Raises OSError."""
+        installs the snapshot once it is written. Raises OSError.
+
+        `started` is called with the process reading back once it has started. With a housekeeper, that
+        process is started in the housekeeper's thread (and `started` called there): the compaction counts as
+        running from now on, and a start that fails is `poll_compaction`'s OSError, as a child that fails is.
+        A fork stays on the caller's thread: the child must be a copy of memory as the caller's changes left
+        it."""
         self._next_generation()
         self._covered = (self.bytes, self.records)
         generation = self.generation
-        if from_files:
+        if from_files and self.housekeeper is not None:
+            # The housekeeper's one thread lives as long as the broker, as the child's lifeline needs (it dies
+            # when the thread that started it ends); the start waits behind any file work queued before it.
+            self.compacting = BackgroundSnapshot.read_back_in(
+                self.housekeeper, self.data_dir, generation, archived_through, started=started)
+        elif from_files:
             self.compacting = BackgroundSnapshot.read_back(self.data_dir, generation, archived_through)
+            if started is not None:
+                started(self.compacting)
         else:
             self.compacting = BackgroundSnapshot.fork(
                 generation, temporary_of(self.data_dir), lambda: snapshot_frames(generation, kept(), paused),

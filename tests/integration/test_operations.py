@@ -70,7 +70,8 @@ async def test_the_metrics_endpoint_shows_backlog_and_counters(broker_factory):
 @pytest.mark.parametrize("fork_max_rss", ["", "0"], ids=["forked", "from the files"])
 async def test_each_compaction_start_is_timed_in_the_metrics(broker_factory, fork_max_rss):
     """The loop waits while a compaction's snapshot writer is started (a fork() of the broker took tens of ms
-    at 10^6 queued tasks): each start is a sample of cronoq_snapshot_start_seconds."""
+    at 10^6 queued tasks): each start is a sample of cronoq_snapshot_start_seconds. A process reading the files
+    back is started by the housekeeping thread instead, and timed there too (cronoq_snapshot_spawn_seconds)."""
     port = free_port()
     broker = broker_factory('[[pools]]\nname = "default"\n',
                             env={"CRONOQ_TEST_COMPACTION": f"1,0.5,,{fork_max_rss}"},
@@ -91,6 +92,8 @@ async def test_each_compaction_start_is_timed_in_the_metrics(broker_factory, for
         await running
     assert got[("cronoq_snapshot_start_seconds_count", ())] >= 1
     assert got[("cronoq_snapshot_start_seconds_sum", ())] > 0
+    spawned = got[("cronoq_snapshot_spawn_seconds_count", ())]
+    assert spawned == 0 if fork_max_rss == "" else spawned >= 1
 
 
 def weighted_config(acme: int, *, extra_pool: bool = False, token_env: str = "T_OLD") -> str:

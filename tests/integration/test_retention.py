@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,17 @@ def _children(pid: int) -> list[tuple[int, str]]:
             except FileNotFoundError:
                 pass
     return found
+
+
+def _starter(pid: int, child: int) -> int | None:
+    """Which thread of process `pid` started `child` (Linux: a thread's children file), or None."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if str(child) in (task / "children").read_text().split():
+                return int(task.name)
+        except FileNotFoundError:
+            pass
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -231,6 +243,10 @@ async def test_kill_9_of_the_broker_while_its_compaction_child_writes_loses_noth
         await until(lambda: asyncio.sleep(0, hold.exists()), "a compaction child is writing its snapshot")
         child = int(hold.read_text())
         assert (data_dir / "snapshot.tmp").exists()
+        # A fork comes from the loop's thread; a process reading back is started by the housekeeping thread,
+        # so that the loop does not wait for it to exec (and is bound to that thread, which lives as long).
+        starter = _starter(broker.proc.pid, child)
+        assert (starter == broker.proc.pid) if fork_max_rss == "" else (starter not in (None, broker.proc.pid))
         broker.kill()  # SIGKILL, mid-compaction
         await until(lambda: asyncio.sleep(0, not _alive(child)), "the child died with the broker")
         hold.unlink()
@@ -283,6 +299,66 @@ async def test_a_killed_compaction_child_or_archiver_changes_nothing_and_the_bro
     broker = restarted(broker, env={})
     async with cronoq.connect(broker.clients) as client:
         assert [await client.result(h.id, timeout=WAIT) for h in done + more] == list(range(150))
+
+
+async def test_a_broker_stopped_while_its_compaction_reads_back_exits_at_once_and_loses_nothing(
+        broker_factory, restarted, tmp_path):
+    """SIGTERM while the housekeeping thread's read-back child writes: the broker stops that child (it does
+    not wait for the snapshot), exits 0, and the next start replays the journals the child would have replaced."""
+    hold = tmp_path / "compaction-held"
+    env = {"CRONOQ_TEST_COMPACTION": "1,0.5,,0", "CRONOQ_TEST_HOLD_COMPACTION": str(hold)}
+    broker = broker_factory('[[pools]]\nname = "default"\n', env=env, name="stopped.toml")
+    data_dir = broker.config_path.parent / "stopped-data"
+    async with cronoq.connect(broker.clients) as client:
+        await client.pause("default")
+        queued = [await client.submit(n) for n in range(200)]
+        await until(lambda: asyncio.sleep(0, hold.exists() and hold.read_text() != ""),
+                    "a compaction child is writing its snapshot")
+        child = int(hold.read_text())
+        assert broker.stop() == 0
+        assert not _alive(child), "the child went with the broker"
+        hold.unlink()
+        broker = restarted(broker, env={})
+        assert not (data_dir / "snapshot.tmp").exists()
+        assert [(await client.status(h.id)).state for h in queued] == ["queued"] * 200
+        await client.resume("default")
+        async with _worker(broker):
+            assert [await h.result(timeout=WAIT) for h in queued] == list(range(200))
+
+
+async def test_a_compaction_writer_that_cannot_be_started_changes_nothing_and_is_tried_again(
+        broker_factory, restarted, tmp_path):
+    """The housekeeping thread cannot start the process reading back (here: the interpreter the broker runs as
+    is gone): the broker logs it, keeps every journal, and a later try, once it can, compacts."""
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir()
+    python.symlink_to(os.path.realpath(sys.executable))
+    env = {"CRONOQ_TEST_COMPACTION": "1,0.5,0.5,0"}  # read back always, try again after half a second
+    broker = broker_factory('[[pools]]\nname = "default"\n', env=env, name="nostart.toml", python=str(python))
+    python.unlink()  # the broker runs; a process it starts from now on cannot
+    async with cronoq.connect(broker.clients) as client, _worker(broker):
+        done = [await client.submit(n) for n in range(100)]
+        assert [await h.result(timeout=WAIT) for h in done] == list(range(100))
+
+        async def failed() -> bool:
+            await client.submit("more")  # grows the journal: the next try is due
+            return "could not compact the journal" in broker.log.read_text()
+
+        await until(failed, "a compaction whose writer could not be started")
+        assert "No such file" in broker.log.read_text()
+        assert (await client.stats())["store"]["compactions"] == 0
+        python.symlink_to(os.path.realpath(sys.executable))
+
+        async def compacted() -> bool:
+            await client.submit("more")
+            return (await client.stats())["store"]["compactions"] >= 1
+
+        await until(compacted, "a later try compacted")
+        assert [await client.result(h.id, timeout=WAIT) for h in done] == list(range(100))
+    broker.kill()
+    broker = restarted(broker, env={})
+    async with cronoq.connect(broker.clients) as client:
+        assert [await client.result(h.id, timeout=WAIT) for h in done] == list(range(100))
 
 
 async def test_the_embedded_scheduler_keeps_results_in_memory_within_both_limits():
