@@ -206,6 +206,13 @@ def _lines(path: Path) -> Iterator[list[float]]:
             continue  # a line cut short by the process being stopped
 
 
+def _machine_seconds() -> float:
+    """CPU seconds every process on the machine has spent busy since boot (bench/run.py's reading of /proc/stat)."""
+    from bench.run import _busy_seconds
+
+    return _busy_seconds()
+
+
 async def _sampler(rec: Recording, broker: subprocess.Popen, workers: list[subprocess.Popen], data: Path,
                    every: float, stop: asyncio.Event, admin: Any = None) -> None:
     """Sample until `stop`: RSS, CPU, data_dir size, the schedstat of every thread of `rec.watched` (the processes
@@ -214,7 +221,7 @@ async def _sampler(rec: Recording, broker: subprocess.Popen, workers: list[subpr
     while not stop.is_set():
         sample = {"t": time.time(), "rss": float(rss_bytes(broker.pid)), "data_dir": float(data_dir_bytes(data)),
                   "cpu_broker": cpu_seconds([broker.pid]), "cpu_workers": cpu_seconds(worker_pids),
-                  "cpu_archiver": cpu_seconds(archiver_pids(broker.pid)),
+                  "cpu_archiver": cpu_seconds(archiver_pids(broker.pid)), "cpu_machine": _machine_seconds(),
                   "sched": {name: thread_schedstats(pid) for name, pid in rec.watched.items()}}
         if admin is not None:
             pool = (await admin.stats())["pools"]["default"]
@@ -470,6 +477,9 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
         done = [n for t, n in rec.progress if begin <= t <= end]
         if len(done) >= 2 and len(steady) >= 2 and done[-1] > done[0]:
             tasks = done[-1] - done[0]
+            if "cpu_machine" in steady[0]:  # every process on the machine, ours and others', by /proc/stat
+                out["machine_busy_cores"] = (steady[-1]["cpu_machine"] - steady[0]["cpu_machine"]) / (
+                    steady[-1]["t"] - steady[0]["t"])
             out["cpu_us_per_task"] = {
                 "broker": (steady[-1]["cpu_broker"] - steady[0]["cpu_broker"]) / tasks * 1e6,
                 "workers": (steady[-1]["cpu_workers"] - steady[0]["cpu_workers"]) / tasks * 1e6,
@@ -511,7 +521,10 @@ def _thread_deltas(rec: Recording, name: str, begin: float) -> tuple[float, floa
     seen = [x for x in rec.samples if x["t"] >= begin and x.get("sched", {}).get(name)]
     if len(seen) < 2:
         return 0.0, 0.0, {}
-    first, last = seen[0]["sched"][name], seen[-1]["sched"][name]
+    first = seen[0]["sched"][name]
+    last: dict[str, Any] = {}
+    for sample in seen:  # each thread's latest reading: a process's I/O threads end before its main thread does
+        last.update(sample["sched"][name])
     out: dict[str, list[float]] = {}
     for tid, (thread, ran, waited, slices) in last.items():
         ran0, waited0, slices0 = first.get(tid, (thread, 0, 0, 0))[1:]  # a thread made since counts from 0
@@ -577,6 +590,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         cpu = summary.get("cpu_us_per_task", {})
         lines.append(f"  {summary['tasks_per_s']:,.0f} tasks/s; CPU µs/task broker {cpu.get('broker', float('nan')):.1f}, "
                      f"workers {cpu.get('workers', float('nan')):.1f}, archiver {cpu.get('archiver', float('nan')):.1f}")
+    if "machine_busy_cores" in summary:
+        lines.append(f"  the machine's CPUs were busy {summary['machine_busy_cores']:.2f} cores' worth of "
+                     f"{len(os.sched_getaffinity(0))} (every process, after the warm-up)")
     if "rss_mib" in summary:
         r, d = summary["rss_mib"], summary["data_dir_mib"]
         lines.append(f"  broker RSS {r['first']:.0f} -> {r['last']:.0f} MiB (max {r['max']:.0f}); "
