@@ -181,22 +181,6 @@ def thread_schedstats(pid: int) -> dict[str, tuple[str, int, int, int]]:
     return out
 
 
-def run_queue_wait_ns(pid: int) -> int:
-    """Nanoseconds all threads of `pid` have waited for a CPU so far (0 if it is gone): schedstat's second field."""
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
