@@ -162,6 +162,25 @@ def archiver_pids(broker_pid: int) -> list[int]:
     return found
 
 
+def thread_schedstats(pid: int) -> dict[str, tuple[str, int, int, int]]:
+    """Per thread of `pid` (by TID): its name and, from /proc/PID/task/TID/schedstat, the nanoseconds it ran,
+    the nanoseconds it waited for a CPU while runnable (the run queue), and how many times it was given one.
+    Empty if the process is gone; a thread that ends while being read is left out."""
+    out: dict[str, tuple[str, int, int, int]] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            ran, waited, slices = (int(x) for x in Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split())
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        out[tid] = (name, ran, waited, slices)
+    return out
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

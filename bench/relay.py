@@ -11,8 +11,14 @@ real handler must. Whatever
 cronoq costs beyond this is the price of scheduling, bookkeeping and safety.
 
 Run as `python -m bench.relay broker CLIENTS_PORT WORKERS_PORT` or
-`python -m bench.relay worker WORKERS_PORT CREDIT`; the bench drives the
-client side in-process with `drive_relay`.
+`python -m bench.relay worker WORKERS_PORT CREDIT [--tag TAG]`; the bench
+drives the client side in-process with `drive_relay`.
+
+Tags, for the soak's probe (`bench/soak.py --relay`): a worker started with
+`--tag probe` serves only requests whose first frame (where cronoq puts a
+token) is `probe`; every other request goes to the untagged workers. That
+is the whole of the routing: one queue of requests and one of free slots
+per tag.
 """
 
 from __future__ import annotations
@@ -74,25 +80,35 @@ async def serve_broker(clients_port: int, workers_port: int) -> None:
     clients, workers = _socket(ctx, zmq.ROUTER), _socket(ctx, zmq.ROUTER)
     clients.bind(f"tcp://127.0.0.1:{clients_port}")
     workers.bind(f"tcp://127.0.0.1:{workers_port}")
-    slots: collections.deque[bytes] = collections.deque()  # one entry per free worker slot, oldest first
-    waiting: collections.deque[list[bytes]] = collections.deque()  # requests no slot could take yet
+    # Per tag (b"": untagged), the free worker slots (one entry each, oldest first) and the requests no slot
+    # could take yet. A tag's lane is made when a worker or a request first names it.
+    lanes: dict[bytes, tuple[collections.deque[bytes], collections.deque[list[bytes]]]] = {}
+    lane_of: dict[bytes, collections.deque[bytes]] = {}  # worker identity -> its tag's free slots
+
+    def lane(tag: bytes) -> tuple[collections.deque[bytes], collections.deque[list[bytes]]]:
+        found = lanes.get(tag)
+        if found is None:
+            found = lanes[tag] = (collections.deque(), collections.deque())
+        return found
 
     def pump() -> None:
         while True:
             handled = 0
             while (frames := _recv(workers)) is not None:
                 handled += 1
-                if len(frames) == 3 and frames[1] == READY:
+                if frames[1] == READY:  # [worker, READY, credit] or [worker, READY, credit, tag]
+                    slots = lane_of[frames[0]] = lane(frames[3] if len(frames) == 4 else b"")[0]
                     slots.extend([frames[0]] * int(frames[2]))
                 else:  # [worker, client, header, result]: one slot back, reply to the client
-                    slots.append(frames[0])
+                    lane_of[frames[0]].append(frames[0])
                     _send(clients, frames[1:])
             while (frames := _recv(clients)) is not None:
-                waiting.append(frames)  # [client, token, header, body]
+                lane(frames[1])[1].append(frames)  # [client, tag (cronoq's token frame), header, body]
                 handled += 1
-            while slots and waiting:
-                client, _token, header, body = waiting.popleft()
-                _send(workers, [slots.popleft(), client, header, body])
+            for slots, waiting in lanes.values():
+                while slots and waiting:
+                    client, _tag, header, body = waiting.popleft()
+                    _send(workers, [slots.popleft(), client, header, body])
             if not handled:
                 return
 
@@ -109,8 +125,8 @@ async def serve_broker(clients_port: int, workers_port: int) -> None:
     await stop.wait()
 
 
-async def serve_worker(workers_port: int, credit: int) -> None:
-    """Take tasks, decode the payload, answer with its `n`, until SIGTERM."""
+async def serve_worker(workers_port: int, credit: int, tag: bytes = b"") -> None:
+    """Take tasks, decode the payload, answer with its `n`, until SIGTERM; with `tag`, only requests tagged so."""
     ctx = zmq.Context.instance()
     sock = _socket(ctx, zmq.DEALER)
     sock.connect(f"tcp://127.0.0.1:{workers_port}")
@@ -123,7 +139,7 @@ async def serve_worker(workers_port: int, credit: int) -> None:
 
     loop = asyncio.get_running_loop()
     loop.add_reader(sock.getsockopt(zmq.FD), drain)
-    _send(sock, [READY, str(credit).encode()])
+    _send(sock, [READY, str(credit).encode(), tag] if tag else [READY, str(credit).encode()])
     print("relay worker ready", flush=True)
     drain()
     stop = asyncio.Event()
@@ -194,13 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     worker = sub.add_parser("worker")
     worker.add_argument("workers_port", type=int)
     worker.add_argument("credit", type=int)
+    worker.add_argument("--tag", default="", help="serve only requests with this tag (default: the untagged)")
     args = parser.parse_args(argv)
     import uvloop
 
     if args.role == "broker":
         uvloop.run(serve_broker(args.clients_port, args.workers_port))
     else:
-        uvloop.run(serve_worker(args.workers_port, args.credit))
+        uvloop.run(serve_worker(args.workers_port, args.credit, args.tag.encode()))
     return 0
 
 

@@ -4,6 +4,8 @@
     python bench/soak.py --minutes 10 --slow-reader   # plus, in the middle third, a client that never reads
     python bench/soak.py --fill-drain 1000000         # queue 10^6 (pool paused), then drain them, probe throughout
     python bench/soak.py --minutes 2 --payload-bytes 900000 --window 16   # big payloads: big journal writes
+    python bench/soak.py --seconds 60 --relay         # the same load and probe through the bare relay: the floor
+    python bench/soak.py --seconds 60 --load-rate 15000   # the load paced to at most 15,000 tasks/s
 
 One durable broker (built-in durability, data_dir in a temp folder) with two
 pools: `default`, served by --workers worker processes of --concurrency
@@ -12,7 +14,14 @@ keeps --window tasks in flight on `default`; a probe process submits one
 task at a time to `probe` and records each round trip. The probe's pool is
 idle, so its round trip is what the broker's loop adds while another pool is
 saturated. Every --sample seconds this process reads the broker's RSS and
-CPU, the workers' CPU and the size of data_dir.
+CPU, the workers' CPU and the size of data_dir, and the schedstat of every
+thread of the broker, the probe's worker and the probe's client: how long
+each waited for a CPU. The probe also reads those around each round trip.
+
+With --relay the broker is bench/relay.py (no scheduling, no journal) and
+its workers bench/relay.py's: the same load shape, the probe's requests
+tagged so that the relay hands them to the probe's own worker. What the
+probe sees there is the floor this machine puts under any broker.
 
 Writes bench/results/soak-<stamp>.json (every sample, every probe, the
 summary) and .png (tasks/s, probe p50/p99/max, RSS and data_dir over time),
@@ -38,8 +47,8 @@ from typing import Any, Iterator
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (ROOT, Children, archiver_pids, child_env, cpu_seconds, free_port, log_dir,  # noqa: E402
-                          percentile, python, rss_bytes)
-from bench.stacks import TOKENS, CronoqBroker, broker_config, start_cronoq_worker  # noqa: E402
+                          percentile, python, rss_bytes, thread_schedstats)
+from bench.stacks import TOKENS, CronoqBroker, broker_config, relay_stack, start_cronoq_worker  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 POOLS = '[[pools]]\nname = "default"\n\n[[pools]]\nname = "probe"\n'
@@ -67,6 +76,8 @@ class SoakSettings:
     broker_nice: int = 0          # < 0: run the broker at this niceness, ahead of the clients and workers
     isolate_load: bool = False    # soak only: the load (and the archiver) on the last CPU, the broker and probe on the rest
     result_ttl: float | None = None  # None: the broker's default
+    relay: bool = False           # soak only: bench/relay.py instead of cronoq, the probe served by a tagged worker
+    load_rate: float = 0.0        # soak only: > 0: the load submits at most this many tasks/s (still within window)
     out: Path | None = RESULTS    # None: write nothing
     plot: bool = True
     note: str = ""
@@ -77,8 +88,11 @@ class Recording:
     """What a run collected, all stamped with unix time."""
 
     started: float
-    samples: list[dict[str, float]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
     probes: list[tuple[float, float]] = field(default_factory=list)      # (time, round trip s)
+    # (time, round trip s, run-queue wait s of the probe's client, then of each of `watched`'s, during the trip)
+    probe_waits: list[list[float]] = field(default_factory=list)
+    watched: dict[str, int] = field(default_factory=dict)  # name -> pid whose threads' schedstat is sampled
     progress: list[tuple[float, float]] = field(default_factory=list)    # (time, tasks done so far)
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (start, end)
     loop: dict[str, Any] = field(default_factory=dict)  # the broker's own histograms of its loop, from /metrics
@@ -144,6 +158,11 @@ def loop_histograms(text: str) -> dict[str, Any]:
     return out
 
 
+def _watch_args(watched: dict[str, int]) -> list[str]:
+    """The probe role's --watch arguments for these processes, in the order its lines give their waits."""
+    return [arg for name, pid in watched.items() for arg in ("--watch", f"{name}={pid}")]
+
+
 def _role(role: str, address: str, out: Path, *args: str, tokens: bool) -> subprocess.Popen:
     command = [python(), "-m", "bench.soak_roles", role, address, str(out), *args]
     if tokens:
@@ -188,14 +207,23 @@ def _lines(path: Path) -> Iterator[list[float]]:
             continue  # a line cut short by the process being stopped
 
 
+def _machine_seconds() -> float:
+    """CPU seconds every process on the machine has spent busy since boot (bench/run.py's reading of /proc/stat)."""
+    from bench.run import _busy_seconds
+
+    return _busy_seconds()
+
+
 async def _sampler(rec: Recording, broker: subprocess.Popen, workers: list[subprocess.Popen], data: Path,
                    every: float, stop: asyncio.Event, admin: Any = None) -> None:
-    """Sample until `stop`: RSS, CPU, data_dir size, and (with an admin client) the load pool's counts."""
+    """Sample until `stop`: RSS, CPU, data_dir size, the schedstat of every thread of `rec.watched` (the processes
+    as they are added), and (with an admin client) the load pool's counts."""
     worker_pids = [w.pid for w in workers]
     while not stop.is_set():
         sample = {"t": time.time(), "rss": float(rss_bytes(broker.pid)), "data_dir": float(data_dir_bytes(data)),
                   "cpu_broker": cpu_seconds([broker.pid]), "cpu_workers": cpu_seconds(worker_pids),
-                  "cpu_archiver": cpu_seconds(archiver_pids(broker.pid))}
+                  "cpu_archiver": cpu_seconds(archiver_pids(broker.pid)), "cpu_machine": _machine_seconds(),
+                  "sched": {name: thread_schedstats(pid) for name, pid in rec.watched.items()}}
         if admin is not None:
             pool = (await admin.stats())["pools"]["default"]
             sample.update(queued=pool["queued"], running=pool["running"], dispatched=pool["dispatched"])
@@ -220,11 +248,19 @@ async def _soak(s: SoakSettings, address: str, broker: subprocess.Popen, workers
                 data: Path, files: Path) -> Recording:
     rec = Recording(time.time())
     stop = asyncio.Event()
+    rec.watched.update({"broker": broker.pid, "probe worker": workers[-1].pid})
     sampler = asyncio.ensure_future(_sampler(rec, broker, workers, data, s.sample, stop))
-    probe = _role("probe", address, files / "probe.txt", "--seconds", str(s.seconds), "--gap", str(s.probe_gap),
-                  tokens=s.tokens)
-    load = _role("load", address, files / "load.txt", "--seconds", str(s.seconds), "--window", str(s.window),
-                 "--payload-bytes", str(s.payload_bytes), tokens=s.tokens)
+    kind = "relay-" if s.relay else ""
+    probe = _role(kind + "probe", address, files / "probe.txt", "--seconds", str(s.seconds), "--gap",
+                  str(s.probe_gap), *_watch_args(rec.watched), tokens=s.tokens)
+    rec.watched["probe client"] = probe.pid
+    rate = ["--rate", str(s.load_rate)] if s.load_rate else []
+    if s.relay:
+        load = _role("relay-load", address, files / "load.txt", "--seconds", str(s.seconds), "--window",
+                     str(s.window), *rate, tokens=False)
+    else:
+        load = _role("load", address, files / "load.txt", "--seconds", str(s.seconds), "--window", str(s.window),
+                     "--payload-bytes", str(s.payload_bytes), *rate, tokens=s.tokens)
     if s.isolate_load:  # workers: the load's, then the probe's own
         rec.isolation = isolate_load(broker.pid, [probe.pid, workers[-1].pid],
                                      [load.pid, *(w.pid for w in workers[:-1])])
@@ -243,7 +279,8 @@ async def _soak(s: SoakSettings, address: str, broker: subprocess.Popen, workers
         await sampler
         for proc in (load, probe):
             Children.stop(proc)
-    rec.probes = [(t, lat) for t, lat in _lines(files / "probe.txt")]
+    rec.probe_waits = [row for row in _lines(files / "probe.txt") if len(row) == 2 + len(rec.watched)]
+    rec.probes = [(row[0], row[1]) for row in _lines(files / "probe.txt")]
     rec.progress = [(row[0], row[1]) for row in _lines(files / "load.txt")]
     return rec
 
@@ -281,9 +318,21 @@ async def _fill_drain(s: SoakSettings, address: str, broker: subprocess.Popen, w
             stop.set()
             await sampler
             Children.stop(probe)
-    rec.probes = [(t, lat) for t, lat in _lines(files / "probe.txt")]
+    rec.probes = [(row[0], row[1]) for row in _lines(files / "probe.txt")]
     rec.progress = [(row[0], row[1]) for row in _lines(files / "fill.txt")]
     return rec
+
+
+def conflicts(s: SoakSettings) -> str | None:
+    """What in `s` cannot go together, if anything."""
+    if s.relay and (s.fill_drain or s.slow_reader or s.tokens or s.payload_bytes or s.broker_nice or s.isolate_load):
+        return ("--relay runs the plain load and probe only: not with --fill-drain, --slow-reader, --tokens, "
+                "--payload-bytes, --broker-nice or --isolate-load")
+    if s.fill_drain and s.load_rate:
+        return "--load-rate paces the soak's load, and a fill and drain has none"
+    if s.load_rate < 0:
+        return f"--load-rate must be 0 or more, got {s.load_rate:g}"
+    return None
 
 
 def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
@@ -292,11 +341,20 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
 
     from bench.run import _busy_seconds, _our_seconds
 
+    problem = conflicts(s)
+    if problem:
+        raise ValueError(problem)
     busy0, ours0, wall0 = _busy_seconds(), _our_seconds(), time.monotonic()
     durable_text = True
     with tempfile.TemporaryDirectory(prefix="cronoq-soak-") as tmp:
         folder = Path(tmp)
         data = folder / "data"
+        if s.relay:
+            with relay_stack(s.workers, s.concurrency, probe_worker=True) as stack:
+                log(f"relay soak {s.seconds:g} s: relay pid {stack.broker.pid}, {s.workers} workers x {s.concurrency}, "
+                    f"window {s.window}" + (f", load paced to {s.load_rate:,.0f} tasks/s" if s.load_rate else ""))
+                rec = uvloop.run(_soak(s, stack.address, stack.broker, stack.workers, data, folder))
+            return _finish(s, rec, busy0, ours0, wall0, log)
         text, address, workers_address = broker_config(durable=durable_text, tokens=s.tokens, data_dir=data,
                                                        pools=POOLS)
         metrics = f"127.0.0.1:{free_port()}"
@@ -316,6 +374,8 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
             workers.append(start_cronoq_worker(workers_address, "bench.apps:probe", 1,
                                                log_dir() / "soak-probe-worker.log", tokens=s.tokens))
             what = f"fill and drain {s.fill_drain:,}" if s.fill_drain else f"soak {s.seconds:g} s"
+            if s.load_rate:
+                what += f", load paced to {s.load_rate:,.0f} tasks/s"
             log(f"{what}: broker pid {proc.pid}{f' at nice {s.broker_nice}' if s.broker_nice else ''}, "
                 f"{s.workers} workers x {s.concurrency}, window {s.window}; cronoq from {_cronoq_path()}")
             runner = _fill_drain if s.fill_drain else _soak
@@ -325,6 +385,13 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
             for worker in workers:
                 Children.stop(worker)
             broker.stop()
+    return _finish(s, rec, busy0, ours0, wall0, log)
+
+
+def _finish(s: SoakSettings, rec: Recording, busy0: float, ours0: float, wall0: float, log: Any) -> dict[str, Any]:
+    """Summarize, print, and write the JSON and PNG (unless `s.out` is None)."""
+    from bench.run import _busy_seconds, _our_seconds
+
     summary = summarize(s, rec)
     # The machine is shared: what other processes used meanwhile tells how far to trust the latencies.
     summary["foreign_load_cores"] = max(0.0, (_busy_seconds() - busy0) - (_our_seconds() - ours0)) / (
@@ -332,7 +399,7 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
     log(summary_text(summary))
     if s.out is not None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.started))
-        kind = "filldrain" if s.fill_drain else "soak"
+        kind = "filldrain" if s.fill_drain else "relay-soak" if s.relay else "soak"
         base = s.out / f"{kind}-{stamp}"
         s.out.mkdir(parents=True, exist_ok=True)
         document = {"summary": summary, "settings": {k: str(v) if isinstance(v, Path) else v
@@ -340,7 +407,8 @@ def run(s: SoakSettings, log: Any = print) -> dict[str, Any]:
                     "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                 "cronoq_path": _cronoq_path()},
                     "started": rec.started, "phases": rec.phases, "samples": rec.samples,
-                    "progress": rec.progress, "probes": rec.probes}
+                    "progress": rec.progress, "probes": rec.probes, "probe_waits": rec.probe_waits,
+                    "watched": rec.watched}
         base.with_suffix(".json").write_text(json.dumps(document, indent=None) + "\n")
         summary["json"] = str(base.with_suffix(".json"))
         if s.plot:
@@ -390,7 +458,8 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
     """Probe p50/p99/max, tasks/s, CPU per task, RSS and data_dir: overall (after warm-up) and per phase."""
     begin = rec.started + (0 if s.fill_drain else s.warmup)
     end = max([rec.samples[-1]["t"]] if rec.samples else [begin])
-    out: dict[str, Any] = {"kind": "fill-drain" if s.fill_drain else "soak", "seconds": end - rec.started,
+    kind = "fill-drain" if s.fill_drain else "relay soak" if s.relay else "soak"
+    out: dict[str, Any] = {"kind": kind, "seconds": end - rec.started,
                            "samples": len(rec.samples), "probe": _latency([lat for t, lat in rec.probes if t >= begin])}
     if rec.isolation:
         out["isolation"] = rec.isolation
@@ -401,11 +470,17 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
                           "max": max(x["rss"] for x in steady) / 2**20}
         out["data_dir_mib"] = {"first": first["data_dir"] / 2**20, "last": last["data_dir"] / 2**20,
                                "max": max(x["data_dir"] for x in steady) / 2**20}
+    if s.load_rate:
+        out["load_rate"] = s.load_rate
     if not s.fill_drain:
         out["tasks_per_s"] = _rate(rec.progress, begin, end)
+        out["run_queue"] = run_queue(rec, begin)
         done = [n for t, n in rec.progress if begin <= t <= end]
         if len(done) >= 2 and len(steady) >= 2 and done[-1] > done[0]:
             tasks = done[-1] - done[0]
+            if "cpu_machine" in steady[0]:  # every process on the machine, ours and others', by /proc/stat
+                out["machine_busy_cores"] = (steady[-1]["cpu_machine"] - steady[0]["cpu_machine"]) / (
+                    steady[-1]["t"] - steady[0]["t"])
             out["cpu_us_per_task"] = {
                 "broker": (steady[-1]["cpu_broker"] - steady[0]["cpu_broker"]) / tasks * 1e6,
                 "workers": (steady[-1]["cpu_workers"] - steady[0]["cpu_workers"]) / tasks * 1e6,
@@ -441,11 +516,73 @@ def summarize(s: SoakSettings, rec: Recording) -> dict[str, Any]:
     return out
 
 
+def _thread_deltas(rec: Recording, name: str, begin: float) -> tuple[float, float, dict[str, list[float]]]:
+    """For process `name`: the times of the first sample at or after `begin` and of the last one that saw it, and
+    per thread name what its threads added between them: [ran s, waited s, times given a CPU]."""
+    seen = [x for x in rec.samples if x["t"] >= begin and x.get("sched", {}).get(name)]
+    if len(seen) < 2:
+        return 0.0, 0.0, {}
+    first = seen[0]["sched"][name]
+    last: dict[str, Any] = {}
+    for sample in seen:  # each thread's latest reading: a process's I/O threads end before its main thread does
+        last.update(sample["sched"][name])
+    out: dict[str, list[float]] = {}
+    for tid, (thread, ran, waited, slices) in last.items():
+        ran0, waited0, slices0 = first.get(tid, (thread, 0, 0, 0))[1:]  # a thread made since counts from 0
+        row = out.setdefault(thread, [0.0, 0.0, 0.0])
+        row[0] += (ran - ran0) / 1e9
+        row[1] += (waited - waited0) / 1e9
+        row[2] += slices - slices0
+    return seen[0]["t"], seen[-1]["t"], out
+
+
+def run_queue(rec: Recording, begin: float) -> dict[str, Any]:
+    """How long the probe's client and worker and the broker waited for a CPU.
+
+    "over the run": from the samples of every thread's schedstat, per process and per thread name: seconds
+    waited and run, the share of the span spent waiting, the mean wait each time it was given a CPU, and the
+    wait per probe round trip made meanwhile. "per round trip": read by the probe around each trip, the wait of
+    each process's threads inside it, for the median trip and the slowest 1 %."""
+    out: dict[str, Any] = {"over the run": {}}
+    for name in rec.watched:
+        start, stop, threads = _thread_deltas(rec, name, begin)
+        if not threads:
+            continue
+        probes = sum(1 for t, _ in rec.probes if start < t <= stop)
+        ran, waited, slices = (sum(row[i] for row in threads.values()) for i in range(3))
+        out["over the run"][name] = {
+            "seconds": stop - start, "ran_s": ran, "waited_s": waited, "waiting_share": waited / (stop - start),
+            "wait_per_slice_us": waited / slices * 1e6 if slices else float("nan"),
+            "wait_per_probe_ms": waited / probes * 1e3 if probes else float("nan"),
+            "threads": {thread: {"ran_s": r, "waited_s": w, "slices": n,
+                                 "wait_per_probe_ms": w / probes * 1e3 if probes else float("nan")}
+                        for thread, (r, w, n) in sorted(threads.items())}}
+    rows = [row for row in rec.probe_waits if row[0] >= begin]
+    if rows:
+        names = ["probe client", *(n for n in rec.watched if n != "probe client")]
+        ordered = sorted(rows, key=lambda row: row[1])
+        slowest = ordered[len(ordered) - max(1, len(ordered) // 100):]
+
+        def part(chosen: list[list[float]]) -> dict[str, float]:
+            return {"round_trip_ms": sum(r[1] for r in chosen) / len(chosen) * 1e3,
+                    **{f"{n}_wait_ms": sum(r[2 + i] for r in chosen) / len(chosen) * 1e3 for i, n in enumerate(names)}}
+
+        middle = len(ordered) // 2
+        out["per round trip"] = {
+            "probes": len(rows),
+            # The median trip and its neighbours (1 % of the trips around it), so that one trip's noise is averaged.
+            "median": part(ordered[max(0, middle - len(ordered) // 200):middle + len(ordered) // 200 + 1]),
+            "mean": part(rows), "slowest 1 %": part(slowest)}
+    return out
+
+
 def summary_text(summary: dict[str, Any]) -> str:
     def lat(p: dict[str, float]) -> str:
         return f"probe p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, worst {p['max_ms']:.1f} ms ({p['count']:,} probes)"
 
     lines = [f"{summary['kind']} over {summary['seconds']:.0f} s: {lat(summary['probe'])}"]
+    if "load_rate" in summary:
+        lines.append(f"  the load paced to at most {summary['load_rate']:,.0f} tasks/s")
     if "isolation" in summary:
         lines.append(f"  {summary['isolation']}")
     if "foreign_load_cores" in summary:
@@ -454,6 +591,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         cpu = summary.get("cpu_us_per_task", {})
         lines.append(f"  {summary['tasks_per_s']:,.0f} tasks/s; CPU µs/task broker {cpu.get('broker', float('nan')):.1f}, "
                      f"workers {cpu.get('workers', float('nan')):.1f}, archiver {cpu.get('archiver', float('nan')):.1f}")
+    if "machine_busy_cores" in summary:
+        lines.append(f"  the machine's CPUs were busy {summary['machine_busy_cores']:.2f} cores' worth of "
+                     f"{len(os.sched_getaffinity(0))} (every process, after the warm-up)")
     if "rss_mib" in summary:
         r, d = summary["rss_mib"], summary["data_dir_mib"]
         lines.append(f"  broker RSS {r['first']:.0f} -> {r['last']:.0f} MiB (max {r['max']:.0f}); "
@@ -465,6 +605,19 @@ def summary_text(summary: dict[str, Any]) -> str:
     for key, h in summary.get("loop", {}).items():
         over = ", ".join(f">{ms} ms {n:,.0f}" for ms, n in h["over_ms"].items() if n)
         lines.append(f"  broker {key}: {h['count']:,.0f}, longest <= {h['max_le_ms']:g} ms" + (f"; {over}" if over else ""))
+    queue = summary.get("run_queue", {})
+    for name, figures in queue.get("over the run", {}).items():
+        threads = ", ".join(f"{thread} {f['waited_s'] * 1e3:,.0f}" for thread, f in figures["threads"].items())
+        lines.append(f"  run-queue wait, {name}: {figures['waited_s']:.2f} s in {figures['seconds']:.0f} s "
+                     f"({figures['waiting_share']:.1%}; ran {figures['ran_s']:.1f} s), {figures['wait_per_slice_us']:.0f} µs "
+                     f"per turn on a CPU" + ("" if name == "broker" else  # whose waits are mostly the load's
+                                             f", {figures['wait_per_probe_ms']:.2f} ms per probe")
+                     + f" (ms by thread: {threads})")
+    for key, figures in queue.get("per round trip", {}).items():
+        if key != "probes":
+            waits = ", ".join(f"{k[:-8]} {v:.2f}" for k, v in figures.items() if k.endswith("_wait_ms"))
+            lines.append(f"  per round trip, {key}: {figures['round_trip_ms']:.2f} ms, of which waiting for a CPU "
+                         f"(ms): {waits}")
     for target, met in summary.get("targets", {}).items():
         lines.append(f"  {'met' if met else 'NOT met':>7}  {target}")
     return "\n".join(lines)
@@ -516,7 +669,7 @@ def draw(path: Path, s: SoakSettings, rec: Recording, summary: dict[str, Any]) -
     else:
         ax.plot(x, [r["tasks_per_s"] for r in rows], color="#37a")
     ax.set_ylabel("tasks/s")
-    ax.set_title(f"cronoq {'fill and drain of ' + format(s.fill_drain, ',') if s.fill_drain else 'soak'}: "
+    ax.set_title(f"{'relay' if s.relay else 'cronoq'} {'fill and drain of ' + format(s.fill_drain, ',') if s.fill_drain else 'soak'}: "
                  f"{s.workers} workers x {s.concurrency}, window {s.window}; probe on its own pool"
                  + (f" — {s.note}" if s.note else ""))
 
@@ -578,6 +731,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="pad each load task to about this many bytes (default: ~100-byte tasks)")
     parser.add_argument("--result-ttl", type=float,
                         help="the broker's result_ttl (default: the broker's own, which keeps records for a day)")
+    parser.add_argument("--relay", action="store_true",
+                        help="the same load and probe through bench/relay.py (no scheduling): the machine's floor")
+    parser.add_argument("--load-rate", type=float, default=0.0, metavar="N",
+                        help="the load submits at most N tasks/s (still at most --window in flight; default: no limit)")
     parser.add_argument("--note", default=os.environ.get("BENCH_CRONOQ_NOTE", ""), help="a note for the plot and JSON")
     parser.add_argument("--no-write", action="store_true", help="print the summary only")
     args = parser.parse_args(argv)
@@ -585,8 +742,11 @@ def main(argv: list[str] | None = None) -> int:
     s = SoakSettings(seconds=seconds, window=args.window, workers=args.workers, concurrency=args.concurrency,
                      probe_gap=args.probe_gap, sample=args.sample, warmup=args.warmup, slow_reader=args.slow_reader,
                      fill_drain=args.fill_drain, tokens=args.tokens, payload_bytes=args.payload_bytes, broker_nice=args.broker_nice,
-                     isolate_load=args.isolate_load, result_ttl=args.result_ttl,
-                     out=None if args.no_write else RESULTS, note=args.note)
+                     isolate_load=args.isolate_load, result_ttl=args.result_ttl, relay=args.relay,
+                     load_rate=args.load_rate, out=None if args.no_write else RESULTS, note=args.note)
+    problem = conflicts(s)
+    if problem:
+        parser.error(problem)
     run(s)
     return 0
 

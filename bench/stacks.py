@@ -35,8 +35,9 @@ class Stack:
 
 
 @contextlib.contextmanager
-def relay_stack(workers: int, credit: int) -> Iterator[Stack]:
-    """The bare relay: one broker process and `workers` worker processes with `credit` slots each."""
+def relay_stack(workers: int, credit: int, *, probe_worker: bool = False) -> Iterator[Stack]:
+    """The bare relay: one broker process and `workers` worker processes with `credit` slots each; with
+    `probe_worker`, one more (the last), of credit 1, that serves only requests tagged `probe`."""
     logs = log_dir()
     clients_port, workers_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
@@ -45,9 +46,10 @@ def relay_stack(workers: int, credit: int) -> Iterator[Stack]:
                                 logs / "relay-broker.log")
         procs.append(broker)
         wait_for_line(broker, logs / "relay-broker.log", "relay broker ready")
-        for i in range(workers):
+        for i in range(workers + probe_worker):
             log = logs / f"relay-worker-{i}.log"
-            proc = Children.spawn([python(), "-m", "bench.relay", "worker", str(workers_port), str(credit)], log)
+            args = [str(credit)] if i < workers else ["1", "--tag", "probe"]
+            proc = Children.spawn([python(), "-m", "bench.relay", "worker", str(workers_port), *args], log)
             procs.append(proc)
             wait_for_line(proc, log, "relay worker ready")
         yield Stack(f"tcp://127.0.0.1:{clients_port}", broker, procs[1:])

@@ -80,6 +80,45 @@ def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
                                              f"{max(os.sched_getaffinity(0))}")
 
 
+def test_the_soak_through_the_bare_relay_reports_the_probe_and_each_process_s_run_queue_wait() -> None:
+    from bench.soak import SoakSettings, run
+
+    summary = run(SoakSettings(seconds=4, window=50, workers=1, concurrency=8, sample=0.5, warmup=0, relay=True,
+                               out=None), log=lambda line: None)
+    assert summary["kind"] == "relay soak"
+    assert summary["probe"]["count"] > 0 and summary["tasks_per_s"] > 0
+    over_the_run = summary["run_queue"]["over the run"]
+    assert set(over_the_run) == {"broker", "probe worker", "probe client"}
+    for figures in over_the_run.values():
+        assert figures["ran_s"] > 0 and figures["waited_s"] >= 0
+        assert any(thread.startswith("ZMQbg") for thread in figures["threads"]), "libzmq's I/O thread counted too"
+    trips = summary["run_queue"]["per round trip"]
+    assert trips["probes"] == summary["probe"]["count"]
+    assert set(trips["median"]) == {"round_trip_ms", "probe client_wait_ms", "broker_wait_ms", "probe worker_wait_ms"}
+
+
+def test_a_paced_load_keeps_under_its_rate() -> None:
+    from bench.soak import SoakSettings, run
+
+    for relay in (False, True):
+        summary = run(SoakSettings(seconds=4, window=50, workers=1, concurrency=8, sample=0.5, warmup=1,
+                                   relay=relay, load_rate=300, out=None), log=lambda line: None)
+        # Never a speed: only that the pacing holds the load back (both stacks do thousands a second unpaced).
+        assert 0 < summary["tasks_per_s"] <= 300 * 1.1, summary["tasks_per_s"]
+        assert summary["probe"]["count"] > 0
+
+
+def test_the_soak_refuses_what_its_modes_cannot_do() -> None:
+    import pytest
+
+    from bench.soak import SoakSettings, main, run
+
+    with pytest.raises(ValueError, match="--relay runs the plain load and probe only"):
+        run(SoakSettings(seconds=1, relay=True, slow_reader=True, out=None), log=lambda line: None)
+    with pytest.raises(SystemExit):
+        main(["--seconds", "1", "--fill-drain", "10", "--load-rate", "100"])
+
+
 def test_a_small_fill_and_drain_reports_the_probe_over_each_phase() -> None:
     from bench.soak import SoakSettings, run
 
