@@ -117,6 +117,16 @@ def wait(driver, condition, what: str):
     return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(attempt, message=f"waiting until {what}")
 
 
+def click(driver, selector: str, what: str) -> None:
+    """Click the element `selector` names. The page redraws its tables on every refresh, so an element found
+    just before one is stale by the click (which then did not happen): find it again and click that."""
+    def attempt(d):
+        d.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+
+    wait(driver, attempt, what)
+
+
 def text_of(driver, selector: str) -> str:
     elements = driver.find_elements(By.CSS_SELECTOR, selector)
     return elements[0].text if elements else ""
@@ -174,7 +184,7 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
     failure = f'#failures tr[data-task="{failed_id}"]'
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, failure), "the failed task shows")
     assert "ValueError" in text_of(browser, failure) and "not a prompt" in text_of(browser, failure)
-    browser.find_element(By.CSS_SELECTOR, failure).click()
+    click(browser, failure, "the failed task can be clicked")
     wait(browser, lambda d: "in _check" in d.find_element(By.ID, "traceback").text, "its traceback shows")
 
     # A task by id.
@@ -186,11 +196,11 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
 
     # Pause from the page, and resume.
     show(browser, "pools")
-    browser.find_element(By.CSS_SELECTOR, f"{row} button.pause").click()
+    click(browser, f"{row} button.pause", "the pool's pause button can be clicked")
     wait(browser, lambda d: text_of(d, f"{row} td.state").startswith("paused"), "the pool shows paused")
     with cronoq.connect_sync(broker.clients) as client:
         assert client.stats()["pools"]["llm"]["paused"]
-    browser.find_element(By.CSS_SELECTOR, f"{row} button.resume").click()
+    click(browser, f"{row} button.resume", "the pool's resume button can be clicked")
     wait(browser, lambda d: text_of(d, f"{row} td.state").startswith("running"), "the pool shows running again")
     assert "cronoq" in browser.title
 
@@ -229,7 +239,7 @@ def test_the_page_asks_for_a_token_and_a_viewer_cannot_pause(broker_factory, wor
     wait(browser, lambda d: d.find_element(By.ID, "login").is_displayed(), "the token is forgotten")
     log_in(browser, "admin-secret")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} button.pause"), "an admin may pause")
-    browser.find_element(By.CSS_SELECTOR, f"{row} button.pause").click()
+    click(browser, f"{row} button.pause", "the pool's pause button can be clicked")
     wait(browser, lambda d: text_of(d, f"{row} td.state").startswith("paused"), "the pool shows paused")
     with cronoq.connect_sync(broker.clients, token="admin-secret") as admin:
         assert admin.stats()["pools"]["llm"]["paused"]
