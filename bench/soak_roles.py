@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Awaitable, Callable, TextIO
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
@@ -201,19 +201,30 @@ async def load(address: str, out: TextIO, seconds: float, window: int, token: st
 async def probe(address: str, out: TextIO, seconds: float, gap: float, token: str | None,
                 watch: dict[str, int] | None = None) -> None:
     stop = _stopper(seconds)
-    n = 0
     async with cronoq.connect(address, token=token) as sched:
         await sched.ping()
-        waits = Waits(watch or {})
+
+        async def round_trip(n: int) -> None:
+            handle = await sched.submit(payload(n), pool="probe")
+            value = await handle.result(timeout=600)
+            if value != n:
+                raise SystemExit(f"probe {n} came back as {value!r}")
+
+        await _one_at_a_time(out, stop, gap, Waits(watch or {}), round_trip)
+
+
+async def _one_at_a_time(out: TextIO, stop: asyncio.Event, gap: float, waits: "Waits",
+                         round_trip: Callable[[int], Awaitable[None]]) -> None:
+    """Run `round_trip(n)` for n = 0, 1, ... `gap` seconds apart until `stop`, writing a line per trip: the
+    time, the trip's seconds and each watched thread group's run-queue wait during it."""
+    n = 0
+    try:
         while not stop.is_set():
             waits.since()  # outside the timed span: what is read is the wait inside it
             started = time.perf_counter()
-            handle = await sched.submit(payload(n), pool="probe")
-            value = await handle.result(timeout=600)
+            await round_trip(n)
             took = time.perf_counter() - started
             waited = waits.since()
-            if value != n:
-                raise SystemExit(f"probe {n} came back as {value!r}")
             out.write(f"{time.time():.4f} {took:.6f} {' '.join(f'{w:.6f}' for w in waited)}\n")
             n += 1
             if n % 50 == 0:
@@ -221,7 +232,8 @@ async def probe(address: str, out: TextIO, seconds: float, gap: float, token: st
             if gap > 0:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), gap)
-    out.flush()
+    finally:
+        out.flush()
 
 
 async def fill(address: str, out: TextIO, tasks: int, window: int, token: str | None) -> None:
@@ -330,28 +342,17 @@ async def relay_probe(address: str, out: TextIO, seconds: float, gap: float, wat
             replies.put_nowait(frames)
 
     loop.add_reader(fd, drain)
-    waits = Waits(watch or {})
-    n = 0
+
+    async def round_trip(n: int) -> None:
+        _send(sock, [b"probe", packb(n), packb(payload(n))])
+        drain()  # a send can swallow the FD's edge
+        header, result = await replies.get()
+        if unpackb(header) != n or unpackb(result) != n:
+            raise SystemExit(f"probe {n} came back as {header!r} {result!r}")
+
     try:
-        while not stop.is_set():
-            waits.since()
-            started = time.perf_counter()
-            _send(sock, [b"probe", packb(n), packb(payload(n))])
-            drain()  # a send can swallow the FD's edge
-            header, result = await replies.get()
-            took = time.perf_counter() - started
-            waited = waits.since()
-            if unpackb(header) != n or unpackb(result) != n:
-                raise SystemExit(f"probe {n} came back as {header!r} {result!r}")
-            out.write(f"{time.time():.4f} {took:.6f} {' '.join(f'{w:.6f}' for w in waited)}\n")
-            n += 1
-            if n % 50 == 0:
-                out.flush()
-            if gap > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), gap)
+        await _one_at_a_time(out, stop, gap, Waits(watch or {}), round_trip)
     finally:
-        out.flush()
         loop.remove_reader(fd)
         sock.close(linger=0)
 
