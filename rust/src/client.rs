@@ -20,6 +20,10 @@
 //! request made while no connection is up is held here and leaves with the next one, as re-sent
 //! requests do; `request_timeout` still bounds its wait. After a takeover the standby's handshake
 //! is a new connection like a restarted broker's: what is outstanding is re-sent to it.
+//!
+//! Waiting is only for a broker that may yet answer (src/link.rs): when no address ever took the
+//! connection (refused for a second), or the CURVE handshake cannot succeed, every request fails at
+//! once with `Unavailable` naming the cause, and so do new ones until a handshake succeeds.
 
 use std::collections::{HashMap, HashSet};
 use std::future::{Future, IntoFuture};
@@ -136,6 +140,8 @@ impl Connect {
                 reconnects: 0,
                 closed: false,
                 refused: None,
+                unreachable: None,
+                hello_failure: None,
             }),
         });
         let client = Client { inner: inner.clone() };
@@ -217,6 +223,12 @@ struct State {
     /// whose token it never took at most once a second and drops the rest unanswered, so requests
     /// made within that second fail at once with the same error instead of going unanswered.
     refused: Option<(Instant, Error)>,
+    /// Why waiting for the broker is pointless (nothing ever took the connection, or the CURVE
+    /// handshake cannot succeed): requests fail at once with `Unavailable` saying so, until a
+    /// handshake succeeds.
+    unreachable: Option<String>,
+    /// The `hello` (by rid) that failed, and how: callers waiting for the rules fail as it did.
+    hello_failure: Option<(i64, Error)>,
 }
 
 impl State {
@@ -272,6 +284,9 @@ impl Client {
                 return Err(error.clone());
             }
         }
+        if let Some(reason) = &state.unreachable {
+            return Err(Error::Unavailable(reason.clone()));
+        }
         let (tx, rx) = oneshot::channel();
         state.pending.insert(
             rid,
@@ -315,10 +330,12 @@ impl Client {
         let _ = self.send(&mut state, rid, header, None, true, true);
     }
 
-    /// The broker's max_payload_bytes, waiting (at most request_timeout) for its answer to a
-    /// `hello` if none came yet. None: the broker does not say.
+    /// The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
+    /// request_timeout: the `hello`'s own failure then, as a submit would meet). None: the broker
+    /// does not say.
     async fn payload_limit(&self) -> Result<Option<usize>> {
         let give_up = Instant::now() + self.inner.request_timeout;
+        let mut asked: Option<i64> = None; // the `hello` this call waits for
         loop {
             let notified = self.inner.rules.notified();
             {
@@ -329,8 +346,17 @@ impl Client {
                 if state.closed {
                     return Err(unavailable_closed());
                 }
+                if let Some(reason) = &state.unreachable {
+                    return Err(Error::Unavailable(reason.clone()));
+                }
+                if let (Some(asked), Some((failed, error))) = (asked, &state.hello_failure) {
+                    if asked == *failed {
+                        return Err(error.clone());
+                    }
+                }
             }
-            self.ask_rules();
+            self.ask_rules(); // none waiting means the last went unanswered: ask again
+            asked = self.inner.state.lock().unwrap().hello_rid;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
                 return Err(Error::Unavailable(format!(
@@ -626,6 +652,7 @@ fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>, sen
     let first = state.connections == 0;
     state.connections += handshakes;
     state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
+    state.unreachable = None;
     if !first || handshakes > 1 {
         state.reconnects += 1;
         for (rid, p) in &state.pending {
@@ -651,24 +678,49 @@ fn rewait(state: &State, posted: &mut Vec<Posted>, older_than: Option<Instant>) 
     }
 }
 
-/// Fail the requests whose request_timeout passed.
-fn sweep(inner: &Inner, state: &mut State) {
+/// Fail one request that will get no reply; a failed `hello` also fails the callers waiting for
+/// the broker's rules.
+fn fail_request(inner: &Inner, state: &mut State, rid: i64, error: Error) {
+    state.watches.remove(&rid);
+    let Some(mut p) = state.pending.remove(&rid) else { return };
+    if state.hello_rid == Some(rid) {
+        state.hello_failure = Some((rid, error.clone()));
+        inner.rules.notify_waiters();
+    }
+    if let Some(tx) = p.reply.take() {
+        let _ = tx.send(Err(error));
+    }
+}
+
+/// Fail the requests whose request_timeout passed, saying why by the state of the links.
+fn sweep(inner: &Inner, state: &mut State, dealer: &Dealer) {
     let now = Instant::now();
     let expired: Vec<i64> =
         state.pending.iter().filter(|(_, p)| p.expires.is_some_and(|t| t <= now)).map(|(r, _)| *r).collect();
-    for rid in expired {
-        let mut p = state.pending.remove(&rid).expect("listed");
-        if let Some(tx) = p.reply.take() {
-            let _ = tx.send(Err(Error::Unavailable(format!(
-                "no reply from the broker at {} within {} s; is it running?",
-                inner.address,
-                inner.request_timeout.as_secs_f64()
-            ))));
-        }
-        if state.hello_rid == Some(rid) {
-            inner.rules.notify_waiters();
-        }
+    if expired.is_empty() {
+        return;
     }
+    let error = Error::Unavailable(dealer.silence(&format!(
+        "no reply from the broker at {} within {} s",
+        inner.address,
+        inner.request_timeout.as_secs_f64()
+    )));
+    for rid in expired {
+        fail_request(inner, state, rid, error.clone());
+    }
+}
+
+/// Waiting cannot help (the link says why): fail every request now, and every new one until a
+/// handshake succeeds. Nothing of them can leave later: with `ZMQ_IMMEDIATE` libzmq queued none
+/// (no connection completed), and those held here are dropped.
+fn give_up(inner: &Inner, state: &mut State, reason: String, held: &mut Vec<Posted>) {
+    let error = Error::Unavailable(reason.clone());
+    state.unreachable = Some(reason);
+    let rids: Vec<i64> = state.pending.keys().copied().collect();
+    for rid in rids {
+        fail_request(inner, state, rid, error.clone());
+    }
+    held.clear();
 }
 
 /// The task that owns the socket: sends what callers post, hands replies to them.
@@ -698,6 +750,13 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         } else if !held.is_empty() && dealer.is_up() && held_tried.elapsed() >= HELD_RETRY {
             take_held(&inner.state.lock().unwrap(), &mut held, &mut posted);
             held_tried = Instant::now();
+        } else if !dealer.is_up() {
+            if let Some(reason) = dealer.hopeless() {
+                let mut state = inner.state.lock().unwrap();
+                if state.unreachable.is_none() {
+                    give_up(&inner, &mut state, reason, &mut held);
+                }
+            }
         }
         while let Some(frames) = dealer.try_recv() {
             let (header, body) = match frames.as_slice() {
@@ -713,7 +772,7 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         }
         if std::mem::take(&mut ticked) {
             let mut state = inner.state.lock().unwrap();
-            sweep(&inner, &mut state);
+            sweep(&inner, &mut state, &dealer);
             if last_rewait.elapsed() >= REWAIT_INTERVAL {
                 // A safety net for a reconnect the monitor did not report: repeats cost the broker nothing.
                 rewait(&state, &mut posted, Some(last_rewait));
@@ -729,7 +788,7 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         }
         if !posted.is_empty() {
             let unsent = flush(&dealer, &token, std::mem::take(&mut posted));
-            hold(&inner, &mut held, unsent);
+            hold(&inner, &dealer, &mut held, unsent);
         }
         if dealer.has_input() {
             continue;
@@ -768,7 +827,7 @@ fn flush(dealer: &Dealer, token: &[u8], mut posted: Vec<Posted>) -> Vec<Posted> 
 /// Keep messages libzmq would not take, to send with the next connection (or on a retry while one
 /// is up). Past as many as a socket would queue the broker has been away long: the requests beyond
 /// fail now.
-fn hold(inner: &Inner, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
+fn hold(inner: &Inner, dealer: &Dealer, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
     if unsent.is_empty() {
         return;
     }
@@ -778,16 +837,11 @@ fn hold(inner: &Inner, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
     if over.is_empty() {
         return;
     }
+    let error =
+        Error::Unavailable(dealer.silence(&format!("the send queue to the broker at {} is full", inner.address)));
     let mut state = inner.state.lock().unwrap();
     for (rid, _, _) in over {
-        if let Some(mut p) = state.pending.remove(&rid) {
-            if let Some(tx) = p.reply.take() {
-                let _ = tx.send(Err(Error::Unavailable(format!(
-                    "the send queue to the broker at {} is full; is it running?",
-                    inner.address
-                ))));
-            }
-        }
+        fail_request(inner, &mut state, rid, error.clone());
     }
 }
 

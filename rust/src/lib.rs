@@ -19,6 +19,7 @@ mod error;
 mod explain;
 mod handle;
 mod handler;
+mod link;
 mod pool;
 mod task;
 mod transport;

@@ -203,6 +203,9 @@ impl Worker {
                 if stopping.is_none() {
                     s.send_ready();
                 }
+            } else if let Some(why) = s.dealer.fatal() {
+                // The CURVE handshake cannot succeed with any address: waiting serves nothing.
+                return Err(Error::Unavailable(why));
             }
             while let Some(frames) = s.dealer.try_recv() {
                 s.last_heard = Instant::now();

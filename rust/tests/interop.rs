@@ -319,15 +319,72 @@ async fn curve_encrypts_client_and_worker() {
     let task = sched.submit(Task::new("secret").pool("work")).await.unwrap();
     assert_eq!(task.result_timeout::<String>(LONG).await.unwrap(), "SECRET");
 
-    // Without the key the handshake never completes: the request times out, nothing is sent in clear.
-    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_millis(800)).await.unwrap();
-    assert!(matches!(plain.ping().await, Err(Error::Unavailable(_))));
+    // Without the key, or with another broker's, the handshake cannot succeed and nothing is sent in
+    // clear: requests fail with Unavailable naming the mistake, long before their request_timeout
+    // (LONG bounds the wait, so waiting it out would fail the test).
+    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let refused = tokio::time::timeout(LONG, plain.ping()).await.expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("is encrypted (CURVE): give its public key")),
+        "{refused:?}"
+    );
+    let mut other_keygen = support::Proc::spawn(
+        &["-m", "cronoq.cli", "keygen", "--dir", dir.0.join("other").to_str().unwrap()],
+        &dir.0.join("keygen-other.log"),
+        &[],
+    );
+    other_keygen.finish(LONG);
+    let wrong = cronoq::connect(&broker.clients)
+        .curve_server_key(dir.0.join("other").join("broker.key").to_str().unwrap())
+        .request_timeout(Duration::from_secs(600))
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(LONG, wrong.submit(Task::new("x").pool("work")))
+        .await
+        .expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("CURVE handshake with") && m.contains("is not this broker's")),
+        "{refused:?}"
+    );
+    // And so does every later request, at once, until a handshake succeeds.
+    assert!(matches!(wrong.ping().await, Err(Error::Unavailable(m)) if m.contains("CURVE handshake")));
+    // A worker without the key cannot serve: it stops, saying why, instead of trying for ever.
+    let keyless = Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) });
+    let stopped = tokio::time::timeout(LONG, keyless.run()).await.expect("stopped at once");
+    assert!(matches!(&stopped, Err(Error::Unavailable(m)) if m.contains("is encrypted (CURVE)")), "{stopped:?}");
     assert!(matches!(
         cronoq::connect(&broker.clients).curve_server_key("not a key").await,
         Err(Error::InvalidArgument(_))
     ));
     stopper.stop().await;
     running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
+    // Nothing listens on these ports: every connection is refused. The requests fail with
+    // Unavailable naming that once the refusals have gone on for a second, not after their
+    // request_timeout of ten minutes (LONG bounds the wait: waiting it out fails the test).
+    let closed = format!("tcp://127.0.0.1:{}", support::free_port());
+    let sched = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let refused =
+        tokio::time::timeout(LONG, sched.submit(Task::new("x"))).await.expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&format!("connection refused at {closed}"))),
+        "{refused:?}"
+    );
+    assert_eq!(refused.unwrap_err().code(), "UNAVAILABLE");
+    assert!(matches!(sched.status("0123456789abcdef0123456789abcdef").await, Err(Error::Unavailable(_))));
+
+    // A primary and its standby, both refusing: hopeless only once every address is.
+    let standby = format!("tcp://127.0.0.1:{}", support::free_port());
+    let both =
+        cronoq::connect([closed.as_str(), standby.as_str()]).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let refused = tokio::time::timeout(LONG, both.ping()).await.expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&closed) && m.contains(&standby)),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
