@@ -464,6 +464,12 @@ async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
     assert_eq!((waiting.queue_ahead, waiting.queue_length, waiting.higher_classes_ahead), (Some(2), 3, 0));
     assert_eq!((waiting.workers, waiting.running), (0, 0));
     assert_eq!(waiting.nodes.iter().map(|n| (n.name.as_str(), n.share)).collect::<Vec<_>>(), [("acme", 1.0)]);
+    // The handle explains its task as the client does (only the estimate's clock may move).
+    let by_handle = handles[2].explain().await.unwrap();
+    let by_handle_waiting = by_handle.waiting.clone().expect("still queued");
+    assert_eq!((by_handle.id.as_str(), by_handle.state, by_handle.attempts), (handles[2].id(), TaskState::Queued, 0));
+    assert_eq!((by_handle_waiting.queue_ahead, by_handle_waiting.paused), (Some(2), true));
+    assert_eq!(handles[2].status().await.unwrap().state, TaskState::Queued);
 
     // A token pinned to another tenant cannot see it: NotFound, as for an id that never existed.
     let globex = sched.submit(Task::new("g").pool("llm").tenant("globex")).await.unwrap();
@@ -505,6 +511,7 @@ async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
     assert_eq!(flaky.result_timeout::<String>(LONG).await.unwrap(), "flaky");
     let why = sched.explain(flaky.id()).await.unwrap();
     assert_eq!((why.state, why.attempts, why.max_retries, why.waiting), (TaskState::Succeeded, 2, 2, None));
+    assert_eq!(flaky.explain().await.unwrap().history, why.history);
     let ends: Vec<_> = why.history.iter().map(|e| (e.attempt, e.ended.clone(), e.error.clone())).collect();
     assert_eq!(
         ends,
