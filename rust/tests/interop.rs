@@ -4,8 +4,9 @@
 //! client submits; (c) the 3:1 fair order through the broker with a Rust client; (d) a token pinned
 //! to a tenant, naming another, is refused with PermissionDenied; the client re-sends what is
 //! outstanding after the broker crashes and restarts; `explain` reads the broker's answer for a
-//! task waiting in a paused pool and for a retried one; and a client and a worker given a primary
-//! and its standby carry on with the standby after the primary is killed.
+//! task waiting in a paused pool and for a retried one; a client and a worker given a primary
+//! and its standby carry on with the standby after the primary is killed; requests fail at once
+//! when no address can be reached; and a client routes over the members of a cluster.
 
 mod support;
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Task, TaskState, Value, Worker};
 use serde::{Deserialize, Serialize};
-use support::{run_python, Broker, Scratch};
+use support::{run_python, Broker, Cluster, Scratch};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -574,4 +575,127 @@ async fn client_and_worker_follow_the_standby_that_takes_over() {
     assert_eq!(task.result_timeout::<u32>(LONG).await.unwrap(), 10);
     stopper.stop().await;
     running.await.unwrap().unwrap();
+}
+
+/// The members of `value` (a `cluster` answer) that list `pool`.
+fn owners_of(value: &Value, pool: &str) -> Vec<String> {
+    let field = |v: &Value, name: &str| {
+        v.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
+    };
+    let members = field(value, "members").and_then(|m| m.as_array().cloned()).unwrap_or_default();
+    members
+        .iter()
+        .filter(|m| {
+            field(m, "pools")
+                .and_then(|p| p.as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.as_str() == Some(pool))
+        })
+        .filter_map(|m| field(m, "name").and_then(|n| n.as_str().map(str::to_string)))
+        .collect()
+}
+
+/// Poll `check` every 100 ms until it holds; panic naming `what` after `timeout`.
+async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(std::time::Instant::now() < end, "not within {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_routes_over_a_cluster() {
+    let dir = Scratch::new("j");
+    let pools = "[[pools]]\nname = \"one\"\nmember = \"b1\"\n[[pools]]\nname = \"two\"\nmember = \"b2\"\n";
+    let cluster = Cluster::start(&dir.0, &["b1", "b2"], pools, "durability = \"none\"");
+    let serve = |address: String, pool: &str| {
+        let worker = Worker::new(address)
+            .heartbeat(Duration::from_millis(200), 5)
+            .pool(PoolConfig::new(pool), |p: Payload| async move {
+                Ok::<_, Error>(format!("{} done", p.decode::<String>()?))
+            });
+        (worker.stopper(), tokio::spawn(worker.run()))
+    };
+    let (stop_one, serving_one) = serve(cluster.workers("b1"), "one");
+    let (stop_two, serving_two) = serve(cluster.workers("b2"), "two");
+
+    // A member talked to alone refuses the other's pool, naming the owner (as before routing).
+    let direct = cronoq::connect(cluster.clients("b1")).routing(false).await.unwrap();
+    let refused = direct.submit(Task::new("x").pool("two")).await;
+    assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("b2")), "{refused:?}");
+
+    // A client that knows b1 only: each pool's submits go to its owner, the ids name it.
+    let sched = cronoq::connect(cluster.clients("b1")).await.unwrap();
+    let one = sched.submit(Task::new("a").pool("one")).await.unwrap();
+    let two = sched.submit(Task::new("b").pool("two")).await.unwrap();
+    assert!(one.id().starts_with("b1:") && two.id().starts_with("b2:"), "{} {}", one.id(), two.id());
+    assert_eq!(one.result_timeout::<String>(LONG).await.unwrap(), "a done");
+    assert_eq!(two.result_timeout::<String>(LONG).await.unwrap(), "b done");
+    // By id, from the client (and from a client that never submitted): the member the id names.
+    let info = sched.status(two.id()).await.unwrap();
+    assert_eq!((info.state, info.pool.as_str()), (TaskState::Succeeded, "two"));
+    assert_eq!(sched.explain(two.id()).await.unwrap().state, TaskState::Succeeded);
+    let other = cronoq::connect(cluster.clients("b1")).await.unwrap();
+    assert_eq!(other.result::<String>(two.id()).await.unwrap(), "b done");
+    assert!(matches!(direct.status(two.id()).await, Err(Error::NotFound(_))), "b1 alone does not know b2's task");
+
+    // pause, cancel and resume reach the owner of the pool, or of the task.
+    sched.pause("two").await.unwrap();
+    let waiting = sched.submit(Task::new("c").pool("two")).await.unwrap();
+    let kept = sched.submit(Task::new("d").pool("two")).await.unwrap();
+    assert_eq!(other.explain(waiting.id()).await.unwrap().waiting.map(|w| w.paused), Some(true));
+    assert!(other.cancel(waiting.id()).await.unwrap());
+    assert_eq!(waiting.status().await.unwrap().state, TaskState::Cancelled);
+    sched.resume("two").await.unwrap();
+    assert_eq!(kept.result_timeout::<String>(LONG).await.unwrap(), "d done");
+    assert!(matches!(sched.submit(Task::new("e").pool("nobody")).await, Err(Error::NotFound(_))));
+
+    // stats: every member's, merged, each pool naming its member.
+    let stats = sched.stats().await.unwrap();
+    let pool_member = |pool: &str| {
+        let pools = stats.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("pools")).unwrap().1.clone();
+        let entry = pools.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some(pool)).unwrap().1.clone();
+        entry
+            .as_map()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("member"))
+            .unwrap()
+            .1
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!((pool_member("one"), pool_member("two")), ("b1".to_string(), "b2".to_string()));
+
+    // A reload moves "two" to b1. The client's map still says b2: b2 refuses, naming b1, and the
+    // client reads the map again and submits there.
+    cluster.write(&pools.replace("member = \"b2\"", "member = \"b1\""), "durability = \"none\"");
+    cluster.reload();
+    for member in ["b1", "b2"] {
+        let probe = cronoq::connect(cluster.clients(member)).routing(false).await.unwrap();
+        until(&format!("{member} reloaded"), LONG, || {
+            let probe = probe.clone();
+            async move { probe.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, "two") == ["b1"]) }
+        })
+        .await;
+    }
+    let moved = sched.submit(Task::new("f").pool("two")).await.unwrap();
+    assert!(moved.id().starts_with("b1:"), "{}", moved.id());
+    assert_eq!(moved.status().await.unwrap().pool, "two");
+    let map = sched.cluster().await.unwrap().expect("a member answers with the map");
+    assert_eq!(owners_of(&map, "two"), ["b1"]);
+
+    // A member talked to alone still hands out the map.
+    assert_eq!(direct.cluster().await.unwrap().map(|m| owners_of(&m, "one")), Some(vec!["b1".to_string()]));
+    stop_one.stop().await;
+    stop_two.stop().await;
+    serving_one.await.unwrap().unwrap();
+    serving_two.await.unwrap().unwrap();
 }
