@@ -8,6 +8,9 @@
 //! member whose name starts the id (`b2:3f0c…`). A member that refuses a pool with
 //! `FailedPrecondition` naming another owner (a reload moved it) makes the client read the map
 //! again, from that member, and try once more at the owner.
+//!
+//! A worker's side is here too: which members it serves with which of its pools, and how its slots
+//! are split between them (src/worker.rs acts on them).
 
 use std::collections::HashMap;
 
@@ -41,7 +44,11 @@ pub(crate) struct MapMember {
 pub(crate) struct ClusterMap {
     /// Changes whenever the placement does.
     pub version: Option<String>,
+    /// The member that answered.
+    pub member: Option<String>,
     pub members: Vec<MapMember>,
+    /// Pools the answering member still holds tasks of, though it owns them no more.
+    pub draining: Vec<String>,
 }
 
 fn key<'a>(map: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
@@ -88,7 +95,9 @@ impl ClusterMap {
             });
         }
         let version = key(entries, "version").and_then(Value::as_str).map(str::to_string);
-        Ok(Some(ClusterMap { version, members }))
+        let member = key(entries, "member").and_then(Value::as_str).map(str::to_string);
+        let draining = strings(key(entries, "draining")).unwrap_or_default();
+        Ok(Some(ClusterMap { version, member, members, draining }))
     }
 }
 
@@ -167,9 +176,122 @@ impl Routes {
     }
 }
 
+// ---------------------------------------------------------------------- a worker's side
+
+/// Per member, in the map's order: (the worker's pools it owns, the worker's pools it still drains),
+/// for each member with either. `draining` holds what each member last said it drains about itself
+/// (only a member knows its own).
+pub(crate) fn wanted_pools(
+    map: &ClusterMap,
+    mine: &[String],
+    draining: &HashMap<String, Vec<String>>,
+) -> Vec<(String, Vec<String>, Vec<String>)> {
+    let mut out = Vec::new();
+    for member in &map.members {
+        let owned: Vec<String> = mine.iter().filter(|p| member.pools.contains(p)).cloned().collect();
+        let drains = draining.get(&member.name);
+        let leftover: Vec<String> = mine
+            .iter()
+            .filter(|p| drains.is_some_and(|d| d.contains(p)) && !member.pools.contains(p))
+            .cloned()
+            .collect();
+        if !owned.is_empty() || !leftover.is_empty() {
+            out.push((member.name.clone(), owned, leftover));
+        }
+    }
+    out
+}
+
+/// `concurrency` slots over the members, in proportion to how many of the worker's pools each owns
+/// (largest remainders first, ties by name), at least one each. The credit is split, not shared: a
+/// broker only ever holds the credit a worker gave it, and the protocol cannot take back what an
+/// idle member holds. `InvalidArgument` when there are more members than slots.
+pub(crate) fn split_slots(concurrency: u32, owned: &[(String, usize)]) -> Result<HashMap<String, u32>> {
+    if owned.is_empty() {
+        return Ok(HashMap::new());
+    }
+    if owned.len() > concurrency as usize {
+        let mut names: Vec<&str> = owned.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        return Err(Error::InvalidArgument(format!(
+            "concurrency {concurrency} is less than the {} cluster members that own this worker's pools ({}); \
+             give it at least {}, or run one worker per member",
+            owned.len(),
+            names.join(", "),
+            owned.len()
+        )));
+    }
+    let total: usize = owned.iter().map(|(_, n)| (*n).max(1)).sum();
+    let exact: HashMap<&str, f64> =
+        owned.iter().map(|(n, c)| (n.as_str(), concurrency as f64 * (*c).max(1) as f64 / total as f64)).collect();
+    let mut shares: HashMap<&str, u32> = exact.iter().map(|(n, x)| (*n, (x.floor() as u32).max(1))).collect();
+    // Largest remainders: take from those furthest above their exact share, give to those furthest below.
+    let by = |a: (f64, &str), b: (f64, &str)| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1));
+    while shares.values().sum::<u32>() > concurrency {
+        let name = *shares
+            .iter()
+            .filter(|(_, s)| **s > 1)
+            .map(|(n, s)| (*s as f64 - exact[n], *n))
+            .max_by(|a, b| by(*a, *b))
+            .map(|(_, n)| n)
+            .as_ref()
+            .expect("a share above one");
+        *shares.get_mut(name).unwrap() -= 1;
+    }
+    while shares.values().sum::<u32>() < concurrency {
+        let name = *shares
+            .iter()
+            .map(|(n, s)| (exact[n] - *s as f64, *n))
+            .max_by(|a, b| by(*a, *b))
+            .map(|(_, n)| n)
+            .as_ref()
+            .expect("a member");
+        *shares.get_mut(name).unwrap() += 1;
+    }
+    Ok(shares.into_iter().map(|(n, s)| (n.to_string(), s)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_split_by_pools_owned_at_least_one_each() {
+        let owned = |pairs: &[(&str, usize)]| pairs.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>();
+        let split = split_slots(6, &owned(&[("b1", 2), ("b2", 1)])).unwrap();
+        assert_eq!((split["b1"], split["b2"]), (4, 2));
+        let split = split_slots(4, &owned(&[("b1", 1), ("b2", 1), ("b3", 1)])).unwrap();
+        assert_eq!(split.values().sum::<u32>(), 4);
+        assert_eq!(split["b3"], 2, "ties go by name, largest first, as in Python");
+        let split = split_slots(3, &owned(&[("b1", 10), ("b2", 1), ("b3", 1)])).unwrap();
+        assert_eq!((split["b1"], split["b2"], split["b3"]), (1, 1, 1));
+        assert!(
+            matches!(split_slots(1, &owned(&[("b1", 1), ("b2", 1)])), Err(Error::InvalidArgument(m)) if m.contains("b1, b2"))
+        );
+    }
+
+    #[test]
+    fn a_worker_wants_the_members_that_own_or_drain_its_pools() {
+        let member = |name: &str, pools: &[&str]| MapMember {
+            name: name.into(),
+            clients: vec![],
+            workers: vec![],
+            pools: pools.iter().map(|p| p.to_string()).collect(),
+        };
+        let members = vec![member("b1", &["a", "x"]), member("b2", &["b"]), member("b3", &["y"])];
+        let map = ClusterMap { version: None, member: Some("b1".into()), members, draining: vec![] };
+        let mine: Vec<String> = ["a", "b", "moved"].iter().map(|p| p.to_string()).collect();
+        let draining = HashMap::from([("b3".to_string(), vec!["moved".to_string()])]);
+        let wanted = wanted_pools(&map, &mine, &draining);
+        assert_eq!(
+            wanted,
+            [
+                ("b1".to_string(), vec!["a".to_string()], vec![]),
+                ("b2".to_string(), vec!["b".to_string()], vec![]),
+                ("b3".to_string(), vec![], vec!["moved".to_string()])
+            ]
+        );
+    }
 
     #[test]
     fn task_ids_name_their_member_before_a_colon() {

@@ -6,7 +6,7 @@
 //! outstanding after the broker crashes and restarts; `explain` reads the broker's answer for a
 //! task waiting in a paused pool and for a retried one; a client and a worker given a primary
 //! and its standby carry on with the standby after the primary is killed; requests fail at once
-//! when no address can be reached; and a client routes over the members of a cluster.
+//! when no address can be reached; and a client and a worker serve every member of a cluster.
 
 mod support;
 
@@ -698,4 +698,77 @@ async fn the_client_routes_over_a_cluster() {
     stop_two.stop().await;
     serving_one.await.unwrap().unwrap();
     serving_two.await.unwrap().unwrap();
+}
+
+/// The value under `name` in a msgpack map.
+fn entry(value: &Value, name: &str) -> Value {
+    value
+        .as_map()
+        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
+        .unwrap_or(Value::Nil)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
+    let dir = Scratch::new("k");
+    let pools =
+        "[[pools]]\nname = \"one\"\nmember = \"b1\"\n[[pools]]\nname = \"two\"\nmember = \"b2\"\nmax_in_flight = 1\n";
+    let cluster = Cluster::start(&dir.0, &["b1", "b2"], pools, "durability = \"none\"");
+    // Tasks whose payload starts with "old" wait for the release.
+    let (release, released) = tokio::sync::watch::channel(false);
+    // Given b2's address only, it registers with b1 for "one" and with b2 for "two".
+    let worker = Worker::new(cluster.workers("b2")).concurrency(2).heartbeat(Duration::from_millis(200), 5);
+    let worker = ["one", "two"].iter().fold(worker, |w, pool| {
+        let (pool, released) = (pool.to_string(), released.clone());
+        w.pool(PoolConfig::new(&pool), move |p: Payload| {
+            let (pool, mut released) = (pool.clone(), released.clone());
+            async move {
+                let text = p.decode::<String>()?;
+                if text.starts_with("old") {
+                    let _ = released.wait_for(|r| *r).await;
+                }
+                Ok::<_, Error>(format!("{text} in {pool}"))
+            }
+        })
+    });
+    let stopper = worker.stopper();
+    let serving = tokio::spawn(worker.run());
+    let sched = cronoq::connect(cluster.clients("b1")).await.unwrap();
+    let one = sched.submit(Task::new("a").pool("one")).await.unwrap();
+    let two = sched.submit(Task::new("b").pool("two")).await.unwrap();
+    assert!(one.id().starts_with("b1:") && two.id().starts_with("b2:"));
+    assert_eq!(one.result_timeout::<String>(LONG).await.unwrap(), "a in one");
+    assert_eq!(two.result_timeout::<String>(LONG).await.unwrap(), "b in two");
+    let b2 = cronoq::connect(cluster.clients("b2")).routing(false).await.unwrap();
+    assert_eq!(entry(&b2.stats().await.unwrap(), "workers").as_u64(), Some(1), "the worker serves b2");
+
+    // Held on b2 (one running, the others queued behind max_in_flight) when a reload moves "two"
+    // to b1. The worker reads the new map from its members: it serves "two" on b1 from then on, and
+    // on b2 until b2 has drained it; then it leaves b2, which owns nothing of it any more.
+    let mut old = Vec::new();
+    for n in 0..3 {
+        old.push(sched.submit(Task::new(format!("old-{n}")).pool("two")).await.unwrap());
+    }
+    assert!(old.iter().all(|h| h.id().starts_with("b2:")));
+    cluster.write(&pools.replace("member = \"b2\"", "member = \"b1\""), "durability = \"none\"");
+    cluster.reload();
+    until("b2 reloaded", LONG, || {
+        let b2 = b2.clone();
+        async move { b2.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, "two") == ["b1"]) }
+    })
+    .await;
+    let moved = sched.submit(Task::new("new").pool("two")).await.unwrap();
+    assert!(moved.id().starts_with("b1:"), "{}", moved.id());
+    assert_eq!(moved.result_timeout::<String>(LONG).await.unwrap(), "new in two");
+    release.send(true).unwrap();
+    for (n, h) in old.iter().enumerate() {
+        assert_eq!(h.result_timeout::<String>(LONG).await.unwrap(), format!("old-{n} in two"), "drained on b2");
+    }
+    until("the worker left b2", LONG, || {
+        let b2 = b2.clone();
+        async move { b2.stats().await.is_ok_and(|stats| entry(&stats, "workers").as_u64() == Some(0)) }
+    })
+    .await;
+    stopper.stop().await;
+    serving.await.unwrap().expect("a graceful stop");
 }
