@@ -20,6 +20,14 @@
 //! request made while no connection is up is held here and leaves with the next one, as re-sent
 //! requests do; `request_timeout` still bounds its wait. After a takeover the standby's handshake
 //! is a new connection like a restarted broker's: what is outstanding is re-sent to it.
+//!
+//! Waiting is only for a broker that may yet answer (src/link.rs): when no address ever took the
+//! connection (refused for a second), or the CURVE handshake cannot succeed, every request fails at
+//! once with `Unavailable` naming the cause, and so do new ones until a handshake succeeds.
+//!
+//! A broker whose `hello` names a cluster member makes the client learn the cluster map and route
+//! each request to the member it concerns (src/cluster.rs), over one such connection per member;
+//! a lone broker is talked to as it always was.
 
 use std::collections::{HashMap, HashSet};
 use std::future::{Future, IntoFuture};
@@ -31,6 +39,7 @@ use rmpv::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::address::{self, Addresses};
+use crate::cluster::{member_of_task, ClusterMap, Routes};
 use crate::error::{Error, Result};
 use crate::explain::Explanation;
 use crate::handle::{timed_out, Ended, Source, TaskHandle};
@@ -74,6 +83,7 @@ pub fn connect(address: impl Addresses) -> Connect {
         token: Vec::new(),
         curve: None,
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        routing: true,
     }
 }
 
@@ -85,6 +95,7 @@ pub struct Connect {
     token: Vec<u8>,
     curve: Option<String>,
     request_timeout: Duration,
+    routing: bool,
 }
 
 impl Connect {
@@ -107,22 +118,46 @@ impl Connect {
         self
     }
 
+    /// Route over the cluster the broker is a member of (the default), or, with `false`, talk to
+    /// this broker only: another member's pools are then refused with `FailedPrecondition` naming
+    /// their owner, and task ids naming another member are `NotFound`.
+    pub fn routing(mut self, routing: bool) -> Connect {
+        self.routing = routing;
+        self
+    }
+
     async fn open(self) -> Result<Client> {
         let addresses = address::parse(&self.addresses, "broker address")?;
-        let options = Options {
-            curve_server_key: self.curve.as_deref().map(curve_public_key).transpose()?,
-            monitor: true,
-            heartbeat: Some((1000, 5000)),
-        };
+        let curve_key = self.curve.as_deref().map(curve_public_key).transpose()?;
+        Client::start(addresses, self.token, curve_key, self.request_timeout, self.routing)
+    }
+}
+
+impl Client {
+    /// Connect to one broker's addresses (a primary, then its standbys) and start the socket's task;
+    /// `routing`: follow a cluster if the broker is a member of one (a member's own connection does
+    /// not). Must be called inside a tokio runtime.
+    fn start(
+        addresses: Vec<String>,
+        token: Vec<u8>,
+        curve_key: Option<Vec<u8>>,
+        request_timeout: Duration,
+        routing: bool,
+    ) -> Result<Client> {
+        let options = Options { curve_server_key: curve_key.clone(), monitor: true, heartbeat: Some((1000, 5000)) };
         let dealer = Dealer::connect(&addresses, &options)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut prefix = [0u8; 8];
         getrandom::getrandom(&mut prefix).expect("the operating system's random source");
         let inner = Arc::new(Inner {
             address: addresses.join(" or "),
-            request_timeout: self.request_timeout,
+            request_timeout,
             outbox: tx,
             rules: Notify::new(),
+            routing,
+            token: token.clone(),
+            curve_key,
+            routes: Mutex::new(None),
             state: Mutex::new(State {
                 next_rid: 0,
                 next_submission: 0,
@@ -132,15 +167,18 @@ impl Connect {
                 heard_hello: false,
                 hello_rid: None,
                 max_payload_bytes: None,
+                member: None,
                 connections: 0,
                 reconnects: 0,
                 closed: false,
                 refused: None,
+                unreachable: None,
+                hello_failure: None,
             }),
         });
         let client = Client { inner: inner.clone() };
         client.ask_rules();
-        tokio::spawn(run(dealer, self.token, rx, Arc::downgrade(&inner)));
+        tokio::spawn(run(dealer, token, rx, Arc::downgrade(&inner)));
         Ok(client)
     }
 }
@@ -154,7 +192,27 @@ impl IntoFuture for Connect {
     }
 }
 
-type Reply = Result<(Header, Option<Vec<u8>>)>;
+type Reply = std::result::Result<(Header, Option<Vec<u8>>), Refused>;
+
+/// Why a request got no answer it can use: the error, and for a cluster member's refusal of a pool
+/// it does not own, the member that owns it (the `details` of a `FAILED_PRECONDITION`).
+#[derive(Debug, Clone)]
+pub(crate) struct Refused {
+    error: Error,
+    owner: Option<String>,
+}
+
+impl From<Error> for Refused {
+    fn from(error: Error) -> Refused {
+        Refused { error, owner: None }
+    }
+}
+
+impl From<Refused> for Error {
+    fn from(refused: Refused) -> Error {
+        refused.error
+    }
+}
 
 /// A request waiting for its reply: what to re-send on a new connection, and who waits.
 struct Pending {
@@ -210,6 +268,8 @@ struct State {
     heard_hello: bool,
     hello_rid: Option<i64>,
     max_payload_bytes: Option<usize>,
+    /// The cluster member the broker's `hello` named, if it is one.
+    member: Option<String>,
     connections: usize,
     reconnects: usize,
     closed: bool,
@@ -217,6 +277,12 @@ struct State {
     /// whose token it never took at most once a second and drops the rest unanswered, so requests
     /// made within that second fail at once with the same error instead of going unanswered.
     refused: Option<(Instant, Error)>,
+    /// Why waiting for the broker is pointless (nothing ever took the connection, or the CURVE
+    /// handshake cannot succeed): requests fail at once with `Unavailable` saying so, until a
+    /// handshake succeeds.
+    unreachable: Option<String>,
+    /// The `hello` (by rid) that failed, and how: callers waiting for the rules fail as it did.
+    hello_failure: Option<(i64, Error)>,
 }
 
 impl State {
@@ -232,6 +298,13 @@ struct Inner {
     request_timeout: Duration,
     outbox: mpsc::UnboundedSender<Cmd>,
     rules: Notify,
+    /// Route over the cluster the broker belongs to (false for a member's own connection).
+    routing: bool,
+    /// What a member's connection is opened with.
+    token: Vec<u8>,
+    curve_key: Option<Vec<u8>>,
+    /// The cluster's map and a connection per member, once learnt (src/cluster.rs).
+    routes: Mutex<Option<Routes>>,
     state: Mutex<State>,
 }
 
@@ -272,6 +345,9 @@ impl Client {
                 return Err(error.clone());
             }
         }
+        if let Some(reason) = &state.unreachable {
+            return Err(Error::Unavailable(reason.clone()));
+        }
         let (tx, rx) = oneshot::channel();
         state.pending.insert(
             rid,
@@ -300,7 +376,7 @@ impl Client {
             let header = wire::encode_header(tag, fields(rid));
             self.send(&mut state, rid, header, body, resend, true)?
         };
-        rx.await.unwrap_or_else(|_| Err(unavailable_closed()))
+        rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()))
     }
 
     /// Send a `hello`, unless one is waiting for its answer.
@@ -315,10 +391,12 @@ impl Client {
         let _ = self.send(&mut state, rid, header, None, true, true);
     }
 
-    /// The broker's max_payload_bytes, waiting (at most request_timeout) for its answer to a
-    /// `hello` if none came yet. None: the broker does not say.
+    /// The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
+    /// request_timeout: the `hello`'s own failure then, as a submit would meet). None: the broker
+    /// does not say.
     async fn payload_limit(&self) -> Result<Option<usize>> {
         let give_up = Instant::now() + self.inner.request_timeout;
+        let mut asked: Option<i64> = None; // the `hello` this call waits for
         loop {
             let notified = self.inner.rules.notified();
             {
@@ -329,8 +407,17 @@ impl Client {
                 if state.closed {
                     return Err(unavailable_closed());
                 }
+                if let Some(reason) = &state.unreachable {
+                    return Err(Error::Unavailable(reason.clone()));
+                }
+                if let (Some(asked), Some((failed, error))) = (asked, &state.hello_failure) {
+                    if asked == *failed {
+                        return Err(error.clone());
+                    }
+                }
             }
-            self.ask_rules();
+            self.ask_rules(); // none waiting means the last went unanswered: ask again
+            asked = self.inner.state.lock().unwrap().hello_rid;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
                 return Err(Error::Unavailable(format!(
@@ -347,7 +434,29 @@ impl Client {
     /// Queue a task; returns its handle once the broker has accepted it (durably, when the broker
     /// keeps a data_dir). A payload over the broker's max_payload_bytes, or a name longer than it
     /// takes, is refused here with `InvalidArgument` and nothing is sent.
+    ///
+    /// In a cluster it goes to the member that owns the task's pool (the handle then asks that
+    /// member); a member refusing the pool for another owner makes the client read the map again and
+    /// try once more there.
     pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
+        let maybe_member = {
+            let state = self.inner.state.lock().unwrap();
+            state.member.is_some() || !state.heard_hello
+        };
+        if self.inner.routing && maybe_member && self.learn_routes().await? {
+            let pool = task.pool.clone();
+            return self
+                .routed(&pool, move |conn| {
+                    let task = task.clone();
+                    async move { conn.submit_here(task).await }
+                })
+                .await;
+        }
+        Ok(self.submit_here(task).await?)
+    }
+
+    /// `submit` on this connection's broker.
+    async fn submit_here(&self, task: Task) -> std::result::Result<TaskHandle, Refused> {
         let body = task.check()?.to_vec();
         if let Some(limit) = self.payload_limit().await? {
             if body.len() > limit {
@@ -355,7 +464,8 @@ impl Client {
                     "payload is {} bytes as msgpack, over the broker's max_payload_bytes = {limit}; send less, \
                      or store the data elsewhere and send a reference to it",
                     body.len()
-                )));
+                ))
+                .into());
             }
         }
         let watch = Arc::new(Watch {
@@ -388,7 +498,7 @@ impl Client {
             state.watches.insert(rid, watch.clone());
             (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
         };
-        let reply = rx.await.unwrap_or_else(|_| Err(unavailable_closed()));
+        let reply = rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()));
         let (header, _) = match reply {
             Ok(reply) => reply,
             Err(e) => {
@@ -406,12 +516,14 @@ impl Client {
     /// Wait for a task's value by id, also one another connection submitted (see
     /// [`TaskHandle::result`]).
     pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
-        self.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
+        let conn = self.for_task(task_id).await?;
+        conn.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
     }
 
     /// Like [`result`](Self::result), giving up with `Timeout` after `timeout`.
     pub async fn result_timeout<T: serde::de::DeserializeOwned>(&self, task_id: &str, timeout: Duration) -> Result<T> {
-        self.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
+        let conn = self.for_task(task_id).await?;
+        conn.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
     }
 
     pub(crate) async fn wait_ended(
@@ -457,12 +569,16 @@ impl Client {
                 }
             },
         };
-        let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed()))?;
+        let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed().into()))?;
         Ok(ended_of(&header, body))
     }
 
     /// A snapshot of a task: state, attempts, timings. NotFound for a task this token may not see.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
+        let conn = self.for_task(task_id).await?;
+        if !conn.same(self) {
+            return Box::pin(conn.status(task_id)).await;
+        }
         let (h, _) = self.request("status", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
         Ok(TaskInfo {
             id: h.str("id").to_string(),
@@ -484,6 +600,10 @@ impl Client {
     /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
     /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
     pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
+        let conn = self.for_task(task_id).await?;
+        if !conn.same(self) {
+            return Box::pin(conn.explain(task_id)).await;
+        }
         let (h, _) = self.request("explain", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
         Explanation::from_value(h.get("value"))
     }
@@ -491,29 +611,72 @@ impl Client {
     /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
     /// `Unavailable` when no reply comes.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
+        let conn = self.for_task(task_id).await?;
+        if !conn.same(self) {
+            return Box::pin(conn.cancel(task_id)).await;
+        }
         let (h, _) = self.request("cancel", |rid| vec![Value::from(rid), Value::from(task_id)], None, false).await?;
         Ok(h.get("value").as_bool().unwrap_or(false))
     }
 
-    /// Stop dispatching `pool` (admin token).
+    /// Stop dispatching `pool` (admin token); in a cluster, on the member that owns it.
     pub async fn pause(&self, pool: &str) -> Result<()> {
-        self.request("pause", |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop)
+        self.pool_request("pause", pool).await
     }
 
-    /// Dispatch `pool` again (admin token).
+    /// Dispatch `pool` again (admin token); in a cluster, on the member that owns it.
     pub async fn resume(&self, pool: &str) -> Result<()> {
-        self.request("resume", |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop)
+        self.pool_request("resume", pool).await
+    }
+
+    async fn pool_request(&self, tag: &'static str, pool: &str) -> Result<()> {
+        let here = |conn: Client| {
+            let pool = pool.to_string();
+            async move { conn.request(tag, |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop) }
+        };
+        if self.learn_routes().await? {
+            return self.routed(pool, here).await;
+        }
+        Ok(here(self.clone()).await?)
     }
 
     /// The broker's per-pool statistics (admin token), as a msgpack map.
+    ///
+    /// In a cluster, every member's, merged as the Python client merges them: `pools` holds every
+    /// member's pools (each naming its `member`), `workers` the sum, `members` each member's own
+    /// answer, or `{"unreachable": why}` for one that did not answer within 5 s (or the
+    /// request_timeout, if shorter); `cluster` is the map's version.
     pub async fn stats(&self) -> Result<Value> {
+        if self.learn_routes().await? {
+            let members = self.inner.routes.lock().unwrap().as_ref().map(Routes::members).unwrap_or_default();
+            let version = self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.version.clone());
+            return cluster_stats(members, version, STATS_WAIT.min(self.inner.request_timeout)).await;
+        }
+        self.stats_here().await
+    }
+
+    async fn stats_here(&self) -> Result<Value> {
         let (h, _) = self.request("stats", |rid| vec![Value::from(rid)], None, true).await?;
         Ok(h.get("value").clone())
     }
 
+    /// The cluster map as the broker gives it (members, their addresses and pools, the map's
+    /// version; docs/protocol.md, "Clusters"), or `None` from a broker that is no member of a
+    /// cluster. Routing follows the map read here.
+    pub async fn cluster(&self) -> Result<Option<Value>> {
+        let value = self.cluster_map_here().await?;
+        if let Some(map) = ClusterMap::parse(&value)? {
+            if self.inner.routing && self.inner.routes.lock().unwrap().is_some() {
+                self.take_map(&map)?;
+            }
+            return Ok(Some(value));
+        }
+        Ok(None)
+    }
+
     /// A round trip to the broker; `Unavailable` when it does not answer in time.
     pub async fn ping(&self) -> Result<()> {
-        self.request("ping", |rid| vec![Value::from(rid)], None, true).await.map(drop)
+        Ok(self.request("ping", |rid| vec![Value::from(rid)], None, true).await.map(drop)?)
     }
 
     /// The broker's max_payload_bytes, as it said on connecting (None until it has, or if it never says).
@@ -526,24 +689,181 @@ impl Client {
         self.inner.state.lock().unwrap().reconnects
     }
 
-    /// Close the connection: requests still waiting fail with `Unavailable`.
+    /// Close the connection (every member's, in a cluster): requests still waiting fail with
+    /// `Unavailable`.
     pub async fn close(&self) {
+        let members = self.inner.routes.lock().unwrap().take().map(|mut r| r.take_all()).unwrap_or_default();
+        for member in members {
+            Box::pin(member.close()).await;
+        }
         let _ = self.inner.outbox.send(Cmd::Close);
         let mut state = self.inner.state.lock().unwrap();
         close_state(&mut state);
     }
+
+    // ------------------------------------------------------------------ cluster
+
+    /// Whether two handles share one connection.
+    fn same(&self, other: &Client) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// This connection's broker's answer to `cluster` (nil: it is no member of a cluster).
+    async fn cluster_map_here(&self) -> Result<Value> {
+        let (h, _) = self.request("cluster", |rid| vec![Value::from(rid)], None, true).await?;
+        Ok(h.get("value").clone())
+    }
+
+    /// Learn the cluster's routes if the broker is a member and they are not known yet: true when
+    /// requests are to be routed. Waits for the broker's `hello` if none came yet.
+    async fn learn_routes(&self) -> Result<bool> {
+        if !self.inner.routing {
+            return Ok(false);
+        }
+        self.payload_limit().await?; // the `hello`'s answer says whether the broker is a member
+        if self.inner.state.lock().unwrap().member.is_none() {
+            return Ok(false);
+        }
+        if self.inner.routes.lock().unwrap().is_some() {
+            return Ok(true);
+        }
+        match ClusterMap::parse(&self.cluster_map_here().await?)? {
+            None => {
+                // The broker left its cluster since its hello (a restart with another config).
+                self.inner.state.lock().unwrap().member = None;
+                Ok(false)
+            }
+            Some(map) => {
+                if self.inner.routes.lock().unwrap().is_none() {
+                    self.take_map(&map)?;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Route by `map` from now on: connect to its new members, close what it no longer lists.
+    fn take_map(&self, map: &ClusterMap) -> Result<()> {
+        let connect = |addresses: &[String]| {
+            let addresses = address::parse(addresses, "cluster member address")?;
+            let inner = &self.inner;
+            Client::start(addresses, inner.token.clone(), inner.curve_key.clone(), inner.request_timeout, false)
+        };
+        let gone = {
+            let mut routes = self.inner.routes.lock().unwrap();
+            routes.get_or_insert_with(Routes::default).update(map, connect)?
+        };
+        for conn in gone {
+            tokio::spawn(async move { conn.close().await });
+        }
+        Ok(())
+    }
+
+    /// The connection that knows `task_id`: in a cluster, the member its id names (learning the map
+    /// first, if need be); else this one.
+    async fn for_task(&self, task_id: &str) -> Result<Client> {
+        if !self.inner.routing || member_of_task(task_id).is_none() || !self.learn_routes().await? {
+            return Ok(self.clone());
+        }
+        Ok(self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.for_task(task_id)).unwrap_or_else(|| self.clone()))
+    }
+
+    /// `call` on the connection to `pool`'s owner (this one for a pool the map does not list: it
+    /// answers `NotFound` as a lone broker would). A refusal naming another owner re-reads the map
+    /// from the member that refused, and tries once more at the owner.
+    async fn routed<T, F, Fut>(&self, pool: &str, call: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Refused>>,
+    {
+        let owner_of = |pool: &str| self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.for_pool(pool));
+        let conn = owner_of(pool).unwrap_or_else(|| self.clone());
+        let refused = match call(conn.clone()).await {
+            Ok(value) => return Ok(value),
+            Err(refused) => refused,
+        };
+        let Some(owner) = refused.owner else { return Err(refused.error) };
+        if let Some(map) = ClusterMap::parse(&Box::pin(conn.cluster_map_here()).await?)? {
+            self.take_map(&map)?;
+        }
+        let again = owner_of(pool)
+            .filter(|again| !again.same(&conn))
+            .or_else(|| self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.member(&owner)));
+        match again {
+            Some(again) => Ok(call(again).await?),
+            None => Err(refused.error),
+        }
+    }
+}
+
+/// How long `stats` waits for each member of a cluster at most (less when request_timeout is).
+const STATS_WAIT: Duration = Duration::from_secs(5);
+
+/// Every member's `stats`, waiting `wait` for each at most, merged as `Client::stats` says.
+async fn cluster_stats(members: Vec<(String, Client)>, version: Option<String>, wait: Duration) -> Result<Value> {
+    let asks = members.iter().map(|(_, conn)| {
+        let conn = conn.clone();
+        tokio::spawn(async move { tokio::time::timeout(wait, conn.stats_here()).await })
+    });
+    let asks: Vec<_> = asks.collect();
+    let field = |map: &Value, name: &str| -> Option<Value> {
+        map.as_map()?.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone())
+    };
+    let unreachable = |why: String| Value::Map(vec![(Value::from("unreachable"), Value::from(why))]);
+    let mut answers: Vec<(Value, Value)> = Vec::new();
+    let mut pools: Vec<(Value, Value)> = Vec::new();
+    let mut workers: i64 = 0;
+    for ((name, _), ask) in members.iter().zip(asks) {
+        let answer = match ask.await {
+            Ok(Ok(Ok(answer))) => answer,
+            Ok(Ok(Err(e))) => {
+                if matches!(e, Error::NotFound(_) | Error::Unauthenticated(_) | Error::PermissionDenied(_)) {
+                    return Err(e);
+                }
+                unreachable(format!("{}: {}", e.code(), e.message()))
+            }
+            Ok(Err(_)) | Err(_) => unreachable(format!("no answer within {} s", wait.as_secs_f64())),
+        };
+        workers += field(&answer, "workers").and_then(|w| w.as_i64()).unwrap_or(0);
+        for (pool, stats) in field(&answer, "pools").and_then(|p| p.as_map().cloned()).unwrap_or_default() {
+            let draining = field(&stats, "draining").and_then(|d| d.as_bool()).unwrap_or(false);
+            let mut entry = stats.as_map().cloned().unwrap_or_default();
+            entry.retain(|(k, _)| k.as_str() != Some("member"));
+            entry.push((Value::from("member"), Value::from(name.as_str())));
+            match pools.iter_mut().find(|(p, _)| *p == pool) {
+                // The owner's entry wins over a draining one.
+                Some(slot) if !draining => slot.1 = Value::Map(entry),
+                Some(_) => {}
+                None => pools.push((pool, Value::Map(entry))),
+            }
+        }
+        answers.push((Value::from(name.as_str()), answer));
+    }
+    Ok(Value::Map(vec![
+        (Value::from("cluster"), version.map_or(Value::Nil, Value::from)),
+        (Value::from("members"), Value::Map(answers)),
+        (Value::from("pools"), Value::Map(pools)),
+        (Value::from("workers"), Value::from(workers)),
+    ]))
 }
 
 fn close_state(state: &mut State) {
     state.closed = true;
     for (_, mut p) in state.pending.drain() {
         if let Some(tx) = p.reply.take() {
-            let _ = tx.send(Err(unavailable_closed()));
+            let _ = tx.send(Err(unavailable_closed().into()));
         }
     }
     for (_, w) in state.watches.drain() {
         w.settle(WatchEnd::Gone);
     }
+}
+
+/// The member a `FAILED_PRECONDITION` says owns the pool instead (its `details`), or None.
+fn moved_to(error: &Error, details: &Value) -> Option<String> {
+    let Error::FailedPrecondition(_) = error else { return None };
+    let Value::Map(entries) = details else { return None };
+    entries.iter().find(|(k, _)| k.as_str() == Some("member")).and_then(|(_, v)| v.as_str()).map(str::to_string)
 }
 
 fn ended_of(h: &Header, body: Option<Vec<u8>>) -> Ended {
@@ -581,7 +901,7 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
         for (rid, mut p) in state.pending.drain() {
             state.watches.remove(&rid);
             if let Some(tx) = p.reply.take() {
-                let _ = tx.send(Err(error.clone()));
+                let _ = tx.send(Err(error.clone().into()));
             }
         }
         if !state.heard_hello {
@@ -594,21 +914,20 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     let Some(mut pending) = state.pending.remove(&rid) else { return };
     if state.hello_rid == Some(rid) {
         state.heard_hello = true;
-        state.max_payload_bytes = match header.get("value") {
-            Value::Map(entries) => entries
-                .iter()
-                .find(|(k, _)| k.as_str() == Some("max_payload_bytes"))
-                .and_then(|(_, v)| v.as_u64())
-                .filter(|n| *n > 0)
-                .map(|n| n as usize),
+        let rule = |name: &str| match header.get("value") {
+            Value::Map(entries) => entries.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()),
             _ => None,
         };
+        state.max_payload_bytes =
+            rule("max_payload_bytes").and_then(|v| v.as_u64()).filter(|n| *n > 0).map(|n| n as usize);
+        state.member = rule("member").and_then(|v| v.as_str().map(str::to_string));
         inner.rules.notify_waiters();
     }
     let Some(tx) = pending.reply.take() else { return };
     if header.tag == "error" {
         state.watches.remove(&rid);
-        let _ = tx.send(Err(Error::from_code(header.str("code"), header.str("message"))));
+        let error = Error::from_code(header.str("code"), header.str("message"));
+        let _ = tx.send(Err(Refused { owner: moved_to(&error, header.get("details")), error }));
         return;
     }
     if header.tag == "accepted" {
@@ -626,6 +945,7 @@ fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>, sen
     let first = state.connections == 0;
     state.connections += handshakes;
     state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
+    state.unreachable = None;
     if !first || handshakes > 1 {
         state.reconnects += 1;
         for (rid, p) in &state.pending {
@@ -651,24 +971,49 @@ fn rewait(state: &State, posted: &mut Vec<Posted>, older_than: Option<Instant>) 
     }
 }
 
-/// Fail the requests whose request_timeout passed.
-fn sweep(inner: &Inner, state: &mut State) {
+/// Fail one request that will get no reply; a failed `hello` also fails the callers waiting for
+/// the broker's rules.
+fn fail_request(inner: &Inner, state: &mut State, rid: i64, error: Error) {
+    state.watches.remove(&rid);
+    let Some(mut p) = state.pending.remove(&rid) else { return };
+    if state.hello_rid == Some(rid) {
+        state.hello_failure = Some((rid, error.clone()));
+        inner.rules.notify_waiters();
+    }
+    if let Some(tx) = p.reply.take() {
+        let _ = tx.send(Err(error.into()));
+    }
+}
+
+/// Fail the requests whose request_timeout passed, saying why by the state of the links.
+fn sweep(inner: &Inner, state: &mut State, dealer: &Dealer) {
     let now = Instant::now();
     let expired: Vec<i64> =
         state.pending.iter().filter(|(_, p)| p.expires.is_some_and(|t| t <= now)).map(|(r, _)| *r).collect();
-    for rid in expired {
-        let mut p = state.pending.remove(&rid).expect("listed");
-        if let Some(tx) = p.reply.take() {
-            let _ = tx.send(Err(Error::Unavailable(format!(
-                "no reply from the broker at {} within {} s; is it running?",
-                inner.address,
-                inner.request_timeout.as_secs_f64()
-            ))));
-        }
-        if state.hello_rid == Some(rid) {
-            inner.rules.notify_waiters();
-        }
+    if expired.is_empty() {
+        return;
     }
+    let error = Error::Unavailable(dealer.silence(&format!(
+        "no reply from the broker at {} within {} s",
+        inner.address,
+        inner.request_timeout.as_secs_f64()
+    )));
+    for rid in expired {
+        fail_request(inner, state, rid, error.clone());
+    }
+}
+
+/// Waiting cannot help (the link says why): fail every request now, and every new one until a
+/// handshake succeeds. Nothing of them can leave later: with `ZMQ_IMMEDIATE` libzmq queued none
+/// (no connection completed), and those held here are dropped.
+fn give_up(inner: &Inner, state: &mut State, reason: String, held: &mut Vec<Posted>) {
+    let error = Error::Unavailable(reason.clone());
+    state.unreachable = Some(reason);
+    let rids: Vec<i64> = state.pending.keys().copied().collect();
+    for rid in rids {
+        fail_request(inner, state, rid, error.clone());
+    }
+    held.clear();
 }
 
 /// The task that owns the socket: sends what callers post, hands replies to them.
@@ -698,6 +1043,13 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         } else if !held.is_empty() && dealer.is_up() && held_tried.elapsed() >= HELD_RETRY {
             take_held(&inner.state.lock().unwrap(), &mut held, &mut posted);
             held_tried = Instant::now();
+        } else if !dealer.is_up() {
+            if let Some(reason) = dealer.hopeless() {
+                let mut state = inner.state.lock().unwrap();
+                if state.unreachable.is_none() {
+                    give_up(&inner, &mut state, reason, &mut held);
+                }
+            }
         }
         while let Some(frames) = dealer.try_recv() {
             let (header, body) = match frames.as_slice() {
@@ -713,7 +1065,7 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         }
         if std::mem::take(&mut ticked) {
             let mut state = inner.state.lock().unwrap();
-            sweep(&inner, &mut state);
+            sweep(&inner, &mut state, &dealer);
             if last_rewait.elapsed() >= REWAIT_INTERVAL {
                 // A safety net for a reconnect the monitor did not report: repeats cost the broker nothing.
                 rewait(&state, &mut posted, Some(last_rewait));
@@ -729,7 +1081,7 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
         }
         if !posted.is_empty() {
             let unsent = flush(&dealer, &token, std::mem::take(&mut posted));
-            hold(&inner, &mut held, unsent);
+            hold(&inner, &dealer, &mut held, unsent);
         }
         if dealer.has_input() {
             continue;
@@ -768,7 +1120,7 @@ fn flush(dealer: &Dealer, token: &[u8], mut posted: Vec<Posted>) -> Vec<Posted> 
 /// Keep messages libzmq would not take, to send with the next connection (or on a retry while one
 /// is up). Past as many as a socket would queue the broker has been away long: the requests beyond
 /// fail now.
-fn hold(inner: &Inner, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
+fn hold(inner: &Inner, dealer: &Dealer, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
     if unsent.is_empty() {
         return;
     }
@@ -778,16 +1130,11 @@ fn hold(inner: &Inner, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
     if over.is_empty() {
         return;
     }
+    let error =
+        Error::Unavailable(dealer.silence(&format!("the send queue to the broker at {} is full", inner.address)));
     let mut state = inner.state.lock().unwrap();
     for (rid, _, _) in over {
-        if let Some(mut p) = state.pending.remove(&rid) {
-            if let Some(tx) = p.reply.take() {
-                let _ = tx.send(Err(Error::Unavailable(format!(
-                    "the send queue to the broker at {} is full; is it running?",
-                    inner.address
-                ))));
-            }
-        }
+        fail_request(inner, &mut state, rid, error.clone());
     }
 }
 

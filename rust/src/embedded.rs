@@ -271,36 +271,12 @@ impl Scheduler {
 
     /// A snapshot of a task. NotFound for an id this scheduler does not know.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
-        let inner = self.shared.inner.lock().unwrap();
-        let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
-        Ok(TaskInfo {
-            id: task_id.to_string(),
-            pool: r.pool.clone(),
-            tenant: r.tenant.clone(),
-            priority: r.priority,
-            state: r.state,
-            attempts: r.attempts,
-            submitted_at: r.submitted_at,
-            started_at: r.started_at,
-            finished_at: r.finished_at,
-            deadline: r.deadline,
-            error: (!r.error_type.is_empty()).then(|| format!("{}: {}", r.error_type, r.error_message)),
-        })
+        self.shared.status(task_id)
     }
 
     /// Cancel a task not yet dispatched; false if it runs or has finished. NotFound for an unknown id.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
-        let mut inner = self.shared.inner.lock().unwrap();
-        if !inner.records.contains_key(task_id) {
-            return Err(unknown(task_id));
-        }
-        if inner.core.cancel(task_id).is_none() {
-            return Ok(false);
-        }
-        finish(&mut inner, task_id, TaskState::Cancelled, unix_now(), None, "Cancelled", "the task was cancelled", "");
-        drop(inner);
-        self.shared.wake.notify_one();
-        Ok(true)
+        self.shared.cancel(task_id)
     }
 
     /// Stop dispatching `pool`; it still takes tasks and their deadlines still pass.
@@ -369,6 +345,40 @@ fn finish(
 }
 
 impl Shared {
+    /// A snapshot of a task. NotFound for an id this scheduler does not know.
+    pub(crate) fn status(&self, task_id: &str) -> Result<TaskInfo> {
+        let inner = self.inner.lock().unwrap();
+        let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
+        Ok(TaskInfo {
+            id: task_id.to_string(),
+            pool: r.pool.clone(),
+            tenant: r.tenant.clone(),
+            priority: r.priority,
+            state: r.state,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            deadline: r.deadline,
+            error: (!r.error_type.is_empty()).then(|| format!("{}: {}", r.error_type, r.error_message)),
+        })
+    }
+
+    /// Cancel a task not yet dispatched; false if it runs or has finished. NotFound for an unknown id.
+    pub(crate) fn cancel(&self, task_id: &str) -> Result<bool> {
+        let mut inner = self.inner.lock().unwrap();
+        if !inner.records.contains_key(task_id) {
+            return Err(unknown(task_id));
+        }
+        if inner.core.cancel(task_id).is_none() {
+            return Ok(false);
+        }
+        finish(&mut inner, task_id, TaskState::Cancelled, unix_now(), None, "Cancelled", "the task was cancelled", "");
+        drop(inner);
+        self.wake.notify_one();
+        Ok(true)
+    }
+
     /// Expire and dispatch what is due, start the handlers; returns the next wake-up.
     fn pump(&self) -> Option<f64> {
         let now = unix_now();

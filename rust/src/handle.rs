@@ -5,7 +5,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::error::{outcome_error, Error, Result};
-use crate::task::Payload;
+use crate::explain::Explanation;
+use crate::task::{Payload, TaskInfo};
 use crate::wire::NIL_BODY;
 
 /// How a task ended: its state, its result (succeeded) or its error fields.
@@ -47,7 +48,8 @@ impl std::fmt::Debug for TaskHandle {
 }
 
 impl TaskHandle {
-    /// The task's id (32 hex digits): any client may use it with `result`, `status` and `cancel`.
+    /// The task's id (32 hex digits; a cluster member's name and a colon before them): any client
+    /// may use it with `result`, `status`, `cancel` and `explain`.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -68,6 +70,38 @@ impl TaskHandle {
     /// itself goes on).
     pub async fn result_timeout<T: DeserializeOwned>(&self, timeout: Duration) -> Result<T> {
         self.payload(Some(timeout)).await?.decode()
+    }
+
+    /// A snapshot of the task: state, attempts, timings (as `status(id)` of the scheduler or client
+    /// that made this handle).
+    pub async fn status(&self) -> Result<TaskInfo> {
+        match &self.source {
+            Source::Embedded(shared) => shared.status(&self.id),
+            Source::Client(client, _) => client.status(&self.id).await,
+        }
+    }
+
+    /// Cancel the task if it was not dispatched yet; false if it runs or has finished (as
+    /// `cancel(id)`).
+    pub async fn cancel(&self) -> Result<bool> {
+        match &self.source {
+            Source::Embedded(shared) => shared.cancel(&self.id),
+            Source::Client(client, _) => client.cancel(&self.id).await,
+        }
+    }
+
+    /// Why the task is where it is: what stands before it while it waits, or how each attempt ended
+    /// (as [`Client::explain`](crate::Client::explain) with this task's id, on the connection — in a
+    /// cluster, the member — that accepted it). The embedded scheduler does not explain its tasks:
+    /// `FailedPrecondition` for a handle of one.
+    pub async fn explain(&self) -> Result<Explanation> {
+        match &self.source {
+            Source::Embedded(_) => Err(Error::FailedPrecondition(format!(
+                "task {}: the embedded Scheduler does not explain its tasks; a broker does (Client::explain)",
+                self.id
+            ))),
+            Source::Client(client, _) => client.explain(&self.id).await,
+        }
     }
 
     /// Wait for the task to end; its value as msgpack.

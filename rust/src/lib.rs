@@ -5,6 +5,7 @@
 //!   `cancel`, `explain` (an [`Explanation`]), `pause`/`resume`.
 //! - [`Worker`]: serves pools for a broker, each a [`PoolConfig`] and an async handler.
 //! - Both take a broker's primary and its standbys ([`Addresses`]) and follow the one that serves.
+//! - A client or worker given a cluster member's address serves the whole cluster.
 //! - [`Scheduler`]: the broker's scheduling rules in this process.
 //!
 //! Errors are one [`Error`] enum whose codes are the Python `CronoqError` codes. See README.md.
@@ -13,12 +14,14 @@
 
 mod address;
 mod client;
+mod cluster;
 pub mod core;
 mod embedded;
 mod error;
 mod explain;
 mod handle;
 mod handler;
+mod link;
 mod pool;
 mod task;
 mod transport;

@@ -9,7 +9,8 @@
 //!
 //! With a socket monitor the task also learns of each completed handshake: that is how a client
 //! knows it reached a (possibly restarted) broker and must re-send what is outstanding, and how a
-//! worker knows to register.
+//! worker knows to register — and of each failed attempt, from which `src/link.rs` tells when
+//! waiting for the broker is pointless.
 //!
 //! One DEALER connects to every address of a broker (its primary, then its standbys) with
 //! `ZMQ_IMMEDIATE`: libzmq queues messages only on a connection whose handshake completed, so only
@@ -18,16 +19,16 @@
 //! may never answer: the owner keeps such messages and sends them on the next handshake.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::error::{Error, Result};
+use crate::link::{self, Event, Links};
 
 /// Queued messages per socket each way before sends refuse (`EAGAIN`) and receives push back.
 pub(crate) const HIGH_WATER_MARK: i32 = 100_000;
@@ -72,8 +73,8 @@ pub(crate) struct Dealer {
     pub signals: Signals,
     sock: zmq::Socket,
     monitor: Option<zmq::Socket>,
-    /// Each endpoint's connection, by the monitor: up from its handshake to its disconnection.
-    links: RefCell<HashMap<Vec<u8>, bool>>,
+    /// Each address's link, by the monitor: up from its handshake to its disconnection, and why it fails.
+    links: RefCell<Links>,
 }
 
 /// The notification descriptors of a socket and its monitor.
@@ -116,8 +117,7 @@ impl Dealer {
             static MONITORS: AtomicUsize = AtomicUsize::new(0);
             let endpoint =
                 format!("inproc://cronoq-monitor-{}-{}", std::process::id(), MONITORS.fetch_add(1, Ordering::Relaxed));
-            let events = zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
-            sock.monitor(&endpoint, events).map_err(|e| zmq_error("cannot monitor the socket", e))?;
+            sock.monitor(&endpoint, link::events()).map_err(|e| zmq_error("cannot monitor the socket", e))?;
             let pair = context().socket(zmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
             pair.set_linger(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
             // No limit on the events waiting to be read: libzmq's I/O thread sends them blocking,
@@ -140,7 +140,8 @@ impl Dealer {
         }
         let raw = sock.get_fd().map_err(|e| zmq_error("no descriptor for the socket", e))?;
         let fd = watch(raw).map_err(|e| Error::Unavailable(format!("cannot watch the socket: {e}")))?;
-        Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd }, links: RefCell::default() })
+        let links = RefCell::new(Links::new(addresses, options.curve_server_key.is_some()));
+        Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd }, links })
     }
 
     /// The next whole message, if one is waiting (never blocks).
@@ -160,20 +161,18 @@ impl Dealer {
             || self.monitor.as_ref().is_some_and(|m| m.get_events().map(|e| e.contains(zmq::POLLIN)).unwrap_or(false))
     }
 
-    /// How many handshakes completed since the last call (also keeps [`is_up`](Self::is_up) current).
+    /// How many handshakes completed since the last call; also keeps [`is_up`](Self::is_up),
+    /// [`hopeless`](Self::hopeless) and [`silence`](Self::silence) current.
     pub fn handshakes(&self) -> usize {
         let Some(monitor) = &self.monitor else { return 0 };
         let mut n = 0;
         let mut links = self.links.borrow_mut();
         while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
-            let event = frames.first().filter(|f| f.len() >= 2).map(|f| u16::from_le_bytes([f[0], f[1]]));
-            let endpoint = frames.get(1).cloned().unwrap_or_default();
-            if event == Some(zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16) {
+            let Some(event) = Event::parse(&frames) else { continue };
+            if event.is(zmq::SocketEvent::HANDSHAKE_SUCCEEDED) {
                 n += 1;
-                links.insert(endpoint, true);
-            } else if event == Some(zmq::SocketEvent::DISCONNECTED as u16) {
-                links.insert(endpoint, false);
             }
+            links.observe(&event, Instant::now());
         }
         n
     }
@@ -181,7 +180,23 @@ impl Dealer {
     /// Whether some connection's handshake completed and it has not ended since, as far as the
     /// monitor has said (always false without a monitor).
     pub fn is_up(&self) -> bool {
-        self.links.borrow().values().any(|up| *up)
+        self.links.borrow().up()
+    }
+
+    /// Why waiting for this broker is pointless now (nothing ever took the connection, or the CURVE
+    /// handshake cannot succeed), as a sentence; None while it may yet answer (src/link.rs).
+    pub fn hopeless(&self) -> Option<String> {
+        self.links.borrow().hopeless(Instant::now())
+    }
+
+    /// Why serving cannot start at all (no address ever reached, a CURVE mistake at each), or None.
+    pub fn fatal(&self) -> Option<String> {
+        self.links.borrow().fatal()
+    }
+
+    /// Why `what` (a request that got no reply) came to nothing, by the state of the links.
+    pub fn silence(&self, what: &str) -> String {
+        self.links.borrow().silence(what)
     }
 }
 

@@ -87,6 +87,13 @@ async fn deadlines_cancel_delay_and_keys() {
     assert!(sched.cancel(waiting.id()).await.unwrap());
     assert!(matches!(waiting.result::<Value>().await, Err(Error::Cancelled(_))));
     assert!(!sched.cancel(waiting.id()).await.unwrap());
+    // The handle asks the same of the scheduler it came from; explaining is a broker's.
+    let queued = sched.submit(Task::new(1).pool("idle")).await.unwrap();
+    assert_eq!(queued.status().await.unwrap().state, TaskState::Queued);
+    assert!(queued.cancel().await.unwrap());
+    assert_eq!(queued.status().await.unwrap().state, TaskState::Cancelled);
+    assert!(!queued.cancel().await.unwrap());
+    assert!(matches!(queued.explain().await, Err(Error::FailedPrecondition(m)) if m.contains("embedded")));
     let first = sched.submit(Task::new(1).pool("idle").key("k")).await.unwrap();
     let again = sched.submit(Task::new(2).pool("idle").key("k")).await.unwrap();
     assert!(again.duplicate() && again.id() == first.id() && !first.duplicate());

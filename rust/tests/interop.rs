@@ -4,8 +4,9 @@
 //! client submits; (c) the 3:1 fair order through the broker with a Rust client; (d) a token pinned
 //! to a tenant, naming another, is refused with PermissionDenied; the client re-sends what is
 //! outstanding after the broker crashes and restarts; `explain` reads the broker's answer for a
-//! task waiting in a paused pool and for a retried one; and a client and a worker given a primary
-//! and its standby carry on with the standby after the primary is killed.
+//! task waiting in a paused pool and for a retried one; a client and a worker given a primary
+//! and its standby carry on with the standby after the primary is killed; requests fail at once
+//! when no address can be reached; and a client and a worker serve every member of a cluster.
 
 mod support;
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Task, TaskState, Value, Worker};
 use serde::{Deserialize, Serialize};
-use support::{run_python, Broker, Scratch};
+use support::{run_python, Broker, Cluster, Scratch};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -319,15 +320,72 @@ async fn curve_encrypts_client_and_worker() {
     let task = sched.submit(Task::new("secret").pool("work")).await.unwrap();
     assert_eq!(task.result_timeout::<String>(LONG).await.unwrap(), "SECRET");
 
-    // Without the key the handshake never completes: the request times out, nothing is sent in clear.
-    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_millis(800)).await.unwrap();
-    assert!(matches!(plain.ping().await, Err(Error::Unavailable(_))));
+    // Without the key, or with another broker's, the handshake cannot succeed and nothing is sent in
+    // clear: requests fail with Unavailable naming the mistake, long before their request_timeout
+    // (LONG bounds the wait, so waiting it out would fail the test).
+    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let refused = tokio::time::timeout(LONG, plain.ping()).await.expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("is encrypted (CURVE): give its public key")),
+        "{refused:?}"
+    );
+    let mut other_keygen = support::Proc::spawn(
+        &["-m", "cronoq.cli", "keygen", "--dir", dir.0.join("other").to_str().unwrap()],
+        &dir.0.join("keygen-other.log"),
+        &[],
+    );
+    other_keygen.finish(LONG);
+    let wrong = cronoq::connect(&broker.clients)
+        .curve_server_key(dir.0.join("other").join("broker.key").to_str().unwrap())
+        .request_timeout(Duration::from_secs(600))
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(LONG, wrong.submit(Task::new("x").pool("work")))
+        .await
+        .expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("CURVE handshake with") && m.contains("is not this broker's")),
+        "{refused:?}"
+    );
+    // And so does every later request, at once, until a handshake succeeds.
+    assert!(matches!(wrong.ping().await, Err(Error::Unavailable(m)) if m.contains("CURVE handshake")));
+    // A worker without the key cannot serve: it stops, saying why, instead of trying for ever.
+    let keyless = Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) });
+    let stopped = tokio::time::timeout(LONG, keyless.run()).await.expect("stopped at once");
+    assert!(matches!(&stopped, Err(Error::Unavailable(m)) if m.contains("is encrypted (CURVE)")), "{stopped:?}");
     assert!(matches!(
         cronoq::connect(&broker.clients).curve_server_key("not a key").await,
         Err(Error::InvalidArgument(_))
     ));
     stopper.stop().await;
     running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
+    // Nothing listens on these ports: every connection is refused. The requests fail with
+    // Unavailable naming that once the refusals have gone on for a second, not after their
+    // request_timeout of ten minutes (LONG bounds the wait: waiting it out fails the test).
+    let closed = format!("tcp://127.0.0.1:{}", support::free_port());
+    let sched = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let refused =
+        tokio::time::timeout(LONG, sched.submit(Task::new("x"))).await.expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&format!("connection refused at {closed}"))),
+        "{refused:?}"
+    );
+    assert_eq!(refused.unwrap_err().code(), "UNAVAILABLE");
+    assert!(matches!(sched.status("0123456789abcdef0123456789abcdef").await, Err(Error::Unavailable(_))));
+
+    // A primary and its standby, both refusing: hopeless only once every address is.
+    let standby = format!("tcp://127.0.0.1:{}", support::free_port());
+    let both =
+        cronoq::connect([closed.as_str(), standby.as_str()]).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let refused = tokio::time::timeout(LONG, both.ping()).await.expect("failed before its request_timeout");
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&closed) && m.contains(&standby)),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -407,6 +465,12 @@ async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
     assert_eq!((waiting.queue_ahead, waiting.queue_length, waiting.higher_classes_ahead), (Some(2), 3, 0));
     assert_eq!((waiting.workers, waiting.running), (0, 0));
     assert_eq!(waiting.nodes.iter().map(|n| (n.name.as_str(), n.share)).collect::<Vec<_>>(), [("acme", 1.0)]);
+    // The handle explains its task as the client does (only the estimate's clock may move).
+    let by_handle = handles[2].explain().await.unwrap();
+    let by_handle_waiting = by_handle.waiting.clone().expect("still queued");
+    assert_eq!((by_handle.id.as_str(), by_handle.state, by_handle.attempts), (handles[2].id(), TaskState::Queued, 0));
+    assert_eq!((by_handle_waiting.queue_ahead, by_handle_waiting.paused), (Some(2), true));
+    assert_eq!(handles[2].status().await.unwrap().state, TaskState::Queued);
 
     // A token pinned to another tenant cannot see it: NotFound, as for an id that never existed.
     let globex = sched.submit(Task::new("g").pool("llm").tenant("globex")).await.unwrap();
@@ -448,6 +512,7 @@ async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
     assert_eq!(flaky.result_timeout::<String>(LONG).await.unwrap(), "flaky");
     let why = sched.explain(flaky.id()).await.unwrap();
     assert_eq!((why.state, why.attempts, why.max_retries, why.waiting), (TaskState::Succeeded, 2, 2, None));
+    assert_eq!(flaky.explain().await.unwrap().history, why.history);
     let ends: Vec<_> = why.history.iter().map(|e| (e.attempt, e.ended.clone(), e.error.clone())).collect();
     assert_eq!(
         ends,
@@ -510,4 +575,200 @@ async fn client_and_worker_follow_the_standby_that_takes_over() {
     assert_eq!(task.result_timeout::<u32>(LONG).await.unwrap(), 10);
     stopper.stop().await;
     running.await.unwrap().unwrap();
+}
+
+/// The members of `value` (a `cluster` answer) that list `pool`.
+fn owners_of(value: &Value, pool: &str) -> Vec<String> {
+    let field = |v: &Value, name: &str| {
+        v.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
+    };
+    let members = field(value, "members").and_then(|m| m.as_array().cloned()).unwrap_or_default();
+    members
+        .iter()
+        .filter(|m| {
+            field(m, "pools")
+                .and_then(|p| p.as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.as_str() == Some(pool))
+        })
+        .filter_map(|m| field(m, "name").and_then(|n| n.as_str().map(str::to_string)))
+        .collect()
+}
+
+/// Poll `check` every 100 ms until it holds; panic naming `what` after `timeout`.
+async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(std::time::Instant::now() < end, "not within {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_routes_over_a_cluster() {
+    let dir = Scratch::new("j");
+    let pools = "[[pools]]\nname = \"one\"\nmember = \"b1\"\n[[pools]]\nname = \"two\"\nmember = \"b2\"\n";
+    let cluster = Cluster::start(&dir.0, &["b1", "b2"], pools, "durability = \"none\"");
+    let serve = |address: String, pool: &str| {
+        let worker = Worker::new(address)
+            .heartbeat(Duration::from_millis(200), 5)
+            .pool(PoolConfig::new(pool), |p: Payload| async move {
+                Ok::<_, Error>(format!("{} done", p.decode::<String>()?))
+            });
+        (worker.stopper(), tokio::spawn(worker.run()))
+    };
+    let (stop_one, serving_one) = serve(cluster.workers("b1"), "one");
+    let (stop_two, serving_two) = serve(cluster.workers("b2"), "two");
+
+    // A member talked to alone refuses the other's pool, naming the owner (as before routing).
+    let direct = cronoq::connect(cluster.clients("b1")).routing(false).await.unwrap();
+    let refused = direct.submit(Task::new("x").pool("two")).await;
+    assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("b2")), "{refused:?}");
+
+    // A client that knows b1 only: each pool's submits go to its owner, the ids name it.
+    let sched = cronoq::connect(cluster.clients("b1")).await.unwrap();
+    let one = sched.submit(Task::new("a").pool("one")).await.unwrap();
+    let two = sched.submit(Task::new("b").pool("two")).await.unwrap();
+    assert!(one.id().starts_with("b1:") && two.id().starts_with("b2:"), "{} {}", one.id(), two.id());
+    assert_eq!(one.result_timeout::<String>(LONG).await.unwrap(), "a done");
+    assert_eq!(two.result_timeout::<String>(LONG).await.unwrap(), "b done");
+    // By id, from the client (and from a client that never submitted): the member the id names.
+    let info = sched.status(two.id()).await.unwrap();
+    assert_eq!((info.state, info.pool.as_str()), (TaskState::Succeeded, "two"));
+    assert_eq!(sched.explain(two.id()).await.unwrap().state, TaskState::Succeeded);
+    let other = cronoq::connect(cluster.clients("b1")).await.unwrap();
+    assert_eq!(other.result::<String>(two.id()).await.unwrap(), "b done");
+    assert!(matches!(direct.status(two.id()).await, Err(Error::NotFound(_))), "b1 alone does not know b2's task");
+
+    // pause, cancel and resume reach the owner of the pool, or of the task.
+    sched.pause("two").await.unwrap();
+    let waiting = sched.submit(Task::new("c").pool("two")).await.unwrap();
+    let kept = sched.submit(Task::new("d").pool("two")).await.unwrap();
+    assert_eq!(other.explain(waiting.id()).await.unwrap().waiting.map(|w| w.paused), Some(true));
+    assert!(other.cancel(waiting.id()).await.unwrap());
+    assert_eq!(waiting.status().await.unwrap().state, TaskState::Cancelled);
+    sched.resume("two").await.unwrap();
+    assert_eq!(kept.result_timeout::<String>(LONG).await.unwrap(), "d done");
+    assert!(matches!(sched.submit(Task::new("e").pool("nobody")).await, Err(Error::NotFound(_))));
+
+    // stats: every member's, merged, each pool naming its member.
+    let stats = sched.stats().await.unwrap();
+    let pool_member = |pool: &str| {
+        let pools = stats.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("pools")).unwrap().1.clone();
+        let entry = pools.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some(pool)).unwrap().1.clone();
+        entry
+            .as_map()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("member"))
+            .unwrap()
+            .1
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!((pool_member("one"), pool_member("two")), ("b1".to_string(), "b2".to_string()));
+
+    // A reload moves "two" to b1. The client's map still says b2: b2 refuses, naming b1, and the
+    // client reads the map again and submits there.
+    cluster.write(&pools.replace("member = \"b2\"", "member = \"b1\""), "durability = \"none\"");
+    cluster.reload();
+    for member in ["b1", "b2"] {
+        let probe = cronoq::connect(cluster.clients(member)).routing(false).await.unwrap();
+        until(&format!("{member} reloaded"), LONG, || {
+            let probe = probe.clone();
+            async move { probe.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, "two") == ["b1"]) }
+        })
+        .await;
+    }
+    let moved = sched.submit(Task::new("f").pool("two")).await.unwrap();
+    assert!(moved.id().starts_with("b1:"), "{}", moved.id());
+    assert_eq!(moved.status().await.unwrap().pool, "two");
+    let map = sched.cluster().await.unwrap().expect("a member answers with the map");
+    assert_eq!(owners_of(&map, "two"), ["b1"]);
+
+    // A member talked to alone still hands out the map.
+    assert_eq!(direct.cluster().await.unwrap().map(|m| owners_of(&m, "one")), Some(vec!["b1".to_string()]));
+    stop_one.stop().await;
+    stop_two.stop().await;
+    serving_one.await.unwrap().unwrap();
+    serving_two.await.unwrap().unwrap();
+}
+
+/// The value under `name` in a msgpack map.
+fn entry(value: &Value, name: &str) -> Value {
+    value
+        .as_map()
+        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
+        .unwrap_or(Value::Nil)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
+    let dir = Scratch::new("k");
+    let pools =
+        "[[pools]]\nname = \"one\"\nmember = \"b1\"\n[[pools]]\nname = \"two\"\nmember = \"b2\"\nmax_in_flight = 1\n";
+    let cluster = Cluster::start(&dir.0, &["b1", "b2"], pools, "durability = \"none\"");
+    // Tasks whose payload starts with "old" wait for the release.
+    let (release, released) = tokio::sync::watch::channel(false);
+    // Given b2's address only, it registers with b1 for "one" and with b2 for "two".
+    let worker = Worker::new(cluster.workers("b2")).concurrency(2).heartbeat(Duration::from_millis(200), 5);
+    let worker = ["one", "two"].iter().fold(worker, |w, pool| {
+        let (pool, released) = (pool.to_string(), released.clone());
+        w.pool(PoolConfig::new(&pool), move |p: Payload| {
+            let (pool, mut released) = (pool.clone(), released.clone());
+            async move {
+                let text = p.decode::<String>()?;
+                if text.starts_with("old") {
+                    let _ = released.wait_for(|r| *r).await;
+                }
+                Ok::<_, Error>(format!("{text} in {pool}"))
+            }
+        })
+    });
+    let stopper = worker.stopper();
+    let serving = tokio::spawn(worker.run());
+    let sched = cronoq::connect(cluster.clients("b1")).await.unwrap();
+    let one = sched.submit(Task::new("a").pool("one")).await.unwrap();
+    let two = sched.submit(Task::new("b").pool("two")).await.unwrap();
+    assert!(one.id().starts_with("b1:") && two.id().starts_with("b2:"));
+    assert_eq!(one.result_timeout::<String>(LONG).await.unwrap(), "a in one");
+    assert_eq!(two.result_timeout::<String>(LONG).await.unwrap(), "b in two");
+    let b2 = cronoq::connect(cluster.clients("b2")).routing(false).await.unwrap();
+    assert_eq!(entry(&b2.stats().await.unwrap(), "workers").as_u64(), Some(1), "the worker serves b2");
+
+    // Held on b2 (one running, the others queued behind max_in_flight) when a reload moves "two"
+    // to b1. The worker reads the new map from its members: it serves "two" on b1 from then on, and
+    // on b2 until b2 has drained it; then it leaves b2, which owns nothing of it any more.
+    let mut old = Vec::new();
+    for n in 0..3 {
+        old.push(sched.submit(Task::new(format!("old-{n}")).pool("two")).await.unwrap());
+    }
+    assert!(old.iter().all(|h| h.id().starts_with("b2:")));
+    cluster.write(&pools.replace("member = \"b2\"", "member = \"b1\""), "durability = \"none\"");
+    cluster.reload();
+    until("b2 reloaded", LONG, || {
+        let b2 = b2.clone();
+        async move { b2.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, "two") == ["b1"]) }
+    })
+    .await;
+    let moved = sched.submit(Task::new("new").pool("two")).await.unwrap();
+    assert!(moved.id().starts_with("b1:"), "{}", moved.id());
+    assert_eq!(moved.result_timeout::<String>(LONG).await.unwrap(), "new in two");
+    release.send(true).unwrap();
+    for (n, h) in old.iter().enumerate() {
+        assert_eq!(h.result_timeout::<String>(LONG).await.unwrap(), format!("old-{n} in two"), "drained on b2");
+    }
+    until("the worker left b2", LONG, || {
+        let b2 = b2.clone();
+        async move { b2.stats().await.is_ok_and(|stats| entry(&stats, "workers").as_u64() == Some(0)) }
+    })
+    .await;
+    stopper.stop().await;
+    serving.await.unwrap().expect("a graceful stop");
 }

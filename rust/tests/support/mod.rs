@@ -184,3 +184,69 @@ pub fn run_python(script: &str, args: &[&str], dir: &Path, name: &str) -> Proc {
     all.extend_from_slice(args);
     Proc::spawn(&all, &dir.join(format!("{name}.log")), &[])
 }
+
+/// Members of a cluster, started from one config file (its `[cluster]` table lists them all), each
+/// with `--member NAME` on loopback ports of its own.
+pub struct Cluster {
+    pub members: Vec<(String, Proc)>,
+    pub config: PathBuf,
+    ports: Vec<(String, String, String)>,
+}
+
+impl Cluster {
+    /// Write the config (`broker_extra` under `[broker]`, then `[cluster]`, then `pools`) and start
+    /// every member named.
+    pub fn start(dir: &Path, names: &[&str], pools: &str, broker_extra: &str) -> Cluster {
+        let ports: Vec<(String, String, String)> = names
+            .iter()
+            .map(|n| {
+                let clients = format!("tcp://127.0.0.1:{}", free_port());
+                (n.to_string(), clients, format!("tcp://127.0.0.1:{}", free_port()))
+            })
+            .collect();
+        let config = dir.join("cluster.toml");
+        let mut cluster = Cluster { members: Vec::new(), config, ports };
+        cluster.write(pools, broker_extra);
+        for name in names {
+            let log = dir.join(format!("{name}.log"));
+            let config = cluster.config.to_str().unwrap().to_string();
+            let mut proc = Proc::spawn(
+                &["-m", "cronoq.broker.cli", "-c", &config, "--member", name, "--log-level", "WARNING"],
+                &log,
+                &[],
+            );
+            proc.wait_for("cronoq broker ready", Duration::from_secs(60));
+            cluster.members.push((name.to_string(), proc));
+        }
+        cluster
+    }
+
+    /// Rewrite the config file (the members reread it on SIGHUP: [`reload`](Self::reload)).
+    pub fn write(&self, pools: &str, broker_extra: &str) {
+        let members: String = self
+            .ports
+            .iter()
+            .map(|(n, c, w)| format!("[[cluster.members]]\nname = \"{n}\"\nclients = \"{c}\"\nworkers = \"{w}\"\n"))
+            .collect();
+        let text = format!("[broker]\nheartbeat_interval = 0.2\n{broker_extra}\n\n[cluster]\n{members}\n{pools}\n");
+        std::fs::write(&self.config, text).unwrap();
+    }
+
+    /// SIGHUP every member: each rereads the config file.
+    pub fn reload(&self) {
+        for (_, proc) in &self.members {
+            // SAFETY: a plain kill(2) of a child process this test started and still holds.
+            unsafe {
+                libc::kill(proc.child.id() as i32, libc::SIGHUP);
+            }
+        }
+    }
+
+    pub fn clients(&self, name: &str) -> String {
+        self.ports.iter().find(|(n, _, _)| n == name).unwrap().1.clone()
+    }
+
+    pub fn workers(&self, name: &str) -> String {
+        self.ports.iter().find(|(n, _, _)| n == name).unwrap().2.clone()
+    }
+}
