@@ -53,7 +53,7 @@ def _sqlite(folder: Path, records: list[TaskRecord]) -> dict[str, float]:
 
     # A budget for half the rows: the second half is timed at steady state, each batch dropping as much as it adds.
     half = len(records) // 2
-    budget = sum(results.row(record)[-1] for record in records[:half])
+    budget = sum(results.weight(results.row(record)) for record in records[:half])
     writer = results.Writer(folder / results.RESULTS, 1e9, budget, time.time())
     bodies = [results.encoded(record) for record in records]  # as the broker sends them to the archiver
     cpu = 0.0

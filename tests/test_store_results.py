@@ -43,9 +43,10 @@ def test_a_row_holds_the_records_encoding_as_sent_and_the_hashes_the_store_has_a
     bodies = [msgspec.msgpack.encode(stored_form(record)) for record in records]  # as the broker sends them
     rows = results.rows(bodies)
     for record, body, row in zip(records, bodies, rows):
-        seq, id_hash, submission, key, finished_at, stored, weight = row
+        seq, id_hash, submission, key, finished_at, stored = row
         assert bytes(stored) == body and msgspec.msgpack.decode(stored, type=TaskRecord) == record
-        assert (seq, finished_at, weight) == (record.seq, record.finished_at, results.ROW_OVERHEAD + len(body))
+        assert (seq, finished_at) == (record.seq, record.finished_at)
+        assert results.weight(row) == results.ROW_OVERHEAD + len(body)
         assert id_hash == _as_stored(_unsigned_blake(record.id.encode())) == results.id_hash(record.id)
         assert submission == (None if record.submission is None
                               else _as_stored(submission_scope(record.tenant, record.submission)))
@@ -177,4 +178,35 @@ def test_the_filter_is_rebuilt_when_full_or_far_too_big_not_whenever_retention_d
     keeper.filter.log2 += 4  # a filter built for a far bigger store (say, before the budget was cut)
     keeper.entries, keeper.dropped = keeper.filter.capacity // 2, keeper.filter.capacity // 4
     assert keeper.is_stale(rows), "most of what it held was dropped: a smaller one will do"
+    writer.close()
+
+
+def test_the_filter_misses_about_as_rarely_as_it_was_sized_for_and_spreads_over_all_its_words():
+    """Four bits in one word of 64 per scope (a blocked filter): at 16 bits a scope, about 0.5 % of scopes never
+    added pass for added; a filter that put every scope in a few words would pass nearly all of them."""
+    rng = random.Random(11)
+    log2 = 20
+    scopes = ScopeFilter(bytearray(1 << (log2 - 3)), log2)
+    added = [rng.getrandbits(64) for _ in range((1 << log2) // 16)]
+    scopes.add_all(added)
+    assert all(scopes.might_hold(scope) and scopes.might_hold(_as_stored(scope)) for scope in added)
+    probes = [rng.getrandbits(64) for _ in range(100_000)]
+    false_maybes = sum(scopes.might_hold(scope) for scope in probes) / len(probes)
+    assert 0.002 < false_maybes < 0.008
+    words = memoryview(scopes.bits).cast("Q")
+    assert sum(1 for word in words if word) > 0.95 * len(words)
+
+
+def test_a_filter_is_rebuilt_again_and_again_in_new_shared_memory(tmp_path):
+    """Each rebuild unmaps the memory of the filter before it (which needs the old filter's view let go)."""
+    writer = results.Writer(tmp_path / results.RESULTS, 1e9, 1 << 30, 1000.0)
+    records = [_record(n, submission=f"s{n}") for n in range(1, 21)]
+    writer.begin()
+    writer.store([results.encoded(record) for record in records])
+    writer.commit()
+    keeper = FilterKeeper()
+    for _ in range(3):
+        keeper.rebuild(writer)
+        assert keeper.filter is not None
+        assert all(keeper.filter.might_hold(submission_scope(None, f"s{n}")) for n in range(1, 21))
     writer.close()

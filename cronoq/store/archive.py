@@ -354,6 +354,7 @@ class Archive:
         filter_, bits = self._filter, self._filter_map
         self._filter = self._filter_map = None
         if filter_ is not None:
+            filter_.release()
             filter_.bits.release()  # type: ignore[union-attr]
         if bits is not None:
             bits.close()

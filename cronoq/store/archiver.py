@@ -159,8 +159,8 @@ class FilterKeeper:
         """Set the bits of stored rows' scopes (as results.rows gives them)."""
         scopes = self.filter
         if scopes is not None:
-            scopes.add_all([values[2] for values in rows if values[2] is not None])
-            scopes.add_all([values[3] for values in rows if values[3] is not None])
+            scopes.add_all([values[2] for values in rows])
+            scopes.add_all([values[3] for values in rows])
         self.entries += len(rows)
 
     def is_stale(self, rows: int) -> bool:
@@ -186,6 +186,8 @@ class FilterKeeper:
         bits = mmap.mmap(fd, size)
         new = ScopeFilter(bits, log2)
         new.add_all(scope for (scope,) in writer.scopes())
+        if self.filter is not None:
+            self.filter.release()  # its view of the old memory, which cannot be unmapped while one is held
         if self._bits is not None:
             self._bits.close()
         if self._fd >= 0:

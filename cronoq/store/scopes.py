@@ -5,8 +5,19 @@ sends) or a key must be checked against the retained tasks, most of which
 are only in the results store: asking SQLite each time would cost the
 broker several microseconds per task. A Bloom filter answers "certainly
 not there" from a bit array of 32 bits per stored task instead; the store
-is asked only when it says "maybe" (about 1 time in 300 when it is as full
-as it gets).
+is asked only when it says "maybe": when it is as full as it gets, about 1
+time in 1,200 for tasks with a submission id only, 1 in 200 for tasks with
+a key as well.
+
+The filter is blocked: a scope's four bits all lie in one 64-bit word, the
+word chosen by the hash's low bits, the bits by four 6-bit slices of its
+high ones. Setting or testing a scope is then one read (and one write) of
+a word instead of three scattered bytes: 0.4 µs a scope instead of 0.65 in
+the archiver, which sets the bits of every stored task. Four bits in a
+word miss as rarely as three spread over the whole array (0.5 % at 16 bits
+a scope, 0.08 % at 32; three in a word would miss 0.8 % and 0.17 %). The
+bits are never stored: each archiver builds its filter anew from the
+store's hashes, and the broker reads it with the same code.
 
 The archiver process keeps the filter in shared memory: it sets a stored
 task's bits before it tells the broker the task is stored, and rebuilds the
@@ -20,19 +31,22 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 from typing import Iterable
 
 import msgspec
 
-HASHES = 3
-"""Bits per scope (`ScopeFilter.add_all` is unrolled for three)."""
+HASHES = 4
+"""Bits per scope, all in one 64-bit word (`ScopeFilter` is unrolled for four)."""
 BITS_PER_TASK = 32
 """Each task has one or two scopes (submission id, key): 16 or more bits each, about 0.5% false "maybe"s."""
 MIN_LOG2 = 20
 """The smallest filter: 2**20 bits (128 KiB), room for 32,768 tasks."""
+MAX_LOG2 = 46
+"""The largest: a word's number takes the hash's low bits, which must stay below the slices the bits come from
+(bit 40 up)."""
 
 _encode = msgspec.msgpack.encode
-_MASK64 = (1 << 64) - 1
 
 
 def submission_scope(tenant: str | None, submission: str) -> int:
@@ -49,16 +63,26 @@ def _hash(scope: tuple) -> int:
 
 def log2_for(tasks: int) -> int:
     """The size (log2 of its bits) of a filter with room for about `tasks` tasks."""
-    return max(MIN_LOG2, math.ceil(math.log2(max(tasks, 1) * BITS_PER_TASK)))
+    return min(MAX_LOG2, max(MIN_LOG2, math.ceil(math.log2(max(tasks, 1) * BITS_PER_TASK))))
 
 
 class ScopeFilter:
-    """A Bloom filter over `bits` (a writable or read-only buffer of 2**log2 bits)."""
+    """A blocked Bloom filter over `bits` (a writable or read-only buffer of 2**log2 bits, 8-byte aligned: a
+    bytearray, or shared memory), read as native 64-bit words.
 
-    def __init__(self, bits: bytearray | memoryview, log2: int) -> None:
+    A scope (unsigned, or signed as SQLite stores it: the same bits, since Python's shifts and masks of a
+    negative int act on its two's complement) goes to word `scope & (words - 1)` and sets bits
+    `scope >> 40 & 63`, `>> 46`, `>> 52` and `>> 58` in it. `release` lets go of the view of `bits` (before
+    shared memory is unmapped).
+    """
+
+    def __init__(self, bits: bytearray | memoryview | mmap.mmap, log2: int) -> None:
+        if not 6 <= log2 <= MAX_LOG2:
+            raise ValueError(f"a scope filter of 2**{log2} bits is out of range")
         self.bits = bits
         self.log2 = log2
-        self._mask = (1 << log2) - 1
+        self._words = memoryview(bits).cast("B").cast("Q")
+        self._mask = (1 << (log2 - 6)) - 1
 
     @property
     def capacity(self) -> int:
@@ -67,34 +91,21 @@ class ScopeFilter:
 
     def might_hold(self, scope: int) -> bool:
         """False when `scope` was certainly never added."""
-        bits, mask = self.bits, self._mask
-        step = (scope >> 32) | 1
-        at = scope
-        for _ in range(HASHES):
-            position = at & mask
-            if not bits[position >> 3] & (1 << (position & 7)):
-                return False
-            at += step
-        return True
+        need = (1 << (scope >> 40 & 63)) | (1 << (scope >> 46 & 63)) | (1 << (scope >> 52 & 63)) \
+            | (1 << (scope >> 58 & 63))
+        return self._words[scope & self._mask] & need == need
 
     def add(self, scope: int) -> None:
-        bits, mask = self.bits, self._mask
-        step = (scope >> 32) | 1
-        at = scope
-        for _ in range(HASHES):
-            position = at & mask
-            bits[position >> 3] |= 1 << (position & 7)
-            at += step
+        self.add_all((scope,))
 
-    def add_all(self, scopes: Iterable[int]) -> None:
-        """Add many scopes (unsigned, or signed as SQLite stores them: the same bits): `add`, unrolled."""
-        bits, mask = self.bits, self._mask
+    def add_all(self, scopes: Iterable[int | None]) -> None:
+        """Add many scopes, skipping None (a task without that scope)."""
+        words, mask = self._words, self._mask
         for scope in scopes:
-            scope &= _MASK64  # a signed one as unsigned: the step is taken from its upper half
-            step = (scope >> 32) | 1
-            position = scope & mask
-            bits[position >> 3] |= 1 << (position & 7)
-            position = (scope + step) & mask
-            bits[position >> 3] |= 1 << (position & 7)
-            position = (scope + 2 * step) & mask
-            bits[position >> 3] |= 1 << (position & 7)
+            if scope is not None:
+                words[scope & mask] |= (1 << (scope >> 40 & 63)) | (1 << (scope >> 46 & 63)) \
+                    | (1 << (scope >> 52 & 63)) | (1 << (scope >> 58 & 63))
+
+    def release(self) -> None:
+        """Let go of the view of `bits` (the filter is unusable after)."""
+        self._words.release()
