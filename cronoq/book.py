@@ -292,6 +292,22 @@ def _check_seconds(what: str, value: float | None) -> None:
 
 def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payload_bytes: int) -> int:
     """Check a submission's fields; return its priority class. Raises InvalidArgument or NotFound."""
+    # Every submit comes through here: the common shape (names without a '/' in the tenant, no key, times or
+    # retries out of range) is passed inline; anything else takes the checks below, which say what is wrong.
+    pool, tenant, submission, retries = request.pool, request.tenant, request.submission, request.max_retries
+    if (
+        pool.__class__ is str and 0 < len(pool) <= MAX_NAME_LENGTH
+        and (tenant is None or (tenant.__class__ is str and 0 < len(tenant) <= MAX_NAME_LENGTH and "/" not in tenant))
+        and (submission is None or (submission.__class__ is str and 0 < len(submission) <= MAX_NAME_LENGTH))
+        and request.key is None and request.deadline is None and request.delay is None
+        and retries.__class__ is int and 0 <= retries <= 1000
+        and len(request.payload) <= max_payload_bytes
+        and pool in known_pools
+        and request.priority.__class__ is str
+    ):
+        priority = PRIORITY_CLASS.get(request.priority)
+        if priority is not None:
+            return priority
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
     _check_tenant_path(request.tenant)
