@@ -72,9 +72,11 @@ DRAIN_BATCH = 512
 # A request from an idle pool waits for the pass under way and is answered by the next (and a task's
 # outcome one pass after its worker's `done`), so this bounds what a saturated pool adds to its round trip;
 # shorter passes spread the per-pass costs (commit, one message per peer) over fewer tasks. Since a batch is
-# cut at the deadline too, 1 ms keeps a saturated pass's own CPU under 2 ms nearly always (the commit and the
-# sends of what it handled come after), at no broker CPU per task measurable against 2 ms (bench/README.md).
-PASS_BUDGET = 0.001
+# cut at the deadline too, 1 ms kept a saturated pass's own CPU under 2 ms nearly always (the commit and the
+# sends of what it handled come after), at no broker CPU per task measurable against 2 ms. Once a task's
+# handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
+# with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
+PASS_BUDGET = 0.0008
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
