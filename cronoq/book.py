@@ -129,12 +129,14 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
 
 
 _STORED_FIELDS = TaskRecord.__struct_fields__.index("waiters")
+_STORED_TAG = ("t",)
+_astuple = msgspec.structs.astuple
 
 
 def stored_form(record: TaskRecord) -> tuple:
     """A record as snapshots and the results store keep it: encoded, the same as a TaskRecord whose fields
     after `seq` (the shell's and the core's, which may hold anything) are missing, and read back as such."""
-    return ("t", *msgspec.structs.astuple(record)[:_STORED_FIELDS])
+    return _STORED_TAG + _astuple(record)[:_STORED_FIELDS]  # one concatenation: every finished task is shipped
 
 
 def attempt_ended(record: TaskRecord, ended: str, at: float) -> PastAttempt:
@@ -290,6 +292,22 @@ def _check_seconds(what: str, value: float | None) -> None:
 
 def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payload_bytes: int) -> int:
     """Check a submission's fields; return its priority class. Raises InvalidArgument or NotFound."""
+    # Every submit comes through here: the common shape (names without a '/' in the tenant, no key, times or
+    # retries out of range) is passed inline; anything else takes the checks below, which say what is wrong.
+    pool, tenant, submission, retries = request.pool, request.tenant, request.submission, request.max_retries
+    if (
+        pool.__class__ is str and 0 < len(pool) <= MAX_NAME_LENGTH
+        and (tenant is None or (tenant.__class__ is str and 0 < len(tenant) <= MAX_NAME_LENGTH and "/" not in tenant))
+        and (submission is None or (submission.__class__ is str and 0 < len(submission) <= MAX_NAME_LENGTH))
+        and request.key is None and request.deadline is None and request.delay is None
+        and retries.__class__ is int and 0 <= retries <= 1000
+        and len(request.payload) <= max_payload_bytes
+        and pool in known_pools
+        and request.priority.__class__ is str
+    ):
+        priority = PRIORITY_CLASS.get(request.priority)
+        if priority is not None:
+            return priority
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
     _check_tenant_path(request.tenant)
@@ -880,11 +898,6 @@ def unknown_task(task_id: Any) -> NotFound:
     """The answer for an id with no record, and for a task the asker may not see: the same, so that it
     tells nobody whether another tenant's task exists."""
     return NotFound(f"no task with id {task_id!r} (unknown, or its record has expired)")
-
-
-def outcome_error_fields(record: TaskRecord) -> dict[str, Any]:
-    """The error part of a terminal record, as keyword arguments for protocol.Outcome."""
-    return {"error_type": record.error_type, "error_message": record.error_message, "traceback": record.traceback}
 
 
 def seconds_from_now(value: Any, what: str, now: float) -> float | None:

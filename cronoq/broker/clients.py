@@ -11,13 +11,14 @@ is still there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from typing import Any, Callable
 
 from cronoq import protocol
-from cronoq.book import SubmitRequest, TaskBook, TaskRecord, outcome_error_fields, unknown_task
+from cronoq.book import SubmitRequest, TaskBook, TaskRecord, unknown_task
 from cronoq.broker.auth import Principal
 from cronoq.broker.connections import Connection
 from cronoq.broker.messages import (
@@ -30,6 +31,10 @@ log = logging.getLogger("cronoq.broker")
 
 # Waits on one task: each costs a little memory until the task ends, so a flood of them is refused.
 MAX_WAITERS_PER_TASK = 1024
+# The first fields of SubmitRequest, in the order `_submit` passes them: by position, a submit's request takes
+# half the time it takes by keyword.
+_SUBMIT_FIELDS = ("payload", "pool", "tenant", "priority", "deadline", "delay", "key", "max_retries", "submission")
+assert tuple(field.name for field in dataclasses.fields(SubmitRequest))[:len(_SUBMIT_FIELDS)] == _SUBMIT_FIELDS
 
 
 class RestOfBatch:
@@ -135,8 +140,10 @@ class ClientRequests:
     def _send_outcome(self, conn: Connection, rid: int, record: TaskRecord) -> None:
         if not conn.alive:  # the waiter's connection ended: whoever holds its identity now is someone else
             return
+        # The error fields positionally: a dict of keywords per finished task cost three times the struct.
         outcome = protocol.Outcome(
-            protocol.PROTOCOL_VERSION, rid, record.id, record.state, **outcome_error_fields(record)
+            protocol.PROTOCOL_VERSION, rid, record.id, record.state, record.error_type, record.error_message,
+            record.traceback,
         )
         self._outbox.put(conn, outcome, record.result)
 
@@ -215,9 +222,9 @@ class ClientRequests:
             body = protocol.NIL_BODY  # the body frame is optional: no payload is a nil one
         elif len(body) <= self._book.max_payload_bytes:  # a larger one is refused for its size by the book
             protocol.check_body(body, "the payload (the submit's body)")
-        record, duplicate = self._book.submit(SubmitRequest(
-            body, pool=request.pool, tenant=tenant, priority=request.priority, deadline=request.deadline,
-            delay=request.delay, key=request.key, max_retries=request.max_retries, submission=request.submission,
+        record, duplicate = self._book.submit(SubmitRequest(  # positionally (_SUBMIT_FIELDS): half the cost
+            body, request.pool, tenant, request.priority, request.deadline, request.delay, request.key,
+            request.max_retries, request.submission,
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
             # Cannot happen: the book finds duplicates only among the tasks of the tenant submitting, and a

@@ -57,7 +57,7 @@ from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
 )
 from cronoq.broker.outbox import Outbox
-from cronoq.broker.workers import WorkerRegistry
+from cronoq.broker.workers import WorkerEntry, WorkerRegistry
 from cronoq.transport import recv_routed, tune
 
 if TYPE_CHECKING:
@@ -72,9 +72,11 @@ DRAIN_BATCH = 512
 # A request from an idle pool waits for the pass under way and is answered by the next (and a task's
 # outcome one pass after its worker's `done`), so this bounds what a saturated pool adds to its round trip;
 # shorter passes spread the per-pass costs (commit, one message per peer) over fewer tasks. Since a batch is
-# cut at the deadline too, 1 ms keeps a saturated pass's own CPU under 2 ms nearly always (the commit and the
-# sends of what it handled come after), at no broker CPU per task measurable against 2 ms (bench/README.md).
-PASS_BUDGET = 0.001
+# cut at the deadline too, 1 ms kept a saturated pass's own CPU under 2 ms nearly always (the commit and the
+# sends of what it handled come after), at no broker CPU per task measurable against 2 ms. Once a task's
+# handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
+# with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
+PASS_BUDGET = 0.0008
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
@@ -733,6 +735,9 @@ class Broker:
         entry = self._workers.get(conn)
         if entry is not None:
             entry.last_seen = now
+            if message.__class__ is protocol.Done:  # nearly every message a busy worker sends: no match for it
+                self._on_done(conn, entry, message, body, now)
+                return
         match message:
             case protocol.Refused():  # an item of a batch that could not be read
                 raise message.error
@@ -756,15 +761,7 @@ class Broker:
                     self._to_workers.put(conn, protocol.Reregister(protocol.PROTOCOL_VERSION))
             case protocol.Heartbeat():
                 pass
-            case protocol.Done():
-                if message.ok and body is not None and len(body) <= self.config.max_payload_bytes:
-                    try:  # a result the client could not read fails its task here, not in the client
-                        protocol.check_body(body, "the result (the done's body)")
-                    except InvalidArgument as exc:
-                        message = protocol.Done(protocol.PROTOCOL_VERSION, message.id, message.attempt, False,
-                                                "InvalidArgument", f"the worker sent a bad result: {exc.message}")
-                        body = None
-                self._workers.complete(conn, entry, message, body, now, self.config.max_payload_bytes)
+            # A registered worker's Done was handled before the match.
             case protocol.Leave():
                 self._workers.leave(conn, entry)
                 self._to_workers.put(conn, protocol.Left(protocol.PROTOCOL_VERSION))
@@ -775,6 +772,19 @@ class Broker:
                 self._workers.lose(conn, now)
                 log.info("worker %s left%s", conn.label,
                          f" with {_count(unfinished, 'unfinished task')}" if unfinished else "")
+
+    def _on_done(self, conn: Connection, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
+                 now: float) -> None:
+        """A registered worker's `done`: the outcome of one of its leases."""
+        max_bytes = self.config.max_payload_bytes
+        if done.ok and body is not None and len(body) <= max_bytes:
+            try:  # a result the client could not read fails its task here, not in the client
+                protocol.check_body(body, "the result (the done's body)")
+            except InvalidArgument as exc:
+                done = protocol.Done(protocol.PROTOCOL_VERSION, done.id, done.attempt, False,
+                                     "InvalidArgument", f"the worker sent a bad result: {exc.message}")
+                body = None
+        self._workers.complete(conn, entry, done, body, now, max_bytes)
 
 
 def _count(n: int, what: str) -> str:

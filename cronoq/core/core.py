@@ -259,7 +259,9 @@ class SchedulerCore:
         if index is not None:
             if self._tasks or self._index is not None:
                 raise InvalidArgument("restore() with an index is for a core that holds no task yet")
-            self._index, self._indexed = index, len(tasks)
+            # Nothing restored, nothing to find there: submits and lookups then skip the index altogether.
+            if tasks:
+                self._index, self._indexed = index, len(tasks)
             held: ShardedMap[str, Task] | None = None
         else:
             held = self._tasks
@@ -792,6 +794,10 @@ class SchedulerCore:
         tasks = self._tasks  # tasks.pop(task.id, None), inline (core/shards.py)
         if (tasks.whole or tasks.shards[hash(task.id) % tasks.count]).pop(task.id, None) is None:
             self._indexed -= 1  # it was found through the index, which its owner keeps
+            if not self._indexed:
+                # The last restored task has left: every live task is in `_tasks` now, and each submit and each
+                # lookup of a task the core does not hold would ask the index for nothing.
+                self._index = None
 
     def _lease(self, task_id: str, worker_id: Hashable, attempt: int) -> Task | None:
         """The running task if (task_id, attempt) is a current lease of worker_id, else None."""

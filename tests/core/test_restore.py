@@ -80,6 +80,40 @@ def test_a_core_restored_with_an_index_takes_submits_and_refuses_a_held_id():
     assert [task.id for _, task in core.dispatch(0.0)] == ["b", "c"]
 
 
+class _CountingIndex(dict):
+    """A caller's map of tasks by id that counts the core's lookups in it."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        self.lookups += 1
+        return super().get(key, default)
+
+
+def test_a_core_stops_asking_the_index_once_every_restored_task_has_left():
+    core = SchedulerCore(POOLS)
+    restored = [Task("a", "fifo"), Task("b", "fifo")]
+    index = _CountingIndex({task.id: task for task in restored})
+    core.restore(restored, 0.0, index=index)
+    core.submit(Task("c", "fifo"), 0.0)
+    assert index.lookups > 0  # while restored tasks are live, a new id must not be one of theirs
+    core.add_worker("w", ["fifo"], 5)
+    for worker, task in core.dispatch(0.0)[:2]:
+        core.finish(task.id, 0.0, worker_id=worker, attempt=task.attempts, state="succeeded")
+    asked = index.lookups
+    core.submit(Task("d", "fifo"), 0.0)
+    assert core.get("a") is None and core.get("c") is not None and "b" not in core and len(core) == 2
+    assert index.lookups == asked  # every live task is the core's own now: the index has nothing to add
+    with pytest.raises(InvalidArgument, match="already queued or running"):
+        core.submit(Task("c", "fifo"), 0.0)
+
+    empty = _CountingIndex()
+    fresh = SchedulerCore(POOLS)
+    fresh.restore([], 0.0, index=empty)  # a broker starting on an empty data_dir
+    fresh.submit(Task("x", "fifo"), 0.0)
+    assert fresh.get("y") is None and fresh.get("x") is not None and empty.lookups == 0
+
+
 def test_restore_refuses_an_unknown_pool_or_a_held_id_and_takes_nothing_on_an_unknown_pool():
     core = SchedulerCore(POOLS)
     with pytest.raises(NotFound, match="nope"):
