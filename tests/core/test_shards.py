@@ -100,8 +100,10 @@ def test_a_map_splits_once_past_its_threshold_and_keeps_every_key():
     sharded["id100"] = 100
     assert sharded.whole is None
     assert sharded == {f"id{n}": n for n in range(101)}
-    # Spread over the shards: none holds more than a few times its share.
-    assert max(len(shard) for shard in sharded.shards) < 101 * 4 // SHARDS + 4
+    # Spread over the shards. String hashes change with every process (PYTHONHASHSEED), so the bound must hold
+    # for any seed: at 101 keys over 251 shards (0.4 a shard) some shard gets 5 about once in 60 seeds, 11 or more
+    # once in 5 billion (Poisson); a map that did not spread them would hold all 101 in one.
+    assert max(len(shard) for shard in sharded.shards) <= 10
 
 
 def test_a_large_map_grows_a_shard_at_a_time():
