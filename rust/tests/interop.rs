@@ -596,6 +596,19 @@ fn owners_of(value: &Value, pool: &str) -> Vec<String> {
         .collect()
 }
 
+/// Wait until every member's map says `pool` is `owner`'s: a reload reaches the members one by one, and
+/// while they disagree a member not yet reloaded refuses the pool's new owner's submissions.
+async fn until_every_member_says(cluster: &Cluster, pool: &str, owner: &str) {
+    for member in cluster.names() {
+        let probe = cronoq::connect(cluster.clients(&member)).routing(false).await.unwrap();
+        until(&format!("{member} reloaded: {pool} is {owner}'s"), LONG, || {
+            let probe = probe.clone();
+            async move { probe.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, pool) == [owner]) }
+        })
+        .await;
+    }
+}
+
 /// Poll `check` every 100 ms until it holds; panic naming `what` after `timeout`.
 async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
@@ -678,14 +691,7 @@ async fn the_client_routes_over_a_cluster() {
     // client reads the map again and submits there.
     cluster.write(&pools.replace("member = \"b2\"", "member = \"b1\""), "durability = \"none\"");
     cluster.reload();
-    for member in ["b1", "b2"] {
-        let probe = cronoq::connect(cluster.clients(member)).routing(false).await.unwrap();
-        until(&format!("{member} reloaded"), LONG, || {
-            let probe = probe.clone();
-            async move { probe.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, "two") == ["b1"]) }
-        })
-        .await;
-    }
+    until_every_member_says(&cluster, "two", "b1").await;
     let moved = sched.submit(Task::new("f").pool("two")).await.unwrap();
     assert!(moved.id().starts_with("b1:"), "{}", moved.id());
     assert_eq!(moved.status().await.unwrap().pool, "two");
@@ -752,11 +758,7 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
     assert!(old.iter().all(|h| h.id().starts_with("b2:")));
     cluster.write(&pools.replace("member = \"b2\"", "member = \"b1\""), "durability = \"none\"");
     cluster.reload();
-    until("b2 reloaded", LONG, || {
-        let b2 = b2.clone();
-        async move { b2.cluster().await.ok().flatten().is_some_and(|map| owners_of(&map, "two") == ["b1"]) }
-    })
-    .await;
+    until_every_member_says(&cluster, "two", "b1").await;
     let moved = sched.submit(Task::new("new").pool("two")).await.unwrap();
     assert!(moved.id().starts_with("b1:"), "{}", moved.id());
     assert_eq!(moved.result_timeout::<String>(LONG).await.unwrap(), "new in two");

@@ -242,6 +242,11 @@ impl Cluster {
         }
     }
 
+    /// The members' names, in the order they were started.
+    pub fn names(&self) -> Vec<String> {
+        self.ports.iter().map(|(n, _, _)| n.clone()).collect()
+    }
+
     pub fn clients(&self, name: &str) -> String {
         self.ports.iter().find(|(n, _, _)| n == name).unwrap().1.clone()
     }
