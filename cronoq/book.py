@@ -292,9 +292,15 @@ def _check_seconds(what: str, value: float | None) -> None:
 
 def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payload_bytes: int) -> int:
     """Check a submission's fields; return its priority class. Raises InvalidArgument or NotFound."""
-    # Every submit comes through here: the common shape (names of allowed lengths, a tenant without '/', no key,
-    # deadline or delay, retries in range, a known pool) is passed inline, at half the cost of the checks below;
-    # anything else takes those checks, which say what is wrong.
+    # Every submit comes through here, so the common shape is passed by one condition at half the cost.
+    priority = common_submission_class(request, known_pools, max_payload_bytes)
+    return priority if priority is not None else checked_submission_class(request, known_pools, max_payload_bytes)
+
+
+def common_submission_class(request: SubmitRequest, known_pools: Iterable[str], max_payload_bytes: int) -> int | None:
+    """The priority class of a submission of the common shape, which `checked_submission_class` would accept;
+    None for any other (which may still be valid): names of allowed lengths, a tenant without '/', no key,
+    deadline or delay, retries in range, a payload within bounds, a known pool and priority."""
     pool, tenant, submission, retries = request.pool, request.tenant, request.submission, request.max_retries
     if (
         pool.__class__ is str and 0 < len(pool) <= MAX_NAME_LENGTH
@@ -306,9 +312,12 @@ def validate_submit(request: SubmitRequest, known_pools: Iterable[str], max_payl
         and pool in known_pools
         and request.priority.__class__ is str
     ):
-        priority = PRIORITY_CLASS.get(request.priority)
-        if priority is not None:
-            return priority
+        return PRIORITY_CLASS.get(request.priority)
+    return None
+
+
+def checked_submission_class(request: SubmitRequest, known_pools: Iterable[str], max_payload_bytes: int) -> int:
+    """Every check of a submission, each saying what is wrong; its priority class if it passes them all."""
     _check_name("pool", request.pool, optional=False)
     _check_name("tenant", request.tenant, optional=True)
     _check_tenant_path(request.tenant)
