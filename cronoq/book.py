@@ -135,7 +135,7 @@ _astuple = msgspec.structs.astuple
 
 def stored_form(record: TaskRecord) -> tuple:
     """A record as snapshots and the results store keep it: encoded, the same as a TaskRecord whose fields
-    after `seq` (the shell's and the core's, which may hold anything) are missing, and read back as such."""
+    from `waiters` on (the shell's and the core's, which may hold anything) are missing, and read back as such."""
     return _STORED_TAG + _astuple(record)[:_STORED_FIELDS]  # one concatenation: every finished task is shipped
 
 

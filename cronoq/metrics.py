@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-from bisect import bisect_left
 from collections import Counter
 from typing import Any, Callable, Iterator
 
@@ -74,23 +73,17 @@ class BrokerMetrics:
         self.completions[(pool, outcome)] += 1
         if started_at is None:
             return
-        # Every finished task comes through here: `Histogram.observe`, inline, into the pool's pair.
+        # Every finished task comes through here: the pool's pair of histograms in one lookup.
         histograms = self._task_histograms.get(pool)
         if histograms is None:
             histograms = self._task_histograms[pool] = (self._histogram(self.queue_wait, pool),
                                                         self._histogram(self.run_time, pool))
         queue_wait, run_time = histograms
-        seconds = started_at - submitted_at
-        if not seconds > 0.0:
-            seconds = 0.0
-        queue_wait.counts[bisect_left(queue_wait.bounds, seconds)] += 1
-        queue_wait.sum += seconds
+        waited = started_at - submitted_at
+        queue_wait.observe(waited if waited > 0.0 else 0.0)
         if finished_at is not None:
-            seconds = finished_at - started_at
-            if not seconds > 0.0:
-                seconds = 0.0
-            run_time.counts[bisect_left(run_time.bounds, seconds)] += 1
-            run_time.sum += seconds
+            ran = finished_at - started_at
+            run_time.observe(ran if ran > 0.0 else 0.0)
 
     def commit_took(self, seconds: float) -> None:
         self.commit_seconds.observe(seconds)

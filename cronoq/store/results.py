@@ -280,7 +280,7 @@ class Writer:
             partition.first_seq = partition.first_seq or chunk[0][0]
             partition.last_seq = max(partition.last_seq, max(values[0] for values in chunk))
             partition.rows += len(chunk)
-            partition.bytes += ROW_OVERHEAD * len(chunk) + sum(map(len, [values[5] for values in chunk]))
+            partition.bytes += sum(map(weight, chunk))
             partition.newest = max(partition.newest, max(values[4] for values in chunk))
             self._touched.add(partition.n)
             at += len(chunk)

@@ -66,6 +66,11 @@ def log2_for(tasks: int) -> int:
     return min(MAX_LOG2, max(MIN_LOG2, math.ceil(math.log2(max(tasks, 1) * BITS_PER_TASK))))
 
 
+def word_bits(scope: int) -> int:
+    """The HASHES bits `scope` sets in its word: four 6-bit slices of its high bits, from bit 40 up."""
+    return (1 << (scope >> 40 & 63)) | (1 << (scope >> 46 & 63)) | (1 << (scope >> 52 & 63)) | (1 << (scope >> 58 & 63))
+
+
 class ScopeFilter:
     """A blocked Bloom filter over `bits` (a writable or read-only buffer of 2**log2 bits, 8-byte aligned: a
     bytearray, or shared memory), read as native 64-bit words.
@@ -91,8 +96,7 @@ class ScopeFilter:
 
     def might_hold(self, scope: int) -> bool:
         """False when `scope` was certainly never added."""
-        need = (1 << (scope >> 40 & 63)) | (1 << (scope >> 46 & 63)) | (1 << (scope >> 52 & 63)) \
-            | (1 << (scope >> 58 & 63))
+        need = word_bits(scope)
         return self._words[scope & self._mask] & need == need
 
     def add(self, scope: int) -> None:
@@ -103,8 +107,7 @@ class ScopeFilter:
         words, mask = self._words, self._mask
         for scope in scopes:
             if scope is not None:
-                words[scope & mask] |= (1 << (scope >> 40 & 63)) | (1 << (scope >> 46 & 63)) \
-                    | (1 << (scope >> 52 & 63)) | (1 << (scope >> 58 & 63))
+                words[scope & mask] |= word_bits(scope)
 
     def release(self) -> None:
         """Let go of the view of `bits` (the filter is unusable after)."""
