@@ -439,24 +439,15 @@ impl Client {
     /// member); a member refusing the pool for another owner makes the client read the map again and
     /// try once more there.
     pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
-        let maybe_member = {
-            let state = self.inner.state.lock().unwrap();
-            state.member.is_some() || !state.heard_hello
-        };
-        if self.inner.routing && maybe_member && self.learn_routes().await? {
-            let pool = task.pool.clone();
-            return self
-                .routed(&pool, move |conn| {
-                    let task = task.clone();
-                    async move { conn.submit_here(task).await }
-                })
-                .await;
+        if self.learn_routes().await? {
+            let task = &task;
+            return self.routed(&task.pool, |conn| async move { conn.submit_here(task).await }).await;
         }
-        Ok(self.submit_here(task).await?)
+        Ok(self.submit_here(&task).await?)
     }
 
     /// `submit` on this connection's broker.
-    async fn submit_here(&self, task: Task) -> std::result::Result<TaskHandle, Refused> {
+    async fn submit_here(&self, task: &Task) -> std::result::Result<TaskHandle, Refused> {
         let body = task.check()?.to_vec();
         if let Some(limit) = self.payload_limit().await? {
             if body.len() > limit {

@@ -25,7 +25,7 @@
 //! `InvalidArgument` instead, and failure texts are cut to bounded sizes, so one task's output never
 //! costs the connection and the other tasks on it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -397,9 +397,10 @@ struct Session {
     concurrency: u32,
     posted: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     rid: i64,
-    /// The rids of this connection's `cluster` questions and `ready`s.
-    map_rids: Vec<i64>,
-    ready_rids: Vec<i64>,
+    /// The rids of this connection's `cluster` questions and `ready`s not answered yet: each leaves with its
+    /// answer, and all with the connection, so a long-lived worker's asking every few beats leaves nothing.
+    map_rids: HashSet<i64>,
+    ready_rids: HashSet<i64>,
     registered: bool,
     left: bool,
     running: u32,
@@ -436,8 +437,8 @@ impl Session {
             concurrency,
             posted: Vec::new(),
             rid: 0,
-            map_rids: Vec::new(),
-            ready_rids: Vec::new(),
+            map_rids: HashSet::new(),
+            ready_rids: HashSet::new(),
             registered: false,
             left: false,
             running: 0,
@@ -570,14 +571,14 @@ impl Session {
 
     fn ask_map(&mut self) {
         let rid = self.next_rid();
-        self.map_rids.push(rid);
+        self.map_rids.insert(rid);
         self.ready_sent = Instant::now();
         self.post("cluster", vec![Value::from(rid)], None);
     }
 
     fn send_ready(&mut self) {
         let rid = self.next_rid();
-        self.ready_rids.push(rid);
+        self.ready_rids.insert(rid);
         let pools = self.pools.iter().map(|p| Value::from(p.as_str())).collect();
         let settings: Vec<(Value, Value)> = self
             .pools
@@ -651,6 +652,7 @@ impl Session {
                 }
             }
             "welcome" => {
+                self.ready_rids.remove(&command.rid());
                 self.registered = true;
                 self.max_result_bytes = command.get("max_payload_bytes").as_u64().map(|n| n as usize);
                 self.reconnect_delay = self.shared.heartbeat_interval;
@@ -662,10 +664,10 @@ impl Session {
                 }
             }
             "left" => self.left = true,
-            "ok" if self.map_rids.contains(&command.rid()) => {
+            "ok" if self.map_rids.remove(&command.rid()) => {
                 return self.take_map(ClusterMap::parse(command.get("value")).ok().flatten(), stopping);
             }
-            "error" if command.rid() != 0 && self.map_rids.contains(&command.rid()) => {
+            "error" if self.map_rids.remove(&command.rid()) => {
                 // A broker that does not know `cluster` (an older one) is a lone broker.
                 return self.take_map(None, stopping);
             }
@@ -673,7 +675,7 @@ impl Session {
                 let code = command.str("code");
                 let moved = code == "FAILED_PRECONDITION"
                     && matches!(command.get("details"), Value::Map(d) if d.iter().any(|(k, _)| k.as_str() == Some("member")));
-                if moved && self.ready_rids.contains(&command.rid()) && matches!(self.role, Role::Member { .. }) {
+                if self.ready_rids.remove(&command.rid()) && moved && matches!(self.role, Role::Member { .. }) {
                     // A pool moved to another member between the map this connection had and its
                     // `ready`: read the map again (the worker then moves the pool) rather than stop.
                     self.ask_map();
@@ -749,6 +751,8 @@ impl Session {
             tokio::time::sleep(self.reconnect_delay).await;
             self.reconnect_delay = (self.reconnect_delay * 2).min(RECONNECT_DELAY_MAX);
             self.dealer = Dealer::connect(&self.addresses, &self.shared.options)?;
+            self.map_rids.clear(); // the old connection's questions are answered on it or not at all
+            self.ready_rids.clear();
             self.registered = false;
             self.last_heard = Instant::now();
             self.register();
