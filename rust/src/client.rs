@@ -564,13 +564,17 @@ impl Client {
         Ok(ended_of(&header, body))
     }
 
+    /// A request about one task (`status`, `explain`, `cancel`), on the connection to the member the
+    /// task's id names; its answer's header.
+    async fn task_request(&self, tag: &str, task_id: &str, resend: bool) -> Result<Header> {
+        let conn = self.for_task(task_id).await?;
+        let (header, _) = conn.request(tag, |rid| vec![Value::from(rid), Value::from(task_id)], None, resend).await?;
+        Ok(header)
+    }
+
     /// A snapshot of a task: state, attempts, timings. NotFound for a task this token may not see.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
-        let conn = self.for_task(task_id).await?;
-        if !conn.same(self) {
-            return Box::pin(conn.status(task_id)).await;
-        }
-        let (h, _) = self.request("status", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
+        let h = self.task_request("status", task_id, true).await?;
         Ok(TaskInfo {
             id: h.str("id").to_string(),
             pool: h.str("pool").to_string(),
@@ -591,22 +595,14 @@ impl Client {
     /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
     /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
     pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
-        let conn = self.for_task(task_id).await?;
-        if !conn.same(self) {
-            return Box::pin(conn.explain(task_id)).await;
-        }
-        let (h, _) = self.request("explain", |rid| vec![Value::from(rid), Value::from(task_id)], None, true).await?;
+        let h = self.task_request("explain", task_id, true).await?;
         Explanation::from_value(h.get("value"))
     }
 
     /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
     /// `Unavailable` when no reply comes.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
-        let conn = self.for_task(task_id).await?;
-        if !conn.same(self) {
-            return Box::pin(conn.cancel(task_id)).await;
-        }
-        let (h, _) = self.request("cancel", |rid| vec![Value::from(rid), Value::from(task_id)], None, false).await?;
+        let h = self.task_request("cancel", task_id, false).await?;
         Ok(h.get("value").as_bool().unwrap_or(false))
     }
 
