@@ -793,9 +793,6 @@ async fn cluster_stats(members: Vec<(String, Client)>, version: Option<String>, 
         tokio::spawn(async move { tokio::time::timeout(wait, conn.stats_here()).await })
     });
     let asks: Vec<_> = asks.collect();
-    let field = |map: &Value, name: &str| -> Option<Value> {
-        map.as_map()?.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone())
-    };
     let unreachable = |why: String| Value::Map(vec![(Value::from("unreachable"), Value::from(why))]);
     let mut answers: Vec<(Value, Value)> = Vec::new();
     let mut pools: Vec<(Value, Value)> = Vec::new();
@@ -811,9 +808,9 @@ async fn cluster_stats(members: Vec<(String, Client)>, version: Option<String>, 
             }
             Ok(Err(_)) | Err(_) => unreachable(format!("no answer within {} s", wait.as_secs_f64())),
         };
-        workers += field(&answer, "workers").and_then(|w| w.as_i64()).unwrap_or(0);
-        for (pool, stats) in field(&answer, "pools").and_then(|p| p.as_map().cloned()).unwrap_or_default() {
-            let draining = field(&stats, "draining").and_then(|d| d.as_bool()).unwrap_or(false);
+        workers += wire::field(&answer, "workers").and_then(|w| w.as_i64()).unwrap_or(0);
+        for (pool, stats) in wire::field(&answer, "pools").and_then(|p| p.as_map().cloned()).unwrap_or_default() {
+            let draining = wire::field(&stats, "draining").and_then(|d| d.as_bool()).unwrap_or(false);
             let mut entry = stats.as_map().cloned().unwrap_or_default();
             entry.retain(|(k, _)| k.as_str() != Some("member"));
             entry.push((Value::from("member"), Value::from(name.as_str())));
@@ -849,8 +846,7 @@ fn close_state(state: &mut State) {
 /// The member a `FAILED_PRECONDITION` says owns the pool instead (its `details`), or None.
 fn moved_to(error: &Error, details: &Value) -> Option<String> {
     let Error::FailedPrecondition(_) = error else { return None };
-    let Value::Map(entries) = details else { return None };
-    entries.iter().find(|(k, _)| k.as_str() == Some("member")).and_then(|(_, v)| v.as_str()).map(str::to_string)
+    wire::field(details, "member").and_then(Value::as_str).map(str::to_string)
 }
 
 fn ended_of(h: &Header, body: Option<Vec<u8>>) -> Ended {
@@ -901,10 +897,7 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     let Some(mut pending) = state.pending.remove(&rid) else { return };
     if state.hello_rid == Some(rid) {
         state.heard_hello = true;
-        let rule = |name: &str| match header.get("value") {
-            Value::Map(entries) => entries.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()),
-            _ => None,
-        };
+        let rule = |name: &str| wire::field(header.get("value"), name).cloned();
         state.max_payload_bytes =
             rule("max_payload_bytes").and_then(|v| v.as_u64()).filter(|n| *n > 0).map(|n| n as usize);
         state.member = rule("member").and_then(|v| v.as_str().map(str::to_string));

@@ -18,6 +18,7 @@ use rmpv::Value;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::wire::entry;
 
 /// What separates a member's name from the rest of a task id it made.
 pub(crate) const TASK_ID_SEPARATOR: char = ':';
@@ -51,10 +52,6 @@ pub(crate) struct ClusterMap {
     pub draining: Vec<String>,
 }
 
-fn key<'a>(map: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
-    map.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v)
-}
-
 fn strings(value: Option<&Value>) -> Option<Vec<String>> {
     match value {
         None | Some(Value::Nil) => Some(Vec::new()),
@@ -73,7 +70,7 @@ impl ClusterMap {
             Value::Map(entries) => entries,
             _ => return Err(bad("the broker answered `cluster` with something that is no cluster map")),
         };
-        let Some(Value::Array(listed)) = key(entries, "members") else {
+        let Some(Value::Array(listed)) = entry(entries, "members") else {
             return Err(bad("the broker answered `cluster` with something that is no cluster map"));
         };
         let mut members = Vec::new();
@@ -82,21 +79,21 @@ impl ClusterMap {
                 Value::Map(fields) => fields,
                 _ => return Err(bad("the cluster map lists a member that is no map")),
             };
-            let name = key(fields, "name").and_then(Value::as_str);
-            let clients = strings(key(fields, "clients")).filter(|c| !c.is_empty());
+            let name = entry(fields, "name").and_then(Value::as_str);
+            let clients = strings(entry(fields, "clients")).filter(|c| !c.is_empty());
             let (Some(name), Some(clients)) = (name, clients) else {
                 return Err(bad("the cluster map lists a member without a name or client addresses"));
             };
             members.push(MapMember {
                 name: name.to_string(),
                 clients,
-                workers: strings(key(fields, "workers")).unwrap_or_default(),
-                pools: strings(key(fields, "pools")).unwrap_or_default(),
+                workers: strings(entry(fields, "workers")).unwrap_or_default(),
+                pools: strings(entry(fields, "pools")).unwrap_or_default(),
             });
         }
-        let version = key(entries, "version").and_then(Value::as_str).map(str::to_string);
-        let member = key(entries, "member").and_then(Value::as_str).map(str::to_string);
-        let draining = strings(key(entries, "draining")).unwrap_or_default();
+        let version = entry(entries, "version").and_then(Value::as_str).map(str::to_string);
+        let member = entry(entries, "member").and_then(Value::as_str).map(str::to_string);
+        let draining = strings(entry(entries, "draining")).unwrap_or_default();
         Ok(Some(ClusterMap { version, member, members, draining }))
     }
 }

@@ -10,6 +10,7 @@ use rmpv::Value;
 
 use crate::error::{Error, Result};
 use crate::task::{Priority, TaskState};
+use crate::wire;
 
 /// Why a task is where it is: [`Client::explain`](crate::Client::explain) returns it.
 ///
@@ -192,8 +193,7 @@ impl Explanation {
     /// Read the value of the broker's `ok` answering `explain`; `Unavailable` naming the field
     /// when it cannot be read (a broker speaking another version of the map).
     pub fn from_value(value: &Value) -> Result<Explanation> {
-        let task =
-            value.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some("id"))).and_then(|(_, v)| v.as_str());
+        let task = wire::field(value, "id").and_then(Value::as_str);
         read_explanation(value).map_err(|why| {
             Error::Unavailable(format!(
                 "the broker's explanation of task {} cannot be read: {why}",

@@ -705,3 +705,13 @@ mod tests {
         assert!(clipped.starts_with('a') && clipped.ends_with('b') && clipped.contains("bytes cut"));
     }
 }
+
+/// The value under `name` in a msgpack map's entries.
+pub(crate) fn entry<'a>(map: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
+    map.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v)
+}
+
+/// The value under `name` when `value` is a msgpack map; None for any other value.
+pub(crate) fn field<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
+    value.as_map().and_then(|map| entry(map, name))
+}

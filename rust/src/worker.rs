@@ -673,8 +673,7 @@ impl Session {
             }
             "error" => {
                 let code = command.str("code");
-                let moved = code == "FAILED_PRECONDITION"
-                    && matches!(command.get("details"), Value::Map(d) if d.iter().any(|(k, _)| k.as_str() == Some("member")));
+                let moved = code == "FAILED_PRECONDITION" && wire::field(command.get("details"), "member").is_some();
                 if self.ready_rids.remove(&command.rid()) && moved && matches!(self.role, Role::Member { .. }) {
                     // A pool moved to another member between the map this connection had and its
                     // `ready`: read the map again (the worker then moves the pool) rather than stop.
