@@ -254,7 +254,7 @@ enum End {
 
 /// A member connection, as the worker of a cluster keeps it.
 struct MemberRun {
-    pools: Vec<String>,
+    /// The pools and slots the connection serves: its current target.
     target: watch::Sender<Target>,
     stop: watch::Sender<bool>,
 }
@@ -327,9 +327,9 @@ impl ClusterWork {
             let existing = self.members.get(name);
             // Only a member knows which pools it still drains: another's map may add pools to its
             // connection, never take them away.
-            let kept: &[String] = match existing {
-                Some(run) if map.member.as_deref() != Some(name) => &run.pools,
-                _ => &[],
+            let kept: Vec<String> = match existing {
+                Some(run) if map.member.as_deref() != Some(name) => run.target.borrow().0.clone(),
+                _ => Vec::new(),
             };
             let pools: Vec<String> = self
                 .shared
@@ -338,13 +338,13 @@ impl ClusterWork {
                 .filter(|p| owned.contains(p) || leftover.contains(p) || kept.contains(p))
                 .cloned()
                 .collect();
-            let share = shares.get(name).copied().unwrap_or(1);
-            match self.members.get_mut(name) {
+            let share = shares[name]; // `owned` lists every member of `wanted`
+            match self.members.get(name) {
                 Some(run) => {
-                    run.pools = pools.clone();
+                    let target = (pools, share);
                     run.target.send_if_modified(|t| {
-                        let changed = *t != (pools.clone(), share);
-                        *t = (pools, share);
+                        let changed = *t != target;
+                        *t = target;
                         changed
                     });
                 }
@@ -377,10 +377,10 @@ impl ClusterWork {
         let (target_tx, target) = watch::channel((pools.clone(), share));
         let (stop_tx, stop) = watch::channel(false);
         let role = Role::Member { maps: self.maps_tx.clone(), target, gate: self.gate.clone() };
-        let session = Session::new(self.shared.clone(), addresses, pools.clone(), share, role)?;
+        let session = Session::new(self.shared.clone(), addresses, pools, share, role)?;
         let member = name.to_string();
         self.runs.spawn(async move { (member, session.drive(stop).await) });
-        self.members.insert(name.to_string(), MemberRun { pools, target: target_tx, stop: stop_tx });
+        self.members.insert(name.to_string(), MemberRun { target: target_tx, stop: stop_tx });
         Ok(())
     }
 }
