@@ -59,6 +59,8 @@ ENDPOINT_SCHEMES: tuple[str, ...] = ("tcp://", "ipc://", "inproc://")
 
 _POOL_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A line whose key is a tenant path written bare (acme/search = 2): TOML's bare keys cannot hold "/".
+_BARE_TENANT_PATH = re.compile(r"^\s*(?P<key>[A-Za-z0-9_-]+(?:\s*/\s*[A-Za-z0-9_.-]+)+)\s*=")
 _TOML_POSITION = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
 
 
@@ -170,7 +172,7 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
     except UnicodeDecodeError as e:
         raise ConfigError(f"{source}: invalid TOML: not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: {_toml_problem(str(e))}") from None
+        raise ConfigError(f"{source}: {_toml_problem(str(e), raw)}") from None
     base_dir = Path(os.path.abspath(os.path.dirname(source)))
     return parse_config(data, source=source, base_dir=base_dir, environ=os.environ if environ is None else environ,
                         member=member)
@@ -524,11 +526,20 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _toml_problem(message: str) -> str:
+def _toml_problem(message: str, raw: bytes) -> str:
     m = _TOML_POSITION.match(message)
-    if m:
-        return f"line {m['line']}, column {m['col']}: invalid TOML: {m['msg']}"
-    return f"invalid TOML: {message}"
+    if not m:
+        return f"invalid TOML: {message}"
+    problem = f"line {m['line']}, column {m['col']}: invalid TOML: {m['msg']}"
+    lines = raw.decode("utf-8").splitlines()
+    number = int(m["line"])
+    line = lines[number - 1] if 0 < number <= len(lines) else ""
+    bare = _BARE_TENANT_PATH.match(line)
+    if bare:
+        # TOML's bare keys cannot hold "/", so the parser stops at it and says only "Expected '='".
+        path = bare["key"].strip()
+        problem += f'; a tenant path is a quoted key: write "{path}" = ... instead of {path} = ...'
+    return problem
 
 
 def _resolve(base_dir: Path, path: str) -> Path:

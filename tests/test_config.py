@@ -241,6 +241,16 @@ def test_toml_syntax_error_has_line_and_column(tmp_path: Path) -> None:
     assert "cronoq.toml: line 3, column 12: invalid TOML: " in message
 
 
+def test_an_unquoted_tenant_path_is_told_to_quote_it(tmp_path: Path) -> None:
+    message = config_error(tmp_path, '[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nacme/search = 2\n')
+    assert "cronoq.toml: line 5, column 5: invalid TOML: " in message
+    assert 'a tenant path is a quoted key: write "acme/search" = ... instead of acme/search = ...' in message
+
+
+def test_other_syntax_errors_get_no_tenant_path_hint(tmp_path: Path) -> None:
+    assert "quoted key" not in config_error(tmp_path, "[broker]\n\nliveness = = 3\n")
+
+
 def test_toml_duplicate_table(tmp_path: Path) -> None:
     assert "invalid TOML" in config_error(tmp_path, "[broker]\n[broker]\n")
 
