@@ -42,6 +42,13 @@ def load_pools(target: str) -> list[Pool]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"cannot import module {module_name!r}: {exc}") from None
+    except SyntaxError as exc:
+        # The handler module is the user's code: name the file and line, as the interpreter would, in one line.
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else f"line {exc.lineno}"
+        raise UsageError(f"cannot import module {module_name!r}: {exc.msg} ({where})") from None
+    except Exception as exc:
+        raise UsageError(f"cannot import module {module_name!r}: importing it raised "
+                         f"{type(exc).__name__}: {exc} ({_innermost_frame(exc)})") from None
     value = module
     for part in attr.split("."):
         try:
@@ -52,6 +59,14 @@ def load_pools(target: str) -> list[Pool]:
     if not isinstance(pools, (list, tuple)) or not pools or not all(isinstance(p, Pool) for p in pools):
         raise UsageError(f"{target} must be a cronoq.Pool or a list of them, got {type(value).__name__}")
     return list(pools)
+
+
+def _innermost_frame(exc: BaseException) -> str:
+    """Where an exception was raised, as "FILE, line N": the one line of its traceback a user needs."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "unknown place" if tb is None else f"{tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno}"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -83,6 +83,22 @@ async def test_a_client_that_never_reached_a_broker_fails_promptly_and_sends_not
         assert (await client.stats())["pools"]["default"]["queued"] == 0
 
 
+# ----------------------------------------------------------------- a handler module that cannot be imported
+
+@pytest.mark.parametrize("source, problem", [
+    ("def handle(payload:\n    return payload\n", "cannot import module 'brokenapp': '(' was never closed (FILE, line 1)"),
+    ("import json\nraise RuntimeError('no GPU here')\n",
+     "cannot import module 'brokenapp': importing it raised RuntimeError: no GPU here (FILE, line 2)"),
+])
+def test_a_handler_module_that_fails_to_import_gets_one_line_and_exit_2(tmp_path, source, problem):
+    module = tmp_path / "brokenapp.py"
+    module.write_text(source)
+    result = run_command(["-m", "cronoq.worker.cli", "--broker", f"tcp://127.0.0.1:{free_port()}", "brokenapp:pool"],
+                         timeout=WAIT, cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == "cronoq-worker: usage: " + problem.replace("FILE", str(module))
+
+
 # ----------------------------------------------------------------- the wrong endpoint
 
 def test_the_cli_on_the_worker_endpoint_is_told_where_to_go(broker_factory):
