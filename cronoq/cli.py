@@ -223,7 +223,17 @@ async def _cancel(client: Client, args: argparse.Namespace) -> int:
     if await client.cancel(args.task_id):
         print(f"cancelled {args.task_id}")
         return 0
-    print(f"not cancelled: task {args.task_id} is already running or finished")
+    # The broker only says "not cancelled"; the task's state says why, so the message is not a guess.
+    state = (await client.status(args.task_id)).state
+    if state == "cancelled":
+        reason = "it was already cancelled"
+    elif state == "running":
+        reason = "it is already running (a running task is not interrupted)"
+    elif state in ("queued", "delayed"):
+        reason = f"it is {state} again (a retry after a failure, or it was re-queued)"
+    else:
+        reason = f"it already finished ({state})"
+    print(f"not cancelled: task {args.task_id}: {reason}")
     return 1
 
 

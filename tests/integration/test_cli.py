@@ -71,7 +71,7 @@ def test_submit_inspect_cancel_and_resume(broker_factory):
     cancelled = cli(broker, "cancel", task_id)
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
     again = cli(broker, "cancel", task_id)
-    assert again.returncode == 1 and "already running or finished" in again.stdout
+    assert again.returncode == 1 and again.stdout.strip() == f"not cancelled: task {task_id}: it was already cancelled"
     assert json.loads(cli(broker, "inspect", task_id, "--json").stdout)["state"] == "cancelled"
     assert cli(broker, "resume", "llm").returncode == 0
     assert json.loads(cli(broker, "status", "--json").stdout)["pools"]["llm"]["paused"] is False
@@ -266,6 +266,28 @@ def test_status_and_top_show_a_capped_tenant_and_for_how_long(broker_factory, tm
         assert "  at their ceilings:" in frame and "    acme                 1 of 1     capped for " in frame
         text = cli(broker, "status", env={}).stdout
         assert "  ceilings (running of limit):" in text and "capped for" in text
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_cancel_says_why_a_running_or_finished_task_was_not_cancelled(broker_factory, tmp_path):
+    broker = broker_factory(CAPPED)
+    worker = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "worker.log", concurrency=2)
+    try:
+        running = cli(broker, "submit", "60", "--pool", "slow", env={}).stdout.strip()
+        done = cli(broker, "submit", '"hi"', "--pool", "default", env={}).stdout.strip()
+
+        def state(task_id: str) -> str:
+            return json.loads(cli(broker, "inspect", task_id, "--json", env={}).stdout)["state"]
+
+        deadline = time.monotonic() + 30
+        while not (state(running) == "running" and state(done) == "succeeded"):  # a generous bound, no speed test
+            assert time.monotonic() < deadline, "the tasks never started and finished"
+        for task_id, reason in ((running, "it is already running (a running task is not interrupted)"),
+                                (done, "it already finished (succeeded)")):
+            refused = cli(broker, "cancel", task_id, env={})
+            assert refused.returncode == 1 and refused.stdout.strip() == f"not cancelled: task {task_id}: {reason}"
     finally:
         worker.kill()
         worker.wait()
