@@ -446,7 +446,9 @@ def measure(names: Iterable[str] | None, dispatches: int, skew: int, windows: tu
 
 
 def _ratio(figures: dict[str, Any] | None) -> str:
-    return "n/a" if figures is None else f"{figures['median']:.2f} / {figures['worst']:.2f}"
+    if figures is None:
+        return "n/a"
+    return " / ".join(f"{v:.2f}" if v >= 0.1 or v == 0 else f"{v:.3f}" for v in (figures["median"], figures["worst"]))
 
 
 def _wait(trickle: dict[str, Any] | None) -> str:
@@ -495,19 +497,20 @@ def plot(workload: Workload, runs: dict[str, Run], path: Path, window: int) -> N
             for end in range(window, len(run.tenants) + 1, step):
                 xs.append(end / 1000)
                 got.append(run.tenants[end - window:end].count(tenant) / window)
-            ax.plot(xs, got, color=colour, lw=1.3, label=tenant)
+            ax.plot(xs, got, color=colour, lw=1.4, label=f"{tenant}: got")
             ex = [(end / 1000, shares[tenant]) for end, _, shares in measured if tenant in shares]
             if ex:
-                ax.plot(*zip(*ex), color=colour, lw=1.0, ls="--")
+                ax.plot(*zip(*ex), color=colour, lw=1.0, ls="--", label=f"{tenant}: entitled")
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("dispatches (thousands)", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(-0.03, 1.03)  # a share of 0 or 1 stays visible
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"share of the last {window:,}", fontsize=8)
-    axes[0].legend(fontsize=7, loc="upper right", title="solid: got; dashed: entitled", title_fontsize=6)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right", frameon=False)
     fig.suptitle(f"{workload.name}: {workload.about}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     fig.savefig(path)
     plt.close(fig)
 
