@@ -141,10 +141,10 @@ class Discipline(Protocol):
 class CoreDiscipline:
     """cronoq's scheduling core itself: fair (the workload's settings) or FIFO (a pool without fair sharing)."""
 
-    def __init__(self, settings: PoolSettings) -> None:
+    def __init__(self, settings: PoolSettings, slots: int) -> None:
         self.core = SchedulerCore([settings])
-        for w in range(WORKERS):
-            self.core.add_worker(w, [POOL], SLOTS)
+        for w in range(WORKERS):  # the slots split over the workers, as evenly as they go
+            self.core.add_worker(w, [POOL], slots // WORKERS + (w < slots % WORKERS))
         self.jobs: dict[str, Job] = {}
 
     def submit(self, job: Job, now: float) -> None:
@@ -173,8 +173,8 @@ class CoreDiscipline:
 class FifoDiscipline(CoreDiscipline):
     """The same core with a pool that does not share fairly: classes, then submission order."""
 
-    def __init__(self, settings: PoolSettings) -> None:
-        super().__init__(PoolSettings(POOL))
+    def __init__(self, settings: PoolSettings, slots: int) -> None:
+        super().__init__(PoolSettings(POOL), slots)
 
     def reweight(self, settings: PoolSettings, now: float) -> None:
         pass  # no weights to change
@@ -222,10 +222,10 @@ class RoundRobin:
         pass  # round-robin knows no weights
 
 
-DISCIPLINES: dict[str, Callable[[Workload], Discipline]] = {
-    "cronoq": lambda w: CoreDiscipline(w.settings()),
-    "FIFO": lambda w: FifoDiscipline(w.settings()),
-    "round-robin": lambda w: RoundRobin(w.limits),
+DISCIPLINES: dict[str, Callable[[Workload, int], Discipline]] = {
+    "cronoq": lambda w, slots: CoreDiscipline(w.settings(), slots),
+    "FIFO": lambda w, slots: FifoDiscipline(w.settings(), slots),
+    "round-robin": lambda w, slots: RoundRobin(w.limits),
 }
 
 
@@ -244,12 +244,12 @@ class Run:
     seconds: float = 0.0
 
 
-def simulate(workload: Workload, make: Callable[[Workload], Discipline], dispatches: int, seed: int = 7,
+def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], dispatches: int, seed: int = 7,
              run_time: Callable[[random.Random], float] = lambda rng: rng.uniform(0.5, 1.5),
              slots: int = WORKERS * SLOTS) -> Run:
     """Run `workload` until `dispatches` tasks of the measured class were dispatched (or nothing is left)."""
     rng = random.Random(seed)
-    discipline = make(workload)
+    discipline = make(workload, slots)
     run = Run(waits={t: [] for t in workload.trickle}, unstarted={t: [] for t in workload.trickle})
     weights: Mapping[str, float] = dict(workload.weights)
     queued: Counter[str] = Counter()  # measured-class tasks queued, per top-level tenant
@@ -561,7 +561,7 @@ def broker_check(counts: Mapping[str, int], work_s: float, log: Callable[[str], 
                       target="bench.apps:fair_work", pools=pools) as stack:
         real = uvloop.run(drive(stack.address))
     workload = Workload("broker skew", "", BROKER_WEIGHTS, [(t, NORMAL) for t in order], limits={"c": 1})
-    simulated = simulate(workload, DISCIPLINES["cronoq"], len(order), run_time=lambda rng: 1.0,
+    simulated = simulate(workload, DISCIPLINES["cronoq"], len(order), run_time=lambda rng: rng.uniform(0.8, 1.2),
                          slots=BROKER_SLOTS).tenants
     out = {}
     for label, sequence in (("broker", real), ("simulation", simulated)):
