@@ -67,7 +67,8 @@ class Workload:
     `backlog` is submitted at time 0 in order; `trickle` tenants keep one task
     at a time (the next submitted when the previous ends); `streams` are
     Poisson arrivals (tenant, class, tasks per second); `reweight` switches
-    to new weights once half of the measured dispatches are done.
+    to new weights once half of the measured dispatches are done. The waits
+    of the trickle tenants and of the measured class's streams are reported.
     """
 
     name: str
@@ -103,8 +104,9 @@ def workloads(dispatches: int, skew: int, seed: int = 1) -> list[Workload]:
     return [
         Workload("skew", f"a queues {skew:,} tasks before b's first; weights 1:1",
                  {"a": 1, "b": 1}, [("a", NORMAL)] * skew + [("b", NORMAL)] * enough),
-        Workload("trickle", "t keeps one task queued at a time against a and b backlogged; 1:1:1",
-                 {"a": 1, "b": 1, "t": 1}, _mixed(rng, {"a": enough, "b": enough}), trickle=("t",)),
+        Workload("trickle", "t: one task at a time, s: 0.5 tasks/s, against a and b backlogged; 1:1:1:1",
+                 {"a": 1, "b": 1, "s": 1, "t": 1}, _mixed(rng, {"a": enough, "b": enough}), trickle=("t",),
+                 streams=(("s", NORMAL, 0.5),)),
         Workload("many sub-tenants", f"big spreads over {subtenants:,} sub-tenants (big/u0001 ...) against small; 1:1",
                  {"big": 1, "small": 1}, many),
         Workload("ceiling", "weights 3:1:1, c capped at 1 running task of the 8 slots (its share is 1.6)",
@@ -250,7 +252,8 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
     """Run `workload` until `dispatches` tasks of the measured class were dispatched (or nothing is left)."""
     rng = random.Random(seed)
     discipline = make(workload, slots)
-    run = Run(waits={t: [] for t in workload.trickle}, unstarted={t: [] for t in workload.trickle})
+    watched = (*workload.trickle, *(t for t, priority, _ in workload.streams if priority == NORMAL))
+    run = Run(waits={t: [] for t in watched}, unstarted={t: [] for t in watched})
     weights: Mapping[str, float] = dict(workload.weights)
     queued: Counter[str] = Counter()  # measured-class tasks queued, per top-level tenant
     running: Counter[str] = Counter()
@@ -311,7 +314,7 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
             discipline.finish(data, now)
             free += 1
             running[data.top] -= 1
-            if data.tenant in run.waits:
+            if data.tenant in workload.trickle:
                 submit(data.tenant, NORMAL)  # the trickling tenant's next task, at once
         else:
             tenant, priority, rate = data
@@ -319,7 +322,7 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
             push(now + rng.expovariate(rate), "arrive", data)
     run.seconds = now
     if isinstance(discipline, (CoreDiscipline, RoundRobin)):
-        for job in _still_queued(discipline, workload.trickle):
+        for job in _still_queued(discipline, watched):
             run.unstarted[job.tenant].append(now - job.submitted)
     return run
 
@@ -400,7 +403,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize(run: Run, windows: tuple[int, int]) -> dict[str, Any]:
-    """The figures of one run: least-served ratio per window size (median, worst), the trickle waits."""
+    """The figures of one run: least-served ratio per window size (median, worst), the waits of tenants that trickle."""
     out: dict[str, Any] = {"dispatches": len(run.tenants), "simulated_s": round(run.seconds, 1),
                            "shares": {t: round(n / len(run.tenants), 4) for t, n in Counter(run.tenants).items()}}
     for size in windows:
@@ -410,13 +413,13 @@ def summarize(run: Run, windows: tuple[int, int]) -> dict[str, Any]:
     for tenant, waits in run.waits.items():
         censored = run.unstarted.get(tenant, [])
         everything = waits + censored
-        out["trickle"] = {
-            "tenant": tenant, "started": len(waits), "still_waiting": len(censored),
-            "p50_s": round(_percentile(everything, 0.5), 2) if everything else None,
-            "p99_s": round(_percentile(everything, 0.99), 2) if everything else None,
-            # A task still waiting at the end only gives a lower bound on its wait.
-            "lower_bound": bool(censored) and max(censored) >= _percentile(everything, 0.5),
-        }
+        figures: dict[str, Any] = {"started": len(waits), "still_waiting": len(censored)}
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            value = _percentile(everything, q) if everything else None
+            figures[f"{name}_s"] = None if value is None else round(value, 2)
+            # A task still waiting at the end gives only a lower bound on its wait, and so on a percentile it reaches.
+            figures[f"{name}_lower_bound"] = value is not None and bool(censored) and max(censored) >= value
+        out.setdefault("waits", {})[tenant] = figures
     return out
 
 
@@ -451,31 +454,33 @@ def _ratio(figures: dict[str, Any] | None) -> str:
     return " / ".join(f"{v:.2f}" if v >= 0.1 or v == 0 else f"{v:.3f}" for v in (figures["median"], figures["worst"]))
 
 
-def _wait(trickle: dict[str, Any] | None) -> str:
-    if trickle is None:
-        return ""
-    if trickle["started"] == 0:
-        return f"never started (waited ≥ {trickle['p99_s']:,.0f} s)"
-    mark = "≥ " if trickle["lower_bound"] else ""
-    return f"{mark}{trickle['p50_s']:,.2f} / {mark}{trickle['p99_s']:,.2f} s"
+def _wait(waits: dict[str, dict[str, Any]] | None) -> str:
+    out = []
+    for tenant, w in (waits or {}).items():
+        if w["started"] == 0:
+            out.append(f"{tenant}: never started (waited ≥ {w['p99_s']:,.0f} s)")
+        else:
+            p50, p99 = (("≥ " if w[f"{q}_lower_bound"] else "") + f"{w[f'{q}_s']:,.2f}" for q in ("p50", "p99"))
+            out.append(f"{tenant}: {p50} / {p99} s")
+    return "; ".join(out)
 
 
 def line(row: dict[str, Any], windows: tuple[int, int]) -> str:
     small, large = windows
     return (f"  {row['workload']:<17} {row['discipline']:<12} least-served/entitled, median/worst: "
             f"{large:,}-dispatch windows {_ratio(row[f'window_{large}'])}, {small:,}: {_ratio(row[f'window_{small}'])}"
-            + (f"; trickle wait p50/p99 {_wait(row.get('trickle'))}" if row.get("trickle") else ""))
+            + (f"; wait p50/p99 {_wait(row.get('waits'))}" if row.get("waits") else ""))
 
 
 def table(rows: list[dict[str, Any]], windows: tuple[int, int]) -> str:
-    """A Markdown table: per workload and discipline, the least-served ratios and the trickle wait."""
+    """A Markdown table: per workload and discipline, the least-served ratios and the trickling tenants' waits."""
     small, large = windows
     out = [f"| workload | discipline | least-served share of entitlement, {large:,}-dispatch windows: median / worst "
-           f"| the same, {small:,}-dispatch windows | trickling tenant's wait p50 / p99 |",
+           f"| the same, {small:,}-dispatch windows | trickling tenants' wait p50 / p99 |",
            "| --- | --- | --- | --- | --- |"]
     for row in rows:
         out.append(f"| {row['workload']} | {row['discipline']} | {_ratio(row[f'window_{large}'])} "
-                   f"| {_ratio(row[f'window_{small}'])} | {_wait(row.get('trickle'))} |")
+                   f"| {_ratio(row[f'window_{small}'])} | {_wait(row.get('waits'))} |")
     return "\n".join(out)
 
 
