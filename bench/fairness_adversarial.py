@@ -242,7 +242,7 @@ class Run:
     capped: list[frozenset[str]] = field(default_factory=list)
     weights: list[Mapping[str, float]] = field(default_factory=list)
     waits: dict[str, list[float]] = field(default_factory=dict)
-    unstarted: dict[str, list[float]] = field(default_factory=dict)  # trickle tasks still waiting at the end
+    unstarted: dict[str, list[float]] = field(default_factory=dict)  # how long those still queued at the end waited
     seconds: float = 0.0
 
 
@@ -262,6 +262,7 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
     now = 0.0
     free = slots
     sets: dict[tuple[str, ...], frozenset[str]] = {}
+    waiting: dict[str, Job] = {}  # the watched tenants' tasks not yet dispatched
 
     def interned(names: Iterable[str]) -> frozenset[str]:
         key = tuple(sorted(names))
@@ -278,6 +279,8 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
         job = Job(f"j{counter}", tenant, priority, now)
         if priority == NORMAL:
             queued[job.top] += 1
+        if tenant in run.waits:
+            waiting[job.id] = job
         discipline.submit(job, now)
 
     for tenant, priority in workload.backlog:
@@ -290,6 +293,7 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
     while len(run.tenants) < dispatches:
         while free:
             backlogged = [t for t, n in queued.items() if n]
+            capped = [t for t, cap in workload.limits.items() if running[t] >= cap]
             job = discipline.take(now)
             if job is None:
                 break
@@ -299,12 +303,12 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
                 queued[job.top] -= 1
                 run.tenants.append(job.top)
                 run.backlogged.append(interned(backlogged))
-                run.capped.append(interned(t for t, cap in workload.limits.items() if running[t] - (t == job.top) >= cap))
+                run.capped.append(interned(capped))
                 run.weights.append(weights)
                 if workload.reweight is not None and len(run.tenants) == dispatches // 2:
                     weights = dict(workload.reweight)
                     discipline.reweight(workload.settings(weights), now)
-            if job.tenant in run.waits:
+            if waiting.pop(job.id, None) is not None:
                 run.waits[job.tenant].append(now - job.submitted)
             push(now + run_time(rng), "finish", job)
         if not events:
@@ -321,17 +325,9 @@ def simulate(workload: Workload, make: Callable[[Workload, int], Discipline], di
             submit(tenant, priority)
             push(now + rng.expovariate(rate), "arrive", data)
     run.seconds = now
-    if isinstance(discipline, (CoreDiscipline, RoundRobin)):
-        for job in _still_queued(discipline, watched):
-            run.unstarted[job.tenant].append(now - job.submitted)
+    for job in waiting.values():
+        run.unstarted[job.tenant].append(now - job.submitted)
     return run
-
-
-def _still_queued(discipline: Discipline, tenants: tuple[str, ...]) -> list[Job]:
-    if isinstance(discipline, CoreDiscipline):
-        return [j for j in discipline.jobs.values() if j.tenant in tenants]
-    assert isinstance(discipline, RoundRobin)
-    return [j for groups in discipline.classes for t in tenants for j in groups.get(t, ())]
 
 
 # -- the measure -------------------------------------------------------------
@@ -527,7 +523,7 @@ BROKER_SLOTS = 10
 
 
 def broker_check(counts: Mapping[str, int], work_s: float, log: Callable[[str], None]) -> dict[str, Any]:
-    """Skew 3:1:1, c capped at 1: tenants' shares of the dispatches while all three are backlogged, broker vs simulation.
+    """Skew 3:1:1, c capped at 1: each tenant's share while all three are backlogged, broker and simulation.
 
     The pool is paused while a queues all of its tasks, then b and c theirs,
     and resumed; one worker of BROKER_SLOTS slots runs each task for
@@ -597,7 +593,8 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> d
                                        "priorities, reweight")
     parser.add_argument("--png-dir", type=Path, help="draw one PNG per workload here (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write every figure here")
-    parser.add_argument("--broker", action="store_true", help="also run skew 3:1:1 with a ceiling through a real broker")
+    parser.add_argument("--broker", action="store_true",
+                        help="also run skew 3:1:1 with a ceiling through a real broker")
     args = parser.parse_args(argv)
     dispatches, skew = (2_000, 10_000) if args.quick else (20_000, 100_000)
     windows = (100, 1_000) if not args.quick else (50, 500)
