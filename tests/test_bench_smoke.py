@@ -182,3 +182,13 @@ def test_the_adversarial_fairness_bench_tells_cronoq_from_its_baselines(tmp_path
         _, runs = fairness_adversarial.measure([workload.name], 500, 1_000, (50, 250), log=lambda line: None)
         fairness_adversarial.plot(workload, {label: run for (_, label), run in runs.items()}, tmp_path / "c.png", 250)
         assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_the_broker_and_the_simulation_agree_on_a_skewed_pool_with_a_ceiling() -> None:
+    from bench.fairness_adversarial import broker_check
+
+    out = broker_check({"a": 600, "b": 300, "c": 150}, 0.01, log=lambda line: None)
+    for tenant in ("a", "b", "c"):
+        assert abs(out["broker"][tenant] - out["simulation"][tenant]) < 0.05, out
+    # c weighs 1 of 5 (0.2 of the dispatches) but runs one task at a time in 10 slots: the ceiling binds.
+    assert out["broker"]["c"] < 0.15 and out["broker"]["a"] > 0.6, out
