@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import importlib.util
 import json
 import random
 import statistics
@@ -426,12 +427,15 @@ def measure(names: Iterable[str] | None, dispatches: int, skew: int, windows: tu
     """Every chosen workload through every discipline: one row per pair, and the runs (for the plots)."""
     chosen = workloads(dispatches, skew)
     if names is not None:
-        wanted = set(names)
-        unknown = wanted - {w.name for w in chosen}
+        def key(name: str) -> str:  # "many-sub-tenants" spares the shell the quotes "many sub-tenants" needs
+            return name.strip().replace(" ", "-")
+
+        wanted = {key(n) for n in names}
+        unknown = wanted - {key(w.name) for w in chosen}
         if unknown:
             raise SystemExit(f"unknown workload(s) {', '.join(sorted(unknown))}; choose from "
-                             + ", ".join(w.name for w in chosen))
-        chosen = [w for w in chosen if w.name in wanted]
+                             + ", ".join(key(w.name) for w in chosen))
+        chosen = [w for w in chosen if key(w.name) in wanted]
     rows, runs = [], {}
     for workload in chosen:
         for label, make in DISCIPLINES.items():
@@ -589,7 +593,7 @@ def _backlogged_prefix(sequence: list[str], counts: Mapping[str, int]) -> int:
 def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2,000 dispatches per run and a skew of 10^4 (seconds)")
-    parser.add_argument("--only", help="comma-separated workloads: skew, trickle, many sub-tenants, ceiling, "
+    parser.add_argument("--only", help="comma-separated workloads: skew, trickle, many-sub-tenants, ceiling, "
                                        "priorities, reweight")
     parser.add_argument("--png-dir", type=Path, help="draw one PNG per workload here (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -600,6 +604,8 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> d
     windows = (100, 1_000) if not args.quick else (50, 500)
     log(f"simulated: {WORKERS} workers x {SLOTS} slots, tasks of uniform(0.5, 1.5) s, "
         f"{dispatches:,} dispatches of the measured class per run")
+    if args.png_dir and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--png-dir draws with matplotlib, which is not installed (pip install -e '.[bench]')")
     rows, runs = measure(args.only.split(",") if args.only else None, dispatches, skew, windows, log)
     result: dict[str, Any] = {"dispatches": dispatches, "skew": skew, "windows": list(windows), "rows": rows}
     log(table(rows, windows))
