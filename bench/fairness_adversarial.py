@@ -31,7 +31,7 @@ from submitting a task to its dispatch, and never count as backlogged.
 
 `--broker` also runs the skew workload with weights 3:1:1 and a ceiling of 1
 through a real broker and one real worker of 10 slots (bench/stacks.py) and
-the simulation with the same shape, and prints both tenants' shares.
+the simulation of the same shape, and prints each tenant's share in both.
 """
 
 from __future__ import annotations
