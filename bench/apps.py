@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -26,8 +27,17 @@ async def _arrival(payload: dict[str, Any]) -> list[Any]:
     return [next(_received), payload["n"]]
 
 
+async def _arrival_then_work(payload: dict[str, Any]) -> list[Any]:
+    """Like `_arrival`, then holds its slot for `work_s` seconds, so that a tenant's ceiling has something to bind."""
+    started = next(_received)
+    await asyncio.sleep(payload["work_s"])
+    return [started, payload["n"]]
+
+
 noop = cronoq.Pool("default", _noop)
 fair = cronoq.Pool("fair", _arrival)
+fair_work = cronoq.Pool("fair", _arrival_then_work)
+"""The adversarial fairness bench's broker check (`bench/fairness_adversarial.py --broker`)."""
 probe = cronoq.Pool("probe", _noop)
 """The soak's probe pool (`bench/soak.py`): one task at a time, on a worker of its own."""
 

@@ -5,6 +5,7 @@ Speed is never asserted here; only that the runs finish and count right.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -146,3 +147,48 @@ def test_a_small_cluster_run_completes_both_pools_and_reports_cpu_per_task() -> 
         out = cluster.measure(members, tasks=1_000, window=20, workers=1, concurrency=8)
         assert out["tasks"] == 2_000 and out["tasks_per_s"] > 0
         assert out["cpu_ms_per_task"]["brokers"] > 0 and out["cpu_ms_per_task"]["workers"] > 0, out
+
+
+def test_water_filling_gives_a_capped_tenant_what_its_ceiling_let_it_take() -> None:
+    from bench.fairness_adversarial import entitlement
+
+    shares = {"a": 0.6, "b": 0.2, "c": 0.2}
+    # c took 10 of 100 under its ceiling: a and b are entitled to the other 90, 3:1.
+    assert entitlement({"a": 68, "b": 22, "c": 10}, shares, {"c"}) == {"c": 10, "a": 67.5, "b": 22.5}
+    # Without a ceiling, c's 10 is the scheduler's doing: it is entitled to 20.
+    assert entitlement({"a": 68, "b": 22, "c": 10}, shares, set()) == {"a": 60, "b": 20, "c": 20}
+
+
+def test_the_adversarial_fairness_bench_tells_cronoq_from_its_baselines(tmp_path) -> None:
+    import importlib.util
+
+    from bench import fairness_adversarial
+
+    result = fairness_adversarial.main(["--quick", "--json", str(tmp_path / "fair.json")], log=lambda line: None)
+    assert json.loads((tmp_path / "fair.json").read_text())["rows"] == result["rows"]
+    rows = {(row["workload"], row["discipline"]): row for row in result["rows"]}
+    large = f"window_{result['windows'][1]}"
+    for workload in ("skew", "trickle", "many sub-tenants", "ceiling", "priorities", "reweight"):
+        # Counts of dispatches, exact and reproducible: SFQ keeps every backlogged tenant near its entitlement.
+        assert rows[workload, "cronoq"][large]["worst"] >= 0.9, rows[workload, "cronoq"]
+    assert rows["skew", "FIFO"][large]["worst"] == 0  # b waits behind a's whole backlog
+    assert rows["many sub-tenants", "round-robin"][large]["worst"] < 0.05  # 1,001 groups: small gets 1/1,001
+    assert rows["ceiling", "round-robin"][large]["worst"] < 0.8  # no weights
+    for tenant in ("t", "s"):  # one task at a time; a steady 0.5/s
+        assert rows["trickle", "FIFO"]["waits"][tenant]["started"] == 0  # behind the whole backlog
+        assert rows["trickle", "cronoq"]["waits"][tenant]["p99_s"] < 2  # seconds: a few tasks' run times at most
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: a (small) PNG too
+        workload = fairness_adversarial.workloads(500, 1_000)[3]
+        _, runs = fairness_adversarial.measure([workload.name], 500, 1_000, (50, 250), log=lambda line: None)
+        fairness_adversarial.plot(workload, {label: run for (_, label), run in runs.items()}, tmp_path / "c.png", 250)
+        assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_the_broker_and_the_simulation_agree_on_a_skewed_pool_with_a_ceiling() -> None:
+    from bench.fairness_adversarial import broker_check
+
+    out = broker_check({"a": 600, "b": 300, "c": 150}, 0.01, log=lambda line: None)
+    for tenant in ("a", "b", "c"):
+        assert abs(out["broker"][tenant] - out["simulation"][tenant]) < 0.05, out
+    # c weighs 1 of 5 (0.2 of the dispatches) but runs one task at a time in 10 slots: the ceiling binds.
+    assert out["broker"]["c"] < 0.15 and out["broker"]["a"] > 0.6, out
