@@ -1,16 +1,19 @@
-"""Each pool's recent dispatch rate, measured from samples of the core's dispatch counts.
+"""Each pool's recent dispatch rate, and its classes' arrival rates, measured from samples of the core's counts.
 
 The core keeps counts but reads no clock; the shell (the broker at each
 heartbeat, the embedded Scheduler as it runs) samples them with its own
 time. `cronoq status` shows the rates, and `explain` estimates a waiting
-task's start from its pool's.
+task's start from its pool's: how fast the pool dispatches, and how fast
+work that goes before the task (higher classes, deadline tasks) keeps
+arriving. Memory is bounded: one sample a heartbeat over the window, each
+sample a few counts per pool (its dispatches, and two per priority class).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from cronoq.core import SchedulerCore
+from cronoq.core import ClassRates, SchedulerCore
 
 RATE_WINDOW = 10.0
 """Seconds over which a rate is measured."""
@@ -24,13 +27,18 @@ class DispatchRates:
         self.window = window
         # (time, dispatches per pool) of each sample, the oldest one kept just before the window.
         self._samples: deque[tuple[float, dict[str, int]]] = deque()
+        # (time, arrivals per pool: per class, all and with a deadline), sampled alongside.
+        self._arrivals: deque[tuple[float, dict[str, tuple[tuple[int, int], ...]]]] = deque()
 
     def sample(self, now: float) -> None:
         """Take the core's counts now; samples older than the window go (but the one that starts it)."""
         samples = self._samples
-        samples.append((now, {name: self._core.dispatched(name) for name in self._core.pool_names()}))
+        names = self._core.pool_names()
+        samples.append((now, {name: self._core.dispatched(name) for name in names}))
+        self._arrivals.append((now, {name: self._core.arrivals(name) for name in names}))
         while len(samples) > 2 and samples[1][0] <= now - self.window:
             samples.popleft()
+            self._arrivals.popleft()
 
     def last_sampled(self) -> float | None:
         """When the last sample was taken (None: never)."""
@@ -51,3 +59,17 @@ class DispatchRates:
     def rate(self, pool: str, now: float) -> float | None:
         """The pool's rate, or None when there is none yet to tell (no sample, or no time since)."""
         return self.rates(now).get(pool)
+
+    def class_rates(self, pool: str, now: float) -> tuple[ClassRates, ...] | None:
+        """How fast tasks became queued in each class of `pool` (highest first), per second, since the oldest
+        sample kept; None when there is none yet to tell."""
+        if not self._arrivals:
+            return None
+        then, counts = self._arrivals[0]
+        elapsed = now - then
+        old = counts.get(pool)
+        if elapsed <= 0 or old is None or pool not in self._core.pool_names():
+            return None
+        new = self._core.arrivals(pool)
+        return tuple(ClassRates((all_now - all_then) / elapsed, (dl_now - dl_then) / elapsed)
+                     for (all_now, dl_now), (all_then, dl_then) in zip(new, old))

@@ -212,7 +212,10 @@ def explain_text(e: Any) -> str:
             for node in w.nodes:
                 name = (node.name or "(none)") + (" (own)" if node.own_tasks else "")
                 share = f"{node.share:.0%} of {parent}" if node.backlogged else "nothing queued"
-                text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
+                if getattr(node, "hidden", False):  # pinned: it competes with tenants the caller may not see
+                    text = f"  {name:<{width}}  weight {node.weight:g}, share not shown"
+                else:
+                    text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
                 if node.ceiling is not None:
                     c = node.ceiling
                     text += f", ceiling {c.limit}: {c.running} running"
@@ -245,7 +248,12 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         reasons.append(f"no worker serves pool {e.pool}")
     elif not w.ready_workers:
         reasons.append(f"every worker serving pool {e.pool} is busy ({w.workers} connected)")
-    if w.max_in_flight is not None and w.running >= w.max_in_flight:
+    scope = getattr(w, "scope", None)
+    if scope is not None:
+        if getattr(w, "at_max_in_flight", False):
+            reasons.append(f"pool {e.pool} is at max_in_flight ({w.max_in_flight} running, {w.running} of them "
+                           f"{scope}'s)")
+    elif w.max_in_flight is not None and w.running >= w.max_in_flight:
         reasons.append(f"pool {e.pool} is at max_in_flight ({w.running} of {w.max_in_flight} running)")
     if w.delayed_for is not None:
         why = "retry back-off" if w.retry else "delay"
@@ -254,9 +262,14 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         if node.ceiling is not None and node.ceiling.capped:
             reasons.append(f"{node.name or '(none)'} is at its ceiling ({node.ceiling.running} of "
                            f"{node.ceiling.limit} running)")
+    if scope is not None:
+        reasons.append(f"other tenants' tasks are not shown to a token pinned to {scope}; the counts below are "
+                       f"{scope}'s, the estimate counts everything")
     if w.higher_classes_ahead:
-        reasons.append(f"{_count(w.higher_classes_ahead, True, 'queued task')} of higher classes "
-                       f"{'goes' if w.higher_classes_ahead == 1 else 'go'} first")
+        exact = getattr(w, "higher_classes_ahead_exact", True)
+        one = w.higher_classes_ahead == 1 and exact
+        reasons.append(f"{_count(w.higher_classes_ahead, exact, 'queued task')} of higher classes "
+                       f"{'goes' if one else 'go'} first")
     if w.deadline_ahead:
         what = "deadline task" if e.deadline is None else "task with an earlier deadline"
         one = w.deadline_ahead == 1 and w.deadline_ahead_exact

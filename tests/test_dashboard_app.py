@@ -74,7 +74,7 @@ def get(dashboard: Dashboard, path: str, token: str | None = "admin-secret", met
 
 def test_the_task_view_carries_the_brokers_explanation_as_data_and_as_cronoq_explain_prints_it():
     parts, book, clock = broker_parts()
-    parts = dataclasses.replace(parts, explain=lambda task_id: msgspec.to_builtins(book.explain(task_id, clock())))
+    parts = dataclasses.replace(parts, explain=lambda task_id, scope=None: msgspec.to_builtins(book.explain(task_id, clock(), scope=scope)))
     book.core.pause("llm")
     record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex"), clock())
     status, view = get(Dashboard(parts), f"/api/tasks/{record.id}")
