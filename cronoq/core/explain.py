@@ -442,8 +442,7 @@ def _estimate(pool: Pool, task: Task, nodes: list[NodeState], ahead: int, queue_
     if fair and (not share or share <= 0):
         return None, "unknown: its tenant has no share of the pool right now"
     pace = (f"the pool's {rate:.3g}/s" if not incoming else
-            f"the {spare:.3g}/s the pool's {rate:.3g}/s leaves once the {incoming:.3g}/s of new work that goes "
-            "before it is served")
+            f"{spare:.3g}/s (the pool's {rate:.3g}/s less the {incoming:.3g}/s of new work that goes before it)")
     if not fair:
         # By deadline, or first come first served: every task ahead takes one of those dispatches.
         total = ahead + (queue_ahead or 0) + 1

@@ -104,7 +104,7 @@ def test_work_arriving_ahead_slower_than_the_pool_serves_is_counted_in_the_figur
     assert why.estimate == pytest.approx(expected)
     naive = (why.higher_classes_ahead + why.queue_ahead + 1) / rate
     assert why.estimate > 1.5 * naive  # what the old figure said, ignoring the high work still to come
-    assert "leaves once the" in why.estimate_note
+    assert "less the" in why.estimate_note and "of new work that goes before it" in why.estimate_note
     # And it is about right: count the steps until a9 starts.
     started = pool.now
     while pool.core.get("a299").state == "queued":
