@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -26,6 +27,12 @@ async def _arrival(payload: dict[str, Any]) -> list[Any]:
     return [next(_received), payload["n"]]
 
 
+async def _service(payload: dict[str, Any]) -> int:
+    """The estimates bench's handler (`bench/estimates.py`): a task that takes `payload["s"]` seconds."""
+    await asyncio.sleep(payload["s"])
+    return payload["n"]
+
+
 noop = cronoq.Pool("default", _noop)
 fair = cronoq.Pool("fair", _arrival)
 probe = cronoq.Pool("probe", _noop)
@@ -33,3 +40,5 @@ probe = cronoq.Pool("probe", _noop)
 
 pair = [cronoq.Pool("p0", _noop), cronoq.Pool("p1", _noop)]
 """The cluster bench's two pools (`bench/cluster.py`): one per member in the cluster, both on the lone broker."""
+service = cronoq.Pool("est", _service)
+"""The estimates bench's pool (`bench/estimates.py`); its weights and ceiling are the broker's."""

@@ -18,13 +18,18 @@ from cronoq.core import ClassRates, SchedulerCore
 RATE_WINDOW = 10.0
 """Seconds over which a rate is measured."""
 
+ARRIVAL_WINDOW = 3.0
+"""Seconds over which (at least) the arrival rates for `explain` are measured."""
+
 
 class DispatchRates:
     """Dispatches per second of each pool over about the last `window` seconds."""
 
-    def __init__(self, core: SchedulerCore, window: float = RATE_WINDOW) -> None:
+    def __init__(self, core: SchedulerCore, window: float = RATE_WINDOW,
+                 arrival_window: float = ARRIVAL_WINDOW) -> None:
         self._core = core
         self.window = window
+        self.arrival_window = min(arrival_window, window)
         # (time, dispatches per pool) of each sample, the oldest one kept just before the window.
         self._samples: deque[tuple[float, dict[str, int]]] = deque()
         # (time, arrivals per pool: per class, all and with a deadline), sampled alongside.
@@ -65,7 +70,13 @@ class DispatchRates:
         sample kept; None when there is none yet to tell."""
         if not self._arrivals:
             return None
+        # The newest sample at least ARRIVAL_WINDOW old (else the oldest): arrivals change faster than what the
+        # pool can serve, and a surge of work ahead should show within seconds, not after the whole window.
         then, counts = self._arrivals[0]
+        for sampled_at, sampled in self._arrivals:
+            if sampled_at > now - self.arrival_window:
+                break
+            then, counts = sampled_at, sampled
         elapsed = now - then
         old = counts.get(pool)
         if elapsed <= 0 or old is None or pool not in self._core.pool_names():
