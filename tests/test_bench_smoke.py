@@ -146,3 +146,18 @@ def test_a_small_cluster_run_completes_both_pools_and_reports_cpu_per_task() -> 
         out = cluster.measure(members, tasks=1_000, window=20, workers=1, concurrency=8)
         assert out["tasks"] == 2_000 and out["tasks_per_s"] > 0
         assert out["cpu_ms_per_task"]["brokers"] > 0 and out["cpu_ms_per_task"]["workers"] > 0, out
+
+
+def test_the_estimates_bench_explains_a_sample_and_judges_each_against_its_start(capsys) -> None:
+    from bench import estimates
+
+    samples = estimates.run_core(3.0, 5)
+    assert samples and all(s.outcome in ("started", "started before explain", "expired", "not started")
+                           for s in samples)
+    assert any(s.estimate is not None and s.wait is not None for s in samples)
+    summary = estimates.summarize(samples)
+    assert summary["explained"] == len(samples) and 0 <= summary["new"]["within_2x"] <= 1
+    # Through a real broker and worker, briefly: every explained task is judged, nothing is a speed.
+    assert estimates.main(["--seconds", "3", "--every", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "explain now" in out and "before (queued work only)" in out
