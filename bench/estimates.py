@@ -165,7 +165,7 @@ def run_core(seconds: float, every: int, seed: int = 7) -> list[Sample]:
         core.submit(Task(task_id, "est", tenant=arrival.tenant, priority=arrival.priority, deadline=deadline), now)
         pump()
         if n % every == 0:
-            waiting = core.explain(task_id, now, rates.rate("est", now), rates.class_rates("est", now))
+            waiting = core.explain(task_id, now, *rates.for_explain("est", now))
             if waiting is None:
                 explained[task_id] = (now, Sample(PRIORITIES[arrival.priority], None, "", None,
                                                   outcome="started before explain"))

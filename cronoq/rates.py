@@ -49,11 +49,17 @@ class DispatchRates:
         """When the last sample was taken (None: never)."""
         return self._samples[-1][0] if self._samples else None
 
-    def rates(self, now: float) -> dict[str, float]:
-        """Dispatches per second of each pool accepting tasks since the oldest sample kept ({} before any)."""
+    def rates(self, now: float, window: float | None = None) -> dict[str, float]:
+        """Dispatches per second of each pool accepting tasks since the oldest sample kept ({} before any); with
+        `window`, since the newest sample at least that old (the oldest if none is)."""
         if not self._samples:
             return {}
         then, counts = self._samples[0]
+        if window is not None:
+            for sampled_at, sampled in self._samples:
+                if sampled_at > now - window:
+                    break
+                then, counts = sampled_at, sampled
         elapsed = now - then
         if elapsed <= 0:
             return {}
@@ -61,9 +67,10 @@ class DispatchRates:
         return {name: (self._core.dispatched(name) - count) / elapsed for name, count in counts.items()
                 if name in accepting}
 
-    def rate(self, pool: str, now: float) -> float | None:
-        """The pool's rate, or None when there is none yet to tell (no sample, or no time since)."""
-        return self.rates(now).get(pool)
+    def rate(self, pool: str, now: float, window: float | None = None) -> float | None:
+        """The pool's rate (over `window`, see `rates`), or None when there is none yet to tell (no sample, or no
+        time since)."""
+        return self.rates(now, window).get(pool)
 
     def class_rates(self, pool: str, now: float) -> tuple[ClassRates, ...] | None:
         """How fast tasks became queued in each class of `pool` (highest first), per second, since the oldest
@@ -84,3 +91,10 @@ class DispatchRates:
         new = self._core.arrivals(pool)
         return tuple(ClassRates((all_now - all_then) / elapsed, (dl_now - dl_then) / elapsed)
                      for (all_now, dl_now), (all_then, dl_then) in zip(new, old))
+
+    def for_explain(self, pool: str, now: float) -> tuple[float | None, tuple[ClassRates, ...] | None]:
+        """What `explain` goes by: the pool's dispatch rate, the higher of its rates over the whole window and over
+        the last `arrival_window` seconds (a pool that has just got busier serves at least what it shows now;
+        one with long tasks dispatches too few in 3 s to go by), and its classes' arrival rates."""
+        rates = [r for r in (self.rate(pool, now), self.rate(pool, now, self.arrival_window)) if r is not None]
+        return (max(rates) if rates else None), self.class_rates(pool, now)

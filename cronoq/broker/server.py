@@ -680,8 +680,7 @@ class Broker:
         as `scope`: then nothing of other tenants' tasks is told (cronoq.core.explain)."""
         now = self._clock() if now is None else now
         record = self._book.get(task_id)
-        explanation = self._book.explain(task_id, now, self._rates.rate(record.pool, now),
-                                         self._rates.class_rates(record.pool, now), scope)
+        explanation = self._book.explain(task_id, now, *self._rates.for_explain(record.pool, now), scope)
         return msgspec.to_builtins(explanation)
 
     def stats(self) -> dict[str, Any]:

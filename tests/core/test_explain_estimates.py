@@ -46,8 +46,7 @@ class Pool:
             self._next_sample += 1.0
 
     def explain(self, task_id: str):
-        return self.core.explain(task_id, self.now, self.rates.rate("llm", self.now),
-                                 self.rates.class_rates("llm", self.now))
+        return self.core.explain(task_id, self.now, *self.rates.for_explain("llm", self.now))
 
 
 def test_a_low_task_behind_normal_work_arriving_as_fast_as_the_pool_serves_is_told_it_cannot_tell():
