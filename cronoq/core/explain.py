@@ -213,36 +213,44 @@ def explain_waiting(pool: Pool, task: Task, now: float, dispatch_rate: float | N
         deadline_exact = True
     estimate, note = _estimate(pool, task, nodes, ahead, queue_ahead, share, delayed_for, dispatch_rate, arriving,
                                exact=deadline_exact and queue_exact, coarse=scope is not None, now=now)
-    running = pool.running
-    higher_exact = True
-    if scope is not None:
-        visible = _in_scope(scope)
-        higher, higher_exact = _scoped_higher(pool, task, visible, scope, now, scan)
-        if task.deadline is None:
-            deadline_ahead, deadline_exact = _earlier_deadlines(cls, None, now, scan, visible)
-        elif queued:
-            deadline_ahead, deadline_exact = _earlier_deadlines(cls, task, now, scan, visible)
-        else:
-            deadline_ahead, deadline_exact = _earlier_deadlines(cls, None, now, scan, visible)
-            deadline_exact = False
-        if task.deadline is not None:
-            queue_length = _earlier_deadlines(cls, None, now, scan, visible)[0]
-        elif not fair:  # its class's one queue holds every tenant's tasks: count only the visible ones
-            queue_length = _count_in_chain(cls.rest.head, None, scan, visible)[0]  # type: ignore[union-attr]
-            if queued:
-                queue_ahead, queue_exact = _count_in_chain(cls.rest.head, task, scan, visible)  # type: ignore
-        nodes = _hide_above(nodes, scope)
-        share = None
-        running = sum(ts.running for ts in pool.tenants.values() if scope in ts.path)
-    return Waiting(
+    waiting = Waiting(
         fair=fair, higher_classes_ahead=higher, deadline_ahead=deadline_ahead, deadline_ahead_exact=deadline_exact,
         queue_ahead=queue_ahead, queue_ahead_exact=queue_exact, queue_length=queue_length, nodes=tuple(nodes),
         tenant_share=share, paused=pool.paused, workers=len(pool.workers), ready_workers=pool.ready_workers,
-        running=running, max_in_flight=pool.max_in_flight, delayed_for=delayed_for,
-        retry=task.state is DELAYED and task.attempts > 0,
-        dispatch_rate=None if scope is not None else dispatch_rate, estimate=estimate, estimate_note=note,
-        arrival_rate_ahead=None if scope is not None or arriving is None else arriving.total,
-        scope=scope, at_max_in_flight=at_max_in_flight, higher_classes_ahead_exact=higher_exact,
+        running=pool.running, max_in_flight=pool.max_in_flight, delayed_for=delayed_for,
+        retry=task.state is DELAYED and task.attempts > 0, dispatch_rate=dispatch_rate, estimate=estimate,
+        estimate_note=note, arrival_rate_ahead=None if arriving is None else arriving.total,
+        at_max_in_flight=at_max_in_flight,
+    )
+    return waiting if scope is None else _scoped(waiting, pool, task, scope, now, scan)
+
+
+def _scoped(waiting: Waiting, pool: Pool, task: Task, scope: str, now: float, scan: int) -> Waiting:
+    """`waiting` as a caller pinned to `scope` may read it: the counts of its subtree's tasks only, no rates, no
+    share that depends on other tenants (the estimate and its note were made coarse already)."""
+    cls = pool.classes[task.priority]
+    visible = _in_scope(scope)
+    queued = task.state is QUEUED
+    higher, higher_exact = _scoped_higher(pool, task, visible, scope, now, scan)
+    if task.deadline is not None and queued:
+        deadline_ahead, deadline_exact = _earlier_deadlines(cls, task, now, scan, visible)
+    else:
+        deadline_ahead, deadline_exact = _earlier_deadlines(cls, None, now, scan, visible)
+        deadline_exact = deadline_exact and task.deadline is None  # a delayed one's place is not known yet
+    queue_ahead, queue_exact, queue_length = waiting.queue_ahead, waiting.queue_ahead_exact, waiting.queue_length
+    if task.deadline is not None:
+        queue_length = _earlier_deadlines(cls, None, now, scan, visible)[0]
+    elif not waiting.fair:  # its class's one queue holds every tenant's tasks: count only the visible ones
+        queue_length = _count_in_chain(cls.rest.head, None, scan, visible)[0]  # type: ignore[union-attr]
+        if queued:
+            queue_ahead, queue_exact = _count_in_chain(cls.rest.head, task, scan, visible)  # type: ignore
+    # A walk of the tenant table: a pinned caller's running tasks are not counted anywhere else.
+    running = sum(ts.running for ts in pool.tenants.values() if scope in ts.path)
+    return replace(
+        waiting, higher_classes_ahead=higher, higher_classes_ahead_exact=higher_exact,
+        deadline_ahead=deadline_ahead, deadline_ahead_exact=deadline_exact, queue_ahead=queue_ahead,
+        queue_ahead_exact=queue_exact, queue_length=queue_length, nodes=tuple(_hide_above(list(waiting.nodes), scope)),
+        tenant_share=None, running=running, dispatch_rate=None, arrival_rate_ahead=None, scope=scope,
     )
 
 
