@@ -225,8 +225,15 @@ def explain_text(e: Any) -> str:
                 parent = node.name or "(none)"
             if w.tenant_share is not None:
                 lines.append(f"  its queue gets {w.tenant_share:.0%} of the class's fair dispatches now")
-        estimate = "unknown" if w.estimate is None else f"in about {w.estimate:.1f} s"
-        lines.append(f"expected to start: {estimate} ({w.estimate_note})")
+        note = w.estimate_note
+        if w.estimate is not None:
+            coarse = getattr(w, "scope", None) is not None  # rounded up: "within", not "in about"
+            estimate = f"within about {w.estimate:g} s" if coarse else f"in about {w.estimate:.1f} s"
+        elif note.startswith("cannot tell: "):
+            estimate, note = "cannot tell", note[len("cannot tell: "):]
+        else:
+            estimate = "unknown"
+        lines.append(f"expected to start: {estimate} ({note})")
     if e.attempts:
         retries = f" (max_retries {e.max_retries})" if e.max_retries else ""
         lines.append(f"attempts: {e.attempts}{retries}")

@@ -465,11 +465,10 @@ def _estimate(pool: Pool, task: Task, nodes: list[NodeState], ahead: int, queue_
         how += " (deadline tasks still to come with an earlier deadline would go first too: not counted)"
     if coarse:
         seconds = _coarsen(seconds)
-        how = ("rounded up to a coarse step: the pool's load, other tenants' work included, is in it, but a token "
-               "pinned to a tenant is not told its counts or rates")
-    elif not exact:
-        how = f"at least {how}"
-    note = f"{how}, if the rate and the shares hold"
+        note = ("rounded up to a coarse step, if the rates and the shares hold: it counts the pool's whole load, "
+                "other tenants' work included, whose counts and rates a token pinned to a tenant is not told")
+    else:
+        note = f"{'' if exact else 'at least '}{how}, if the rate and the shares hold"
     if task.deadline is not None and now + seconds > task.deadline:
         note += "; that is after its deadline: unless the pool speeds up, it expires first"
     return seconds, note

@@ -96,6 +96,8 @@ async def test_a_pinned_token_reads_no_count_and_no_deadline_of_another_tenant(b
             assert "globex" not in result.stdout
             assert "other tenants' tasks are not shown to a token pinned to acme" in result.stdout
             assert "share not shown" in result.stdout
+            expected = next(line for line in result.stdout.splitlines() if line.startswith("expected to start: "))
+            assert "/s" not in expected  # no rate: the pool's and the work ahead's include globex's
             as_json = run_command(["-m", "cronoq.cli", "explain", mine.id, "--json", "--broker", broker.clients,
                                    "--token-env", "T_ACME"], env=TOKENS)
             assert "globex" not in as_json.stdout and json.loads(as_json.stdout)["waiting"]["scope"] == "acme"
