@@ -14,7 +14,8 @@ equal phases, with Poisson arrivals at fractions of that capacity C:
 2. surge: high work at 1.05 C (it outruns the pool: normal and low work starve), normal at 0.3 C;
 3. recovery: phase 1's rates, plus deadline tasks of the normal class (globex, 30 s deadline) at 0.05 C.
 
-One task in `--every` is explained right after it is accepted. Reported, over the sample:
+One task in `--every` is explained right after it is accepted, and again LATER seconds after if it is still
+queued. Reported, over all these explanations:
 
 - numeric estimates: the median relative error |estimate - wait| / wait, and the share within 2x of the wait
   (estimate and wait both floored at FLOOR seconds, below which neither means much);
@@ -49,6 +50,7 @@ SERVICE = 0.04  # seconds per task
 FLOOR = 0.1  # seconds: waits and estimates below this count as this
 SOON = 2.0  # seconds: a "cannot tell" task that started within this was needlessly cautious
 DEADLINE = 30.0
+LATER = 2.0  # seconds: a sampled task still queued this long after it was accepted is explained again
 WEIGHTS = {"acme": 3, "globex": 1, "initech": 1}
 LIMITS = {"initech": 1}
 PRIORITIES = ("critical", "high", "normal", "low")
@@ -95,6 +97,7 @@ class Sample:
     old_estimate: float | None
     wait: float | None = None
     outcome: str = "started"  # started | expired | not started | started before explain
+    when: str = "accepted"  # accepted | waiting (explained again LATER seconds after, still queued)
 
 
 def old_estimate(waiting: Any, has_deadline: bool) -> float | None:
@@ -111,8 +114,9 @@ def old_estimate(waiting: Any, has_deadline: bool) -> float | None:
     return ahead / rate + ((waiting.queue_ahead or 0) + 1) / (rate * waiting.tenant_share)
 
 
-def _sample(priority: int, waiting: Any, has_deadline: bool) -> Sample:
-    return Sample(PRIORITIES[priority], waiting.estimate, waiting.estimate_note, old_estimate(waiting, has_deadline))
+def _sample(priority: int, waiting: Any, has_deadline: bool, when: str = "accepted") -> Sample:
+    return Sample(PRIORITIES[priority], waiting.estimate, waiting.estimate_note, old_estimate(waiting, has_deadline),
+                  when=when)
 
 
 # -- through the pure core, simulated time ------------------------------------------------------------------
@@ -129,15 +133,16 @@ def run_core(seconds: float, every: int, seed: int = 7) -> list[Sample]:
     rates.sample(0.0)
     next_sample = 1.0
     ends: list[tuple[float, str]] = []  # (when, task id) of running tasks
+    later: list[tuple[float, str, int]] = []  # (when, task id, priority) of explains due while waiting
     started: dict[str, float] = {}
-    explained: dict[str, tuple[float, Sample]] = {}
+    explained: list[tuple[str, float, Sample]] = []
     arrivals = workload(seconds, SLOTS / SERVICE, seed)
     now = 0.0
 
     def advance(until: float) -> None:
         nonlocal now, next_sample
         while True:
-            due = min(ends[0][0] if ends else float("inf"), next_sample)
+            due = min(ends[0][0] if ends else float("inf"), later[0][0] if later else float("inf"), next_sample)
             if due > until:
                 break
             now = due
@@ -146,6 +151,13 @@ def run_core(seconds: float, every: int, seed: int = 7) -> list[Sample]:
                 task = core.get(task_id)
                 core.finish(task_id, now, worker_id="w", attempt=task.attempts, state=SUCCEEDED)
                 core.grant("w")
+            elif later and later[0][0] == due:
+                _, task_id, priority = heapq.heappop(later)
+                task = core.get(task_id)
+                if task is not None and task.state == "queued":
+                    waiting = core.explain(task_id, now, *rates.for_explain("est", now))
+                    explained.append((task_id, now, _sample(priority, waiting, task.deadline is not None,
+                                                            "waiting")))
             else:
                 rates.sample(now)
                 next_sample += 1.0
@@ -167,12 +179,13 @@ def run_core(seconds: float, every: int, seed: int = 7) -> list[Sample]:
         if n % every == 0:
             waiting = core.explain(task_id, now, *rates.for_explain("est", now))
             if waiting is None:
-                explained[task_id] = (now, Sample(PRIORITIES[arrival.priority], None, "", None,
-                                                  outcome="started before explain"))
+                explained.append((task_id, now, Sample(PRIORITIES[arrival.priority], None, "", None,
+                                                       outcome="started before explain")))
             else:
-                explained[task_id] = (now, _sample(arrival.priority, waiting, deadline is not None))
+                explained.append((task_id, now, _sample(arrival.priority, waiting, deadline is not None)))
+                heapq.heappush(later, (now + LATER, task_id, arrival.priority))
     advance(now + max(60.0, seconds))  # drain
-    for task_id, (at, sample) in explained.items():
+    for task_id, at, sample in explained:
         if sample.outcome != "started":
             continue
         if task_id in started:
@@ -180,7 +193,7 @@ def run_core(seconds: float, every: int, seed: int = 7) -> list[Sample]:
         else:
             task = core.get(task_id)
             sample.outcome = "expired" if task is None or task.state == EXPIRED else "not started"
-    return [sample for _, sample in explained.values()]
+    return [sample for _, _, sample in explained]
 
 
 # -- through a real broker and a real worker ------------------------------------------------------------------
@@ -208,9 +221,14 @@ async def _drive(address: str, seconds: float, every: int, seed: int) -> list[Sa
             at = time.time()
             if why.waiting is None:
                 sample = Sample(PRIORITIES[arrival.priority], None, "", None, outcome="started before explain")
-            else:
-                sample = _sample(arrival.priority, why.waiting, arrival.deadline is not None)
-            explained.append((handle.id, at, sample))
+                explained.append((handle.id, at, sample))
+                return
+            explained.append((handle.id, at, _sample(arrival.priority, why.waiting, arrival.deadline is not None)))
+            await asyncio.sleep(LATER)
+            why = await client.explain(handle.id)
+            if why.state == "queued" and why.waiting is not None:
+                explained.append((handle.id, time.time(), _sample(arrival.priority, why.waiting,
+                                                                  arrival.deadline is not None, "waiting")))
 
         start = time.monotonic()
         for n, arrival in enumerate(arrivals):
@@ -288,7 +306,9 @@ def summarize(samples: list[Sample]) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for s in samples:
         counts[s.outcome] = counts.get(s.outcome, 0) + 1
-    return {"explained": len(samples), "outcomes": counts, "new": new, "old": old}
+    waiting = sum(s.when == "waiting" for s in samples)
+    return {"explained": len(samples), "explained_while_waiting": waiting, "outcomes": counts, "new": new,
+            "old": old}
 
 
 def _pct(x: float | None) -> str:
@@ -296,7 +316,8 @@ def _pct(x: float | None) -> str:
 
 
 def table(summary: dict[str, Any]) -> Iterator[str]:
-    yield f"{summary['explained']} tasks explained; outcomes: " + ", ".join(
+    yield (f"{summary['explained']} explanations ({summary['explained_while_waiting']} of tasks still queued "
+           f"{LATER:g} s after they were accepted); outcomes: ") + ", ".join(
         f"{k} {v}" for k, v in sorted(summary["outcomes"].items()))
     yield f"{'':28} {'numeric':>8} {'median err':>11} {'within 2x':>10} {'cannot tell':>12} {'  of those soon':>15}"
     for label, key in (("explain now", "new"), ("before (queued work only)", "old")):
