@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cronoq.core import ClassRates, PoolSettings, SchedulerCore, Task
 
@@ -102,3 +104,36 @@ def test_a_pinned_caller_counts_its_own_running_tasks_only():
     mine = core.explain("t3", 0.0, 1.0, scope="globex")
     assert (mine.at_max_in_flight, mine.running, mine.max_in_flight) == (True, 1, 3)
     assert core.explain("t3", 0.0, 1.0).running == 3
+
+
+SUBMITS = st.lists(
+    st.tuples(st.sampled_from(["acme", "acme/x", "globex", "globex/y", None]), st.integers(0, 3),
+              st.one_of(st.none(), st.integers(1, 50)), st.booleans()),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(submits=SUBMITS, fair=st.booleans())
+def test_what_a_pinned_caller_reads_does_not_depend_on_other_tenants_tasks(submits, fair):
+    # The same submits twice, once without anyone else's: every acme task reads the same, but for the estimate.
+    settings_ = PoolSettings("llm", tenant_weights={"acme": 2} if fair else {})
+    everyone, alone = SchedulerCore([settings_]), SchedulerCore([settings_])
+    for core in (everyone, alone):
+        core.add_worker("w", ["llm"], 0)
+    mine = []
+    for n, (tenant, priority, deadline, cancel) in enumerate(submits):
+        ours = tenant is not None and tenant.split("/")[0] == "acme"
+        for core in (everyone, alone) if ours else (everyone,):
+            core.submit(Task(f"t{n}", "llm", tenant=tenant, priority=priority,
+                             deadline=None if deadline is None else float(deadline)), 0.0)
+            if cancel and n % 3 == 0:
+                core.cancel(f"t{n}", 0.0)
+        if ours and not (cancel and n % 3 == 0):
+            mine.append(f"t{n}")
+    for task_id in mine:
+        seen = everyone.explain(task_id, 0.5, 10.0, RATES, scope="acme")
+        shown = alone.explain(task_id, 0.5, 10.0, RATES, scope="acme")
+        assert dataclasses.replace(seen, estimate=None, estimate_note="") == dataclasses.replace(
+            shown, estimate=None, estimate_note=""), task_id
+        assert seen.estimate is None or seen.estimate in {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}
