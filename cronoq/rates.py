@@ -73,8 +73,8 @@ class DispatchRates:
         return self.rates(now, window).get(pool)
 
     def class_rates(self, pool: str, now: float) -> tuple[ClassRates, ...] | None:
-        """How fast tasks became queued in each class of `pool` (highest first), per second, since the oldest
-        sample kept; None when there is none yet to tell."""
+        """How fast tasks became queued in each class of `pool` (highest first), per second, over about the last
+        `arrival_window` seconds (since the oldest sample kept, early on); None when there is none yet to tell."""
         if not self._arrivals:
             return None
         # The newest sample at least ARRIVAL_WINDOW old (else the oldest): arrivals change faster than what the

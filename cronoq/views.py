@@ -212,7 +212,7 @@ def explain_text(e: Any) -> str:
             for node in w.nodes:
                 name = (node.name or "(none)") + (" (own)" if node.own_tasks else "")
                 share = f"{node.share:.0%} of {parent}" if node.backlogged else "nothing queued"
-                if getattr(node, "hidden", False):  # pinned: it competes with tenants the caller may not see
+                if node.hidden:  # pinned: it competes with tenants the caller may not see
                     text = f"  {name:<{width}}  weight {node.weight:g}, share not shown"
                 else:
                     text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
@@ -227,7 +227,7 @@ def explain_text(e: Any) -> str:
                 lines.append(f"  its queue gets {w.tenant_share:.0%} of the class's fair dispatches now")
         note = w.estimate_note
         if w.estimate is not None:
-            coarse = getattr(w, "scope", None) is not None  # rounded up: "within", not "in about"
+            coarse = w.scope is not None  # rounded up: "within", not "in about"
             estimate = f"within about {w.estimate:g} s" if coarse else f"in about {w.estimate:.1f} s"
         elif note.startswith("cannot tell: "):
             estimate, note = "cannot tell", note[len("cannot tell: "):]
@@ -255,9 +255,9 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         reasons.append(f"no worker serves pool {e.pool}")
     elif not w.ready_workers:
         reasons.append(f"every worker serving pool {e.pool} is busy ({w.workers} connected)")
-    scope = getattr(w, "scope", None)
+    scope = w.scope
     if scope is not None:
-        if getattr(w, "at_max_in_flight", False):
+        if w.at_max_in_flight:
             reasons.append(f"pool {e.pool} is at max_in_flight ({w.max_in_flight} running, {w.running} of them "
                            f"{scope}'s)")
     elif w.max_in_flight is not None and w.running >= w.max_in_flight:
@@ -273,7 +273,7 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         reasons.append(f"other tenants' tasks are not shown to a token pinned to {scope}; the counts below are "
                        f"{scope}'s, the estimate counts everything")
     if w.higher_classes_ahead:
-        exact = getattr(w, "higher_classes_ahead_exact", True)
+        exact = w.higher_classes_ahead_exact
         one = w.higher_classes_ahead == 1 and exact
         reasons.append(f"{_count(w.higher_classes_ahead, exact, 'queued task')} of higher classes "
                        f"{'goes' if one else 'go'} first")
