@@ -34,6 +34,12 @@ async def _arrival_then_work(payload: dict[str, Any]) -> list[Any]:
     return [started, payload["n"]]
 
 
+async def _service(payload: dict[str, Any]) -> int:
+    """The estimates bench's handler (`bench/estimates.py`): a task that takes `payload["s"]` seconds."""
+    await asyncio.sleep(payload["s"])
+    return payload["n"]
+
+
 noop = cronoq.Pool("default", _noop)
 fair = cronoq.Pool("fair", _arrival)
 fair_work = cronoq.Pool("fair", _arrival_then_work)
@@ -43,3 +49,5 @@ probe = cronoq.Pool("probe", _noop)
 
 pair = [cronoq.Pool("p0", _noop), cronoq.Pool("p1", _noop)]
 """The cluster bench's two pools (`bench/cluster.py`): one per member in the cluster, both on the lone broker."""
+service = cronoq.Pool("est", _service)
+"""The estimates bench's pool (`bench/estimates.py`); its weights and ceiling are the broker's."""

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from operator import attrgetter, eq
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Union
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
 import msgspec
 
@@ -32,6 +32,7 @@ from cronoq.core import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    ClassRates,
     PoolSettings,
     SchedulerCore,
     Waiting,
@@ -766,16 +767,19 @@ class TaskBook:
             finished_at=record.finished_at, deadline=record.deadline, error=error,
         )
 
-    def explain(self, task_id: str, now: float, dispatch_rate: float | None = None) -> Explanation:
+    def explain(self, task_id: str, now: float, dispatch_rate: float | None = None,
+                arrival_rates: Sequence[ClassRates] | None = None, scope: str | None = None) -> Explanation:
         """Why the task is where it is (see `Explanation`), or NotFound. `dispatch_rate` is its pool's recent
-        dispatches per second, measured by the caller (None: none to tell). Bounded cost: see
-        cronoq.core.explain."""
+        dispatches per second and `arrival_rates` its classes' arrivals per second, measured by the caller
+        (None: none to tell); `scope` the tenant a pinned caller may see (cronoq.core.explain). Bounded cost:
+        see cronoq.core.explain."""
         record = self.get(task_id)  # one lookup: an old task's is a read of the results store
         info = self._info(record)
         return Explanation(
             **asdict(info), max_retries=record.max_retries,
             not_before=record.not_before if info.state == DELAYED else None,
-            history=self._history(record, info), waiting=self.core.explain(task_id, now, dispatch_rate),
+            history=self._history(record, info),
+            waiting=self.core.explain(task_id, now, dispatch_rate, arrival_rates, scope),
         )
 
     def _history(self, record: TaskRecord, info: TaskInfo) -> tuple[AttemptEnd, ...]:

@@ -153,7 +153,7 @@ class Scheduler:
         record = self._book.get(task_id)
         now = time.time()
         self._sample_rates(now)
-        return self._book.explain(task_id, now, self._rates.rate(record.pool, now))
+        return self._book.explain(task_id, now, *self._rates.for_explain(record.pool, now))
 
     async def pause(self, pool: str) -> None:
         """Stop dispatching `pool`; it still accepts tasks."""

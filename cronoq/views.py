@@ -212,7 +212,10 @@ def explain_text(e: Any) -> str:
             for node in w.nodes:
                 name = (node.name or "(none)") + (" (own)" if node.own_tasks else "")
                 share = f"{node.share:.0%} of {parent}" if node.backlogged else "nothing queued"
-                text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
+                if node.hidden:  # pinned: it competes with tenants the caller may not see
+                    text = f"  {name:<{width}}  weight {node.weight:g}, share not shown"
+                else:
+                    text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
                 if node.ceiling is not None:
                     c = node.ceiling
                     text += f", ceiling {c.limit}: {c.running} running"
@@ -222,8 +225,15 @@ def explain_text(e: Any) -> str:
                 parent = node.name or "(none)"
             if w.tenant_share is not None:
                 lines.append(f"  its queue gets {w.tenant_share:.0%} of the class's fair dispatches now")
-        estimate = "unknown" if w.estimate is None else f"in about {w.estimate:.1f} s"
-        lines.append(f"expected to start: {estimate} ({w.estimate_note})")
+        note = w.estimate_note
+        if w.estimate is not None:
+            coarse = w.scope is not None  # rounded up: "within", not "in about"
+            estimate = f"within about {w.estimate:g} s" if coarse else f"in about {w.estimate:.1f} s"
+        elif note.startswith("cannot tell: "):
+            estimate, note = "cannot tell", note[len("cannot tell: "):]
+        else:
+            estimate = "unknown"
+        lines.append(f"expected to start: {estimate} ({note})")
     if e.attempts:
         retries = f" (max_retries {e.max_retries})" if e.max_retries else ""
         lines.append(f"attempts: {e.attempts}{retries}")
@@ -245,7 +255,12 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         reasons.append(f"no worker serves pool {e.pool}")
     elif not w.ready_workers:
         reasons.append(f"every worker serving pool {e.pool} is busy ({w.workers} connected)")
-    if w.max_in_flight is not None and w.running >= w.max_in_flight:
+    scope = w.scope
+    if scope is not None:
+        if w.at_max_in_flight:
+            reasons.append(f"pool {e.pool} is at max_in_flight ({w.max_in_flight} running, {w.running} of them "
+                           f"{scope}'s)")
+    elif w.max_in_flight is not None and w.running >= w.max_in_flight:
         reasons.append(f"pool {e.pool} is at max_in_flight ({w.running} of {w.max_in_flight} running)")
     if w.delayed_for is not None:
         why = "retry back-off" if w.retry else "delay"
@@ -254,9 +269,14 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         if node.ceiling is not None and node.ceiling.capped:
             reasons.append(f"{node.name or '(none)'} is at its ceiling ({node.ceiling.running} of "
                            f"{node.ceiling.limit} running)")
+    if scope is not None:
+        reasons.append(f"other tenants' tasks are not shown to a token pinned to {scope}; the counts below are "
+                       f"{scope}'s, the estimate counts everything")
     if w.higher_classes_ahead:
-        reasons.append(f"{_count(w.higher_classes_ahead, True, 'queued task')} of higher classes "
-                       f"{'goes' if w.higher_classes_ahead == 1 else 'go'} first")
+        exact = w.higher_classes_ahead_exact
+        one = w.higher_classes_ahead == 1 and exact
+        reasons.append(f"{_count(w.higher_classes_ahead, exact, 'queued task')} of higher classes "
+                       f"{'goes' if one else 'go'} first")
     if w.deadline_ahead:
         what = "deadline task" if e.deadline is None else "task with an earlier deadline"
         one = w.deadline_ahead == 1 and w.deadline_ahead_exact

@@ -192,3 +192,18 @@ def test_the_broker_and_the_simulation_agree_on_a_skewed_pool_with_a_ceiling() -
         assert abs(out["broker"][tenant] - out["simulation"][tenant]) < 0.05, out
     # c weighs 1 of 5 (0.2 of the dispatches) but runs one task at a time in 10 slots: the ceiling binds.
     assert out["broker"]["c"] < 0.15 and out["broker"]["a"] > 0.6, out
+
+
+def test_the_estimates_bench_explains_a_sample_and_judges_each_against_its_start(capsys) -> None:
+    from bench import estimates
+
+    samples = estimates.run_core(3.0, 5)
+    assert samples and all(s.outcome in ("started", "started before explain", "expired", "not started")
+                           for s in samples)
+    assert any(s.estimate is not None and s.wait is not None for s in samples)
+    summary = estimates.summarize(samples)
+    assert summary["explained"] == len(samples) and 0 <= summary["new"]["within_2x"] <= 1
+    # Through a real broker and worker, briefly: every explained task is judged, nothing is a speed.
+    assert estimates.main(["--seconds", "3", "--every", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "explain now" in out and "before (queued work only)" in out

@@ -74,7 +74,8 @@ def get(dashboard: Dashboard, path: str, token: str | None = "admin-secret", met
 
 def test_the_task_view_carries_the_brokers_explanation_as_data_and_as_cronoq_explain_prints_it():
     parts, book, clock = broker_parts()
-    parts = dataclasses.replace(parts, explain=lambda task_id: msgspec.to_builtins(book.explain(task_id, clock())))
+    parts = dataclasses.replace(parts, explain=lambda task_id, scope=None: msgspec.to_builtins(
+        book.explain(task_id, clock(), scope=scope)))
     book.core.pause("llm")
     record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex"), clock())
     status, view = get(Dashboard(parts), f"/api/tasks/{record.id}")
@@ -85,6 +86,22 @@ def test_the_task_view_carries_the_brokers_explanation_as_data_and_as_cronoq_exp
     parts, book, clock = broker_parts()
     record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex"), clock())
     assert "explain" not in get(Dashboard(parts), f"/api/tasks/{record.id}")[1]
+
+
+def test_the_task_view_explains_to_a_pinned_token_what_explain_would_tell_it():
+    parts, book, clock = broker_parts()
+    parts = dataclasses.replace(parts, explain=lambda task_id, scope=None: msgspec.to_builtins(
+        book.explain(task_id, clock(), scope=scope)))
+    book.core.pause("llm")
+    for _ in range(3):
+        book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex", priority="critical"), clock())
+    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="acme"), clock())
+    pinned = get(Dashboard(parts), f"/api/tasks/{record.id}", "acme-admin")[1]
+    assert pinned["explain"]["waiting"]["scope"] == "acme"
+    assert pinned["explain"]["waiting"]["higher_classes_ahead"] == 0  # globex's three are not told
+    assert "globex" not in json.dumps(pinned)
+    unpinned = get(Dashboard(parts), f"/api/tasks/{record.id}")[1]
+    assert unpinned["explain"]["waiting"]["higher_classes_ahead"] == 3
 
 
 def test_a_token_pinned_to_a_tenant_sees_only_its_own_failures_and_tasks():

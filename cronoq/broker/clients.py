@@ -54,14 +54,15 @@ class ClientRequests:
 
     `identify` maps a token frame to its principal (the broker's current tokens, which a reload
     swaps); `stats` and `reload` are the broker's admin operations (`stats` calls back with its answer,
-    perhaps a few passes of the loop later); `explain(task_id, now)` is the broker's answer to `explain`.
+    perhaps a few passes of the loop later); `explain(task_id, now, scope)` is the broker's answer to `explain`
+    (`scope`: the tenant the caller is pinned to, if any).
     """
 
     def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes], Principal],
                  authenticate: Callable[[Connection, Principal], None],
                  refusal_allowed: Callable[[Connection, float], bool],
                  stats: Callable[[Callable[[dict[str, Any]], None]], None],
-                 reload: Callable[[], dict[str, Any]], explain: Callable[[str, float], dict[str, Any]],
+                 reload: Callable[[], dict[str, Any]], explain: Callable[[str, float, str | None], dict[str, Any]],
                  worker_endpoint: str = "the one in its config",
                  owner_check: Callable[[str], None] = lambda pool: None,
                  cluster: Callable[[], dict[str, Any] | None] = lambda: None, member: str | None = None,
@@ -174,7 +175,9 @@ class ClientRequests:
             case protocol.Explain():
                 principal.require("explain")
                 self._visible_record(principal, request.id)
-                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._explain(request.id, now)))
+                # A pinned caller is told nothing of other tenants' tasks: the explanation is scoped to its subtree.
+                explanation = self._explain(request.id, now, principal.tenant)
+                reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, explanation))
             case protocol.Cancel():
                 principal.require("cancel")
                 self._visible_record(principal, request.id)

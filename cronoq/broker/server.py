@@ -674,12 +674,13 @@ class Broker:
         log.info("reloaded %s: %s", new.source, _reload_summary(changes))
         return changes
 
-    def explain(self, task_id: str, now: float | None = None) -> dict[str, Any]:
+    def explain(self, task_id: str, now: float | None = None, scope: str | None = None) -> dict[str, Any]:
         """Why the task is where it is, as plain maps and lists (cronoq.book.Explanation's fields), or NotFound.
-        Sees every tenant's tasks: whoever calls it checks that the asker may see this one."""
+        Whoever calls it checks that the asker may see this task, and passes the tenant the asker is pinned to
+        as `scope`: then nothing of other tenants' tasks is told (cronoq.core.explain)."""
         now = self._clock() if now is None else now
         record = self._book.get(task_id)
-        explanation = self._book.explain(task_id, now, self._rates.rate(record.pool, now))
+        explanation = self._book.explain(task_id, now, *self._rates.for_explain(record.pool, now), scope)
         return msgspec.to_builtins(explanation)
 
     def stats(self) -> dict[str, Any]:

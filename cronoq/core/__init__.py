@@ -6,7 +6,7 @@ and docs/scheduling.md for the rules.
 """
 
 from cronoq.core.core import SchedulerCore
-from cronoq.core.explain import CeilingState, NodeState, Waiting
+from cronoq.core.explain import CeilingState, ClassRates, NodeState, Waiting
 from cronoq.core.settings import PRIORITIES, PRIORITY_CLASS, PoolSettings
 from cronoq.core.task import (
     CANCELLED,
@@ -24,6 +24,7 @@ from cronoq.core.task import (
 __all__ = [
     "CANCELLED",
     "CeilingState",
+    "ClassRates",
     "DELAYED",
     "EXPIRED",
     "FAILED",

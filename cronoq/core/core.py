@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from heapq import heappush
 from operator import attrgetter
-from typing import Collection, Hashable, Iterable, Iterator, Mapping
+from typing import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from cronoq.core.pool import ClassQueue, Pool, TenantStats
 from cronoq.core.settings import PoolSettings, tenant_path
@@ -71,7 +71,7 @@ from cronoq.core.task import (
     Task,
 )
 from cronoq.core.checks import check_settings, check_task, is_time, no_pool_message
-from cronoq.core.explain import Waiting, explain_waiting
+from cronoq.core.explain import ClassRates, Waiting, explain_waiting
 from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
 from cronoq.core.workers import Worker
@@ -229,6 +229,8 @@ class SchedulerCore:
                 cls.tree.push(entry, ts.ceilings)
             self._expiry.push(entry)
             cls.deadlined += 1
+            cls.deadline_arrived += 1
+        cls.arrived += 1
         cls.queued += 1
         pool.queued += 1
         ts.queued += 1
@@ -664,6 +666,12 @@ class SchedulerCore:
         """Tasks of `pool` dispatched so far (re-dispatches included), O(classes)."""
         return self._pool(pool).dispatched()
 
+    def arrivals(self, pool: str) -> tuple[tuple[int, int], ...]:
+        """For each priority class of `pool`, highest first: tasks that have become queued in it so far
+        (submitted ready, ready after a delay or back-off, requeued), and those of them with a deadline.
+        Counters the shell samples over time (cronoq.rates) for `explain`'s arrival rates; O(classes)."""
+        return tuple((cls.arrived, cls.deadline_arrived) for cls in self._pool(pool).classes)
+
     def tenant_backlog(self, pool: str, tenant: str | None) -> int:
         """Tasks of `tenant` in `pool` not yet running (queued + delayed), O(1)."""
         ts = self._pool(pool).tenants.get(tenant or None)  # "" names the untenanted, as in stats()
@@ -704,14 +712,19 @@ class SchedulerCore:
         chosen = tenants or {}
         return {name: pool.stats(chosen.get(name), limit, now) for name, pool in self._pools.items()}
 
-    def explain(self, task_id: str, now: float, dispatch_rate: float | None = None) -> Waiting | None:
+    def explain(self, task_id: str, now: float, dispatch_rate: float | None = None,
+                arrival_rates: Sequence[ClassRates] | None = None, scope: str | None = None) -> Waiting | None:
         """Why a queued or delayed task has not started (cronoq.core.explain); None if the core holds no such
-        task or it is running. `dispatch_rate` is the pool's recent dispatches per second, measured by the
-        caller; None when it has none. O(classes + depth), plus two walks bounded by EXPLAIN_SCAN steps."""
+        task or it is running. `dispatch_rate` is the pool's recent dispatches per second and `arrival_rates`
+        its classes' recent arrivals per second (highest class first; see `arrivals`), both measured by the
+        caller; None when it has none. `scope` names the tenant a pinned caller may see (its subtree): then
+        nothing of other tenants' tasks is told, and the estimate is coarse. O(classes + depth), plus walks
+        bounded by EXPLAIN_SCAN steps (and, with a scope, one of the pool's tenant table)."""
         task = self.get(task_id)
         if task is None or task.state is RUNNING:
             return None
-        return explain_waiting(self._pools[task.pool], task, now, dispatch_rate)
+        return explain_waiting(self._pools[task.pool], task, now, dispatch_rate, arrival_rates=arrival_rates,
+                               scope=scope)
 
     def tenant_count(self, pool: str) -> int:
         """Tenants of `pool` that have counts: those with tasks, and recently idle ones."""
@@ -741,6 +754,8 @@ class SchedulerCore:
         if entry is not None:
             self._expiry.push(entry)
             cls.deadlined += 1
+            cls.deadline_arrived += 1
+        cls.arrived += 1
         cls.queued += 1
         pool.queued += 1
         task._ts.queued += 1  # type: ignore[union-attr]

@@ -10,13 +10,36 @@ serving it, `max_in_flight`) and a delay or retry back-off still pending.
 From the pool's recent dispatch rate, which the caller measures (the core
 has no clock), it estimates when the task will start, or says it cannot.
 
+The estimate counts the work that keeps arriving ahead of the task, not
+only what is queued now: tasks of higher classes and (for a task without a
+deadline) its class's deadline tasks take the pool's dispatches first as
+they come, so the task's side of the pool is what is left over, R - A (R
+the pool's dispatch rate, A the arrival rate of that work, both measured by
+the caller from the core's counters: `SchedulerCore.arrivals`). The work
+queued ahead of it drains at R - A, and its tenant's queue then gets its
+fair share of that. When A reaches OUTRUN of R, the work ahead arrives as
+fast as the pool serves it: the task may never start, and the estimate says
+it cannot be told, naming both rates. Other tenants' new work of its own
+class is in the fair share: a tenant that stays backlogged gets its share
+whatever the others send.
+
+A pinned caller (`scope`: a token pinned to a tenant) learns nothing of
+other tenants' tasks: every count covers only the tasks of its subtree; the
+shares and lags of the nodes that compete with other tenants (its pinned
+node and those above it) are hidden; no rates are shown; and the estimate,
+computed from everything, is rounded up to a coarse step, and for a deadline
+task counts every deadline task of its class, so that it does not move with
+where its deadline falls among other tenants' deadlines.
+
 Cost. Nothing here walks the backlog. Counts per class are kept as tasks
 move (O(classes)); the path is O(depth). Two numbers need a walk: how many
 deadline tasks of its class come before a deadline task (a walk of the
 heaps that only visits entries earlier than the task's), and how many tasks
 are ahead of it in its tenant's queue (a walk of that queue from its head).
 Both stop after `scan` steps and then report a lower bound ("at least N",
-`exact` False).
+`exact` False). For a pinned caller, the counts of its subtree's tasks in
+other classes and queues are walks of the same kind, and its running tasks a
+walk of the pool's tenant table.
 
 Nothing is changed: heaps are read in place, stale entries are skipped, not
 removed.
@@ -24,11 +47,12 @@ removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from cronoq.core.ceilings import EdfGroup
 from cronoq.core.fairqueue import FairQueue, Flow, flow_lag, flow_share
+from cronoq.core.settings import tenant_path
 from cronoq.core.task import DELAYED, QUEUED, Task
 
 if TYPE_CHECKING:
@@ -36,6 +60,26 @@ if TYPE_CHECKING:
 
 EXPLAIN_SCAN = 1000
 """Entries a count looks at, at most, before it settles for a lower bound."""
+
+INF = float("inf")
+
+OUTRUN = 0.95
+"""Work ahead of a task arriving at this fraction of the pool's dispatch rate or more outruns the pool: no estimate.
+Not 1.0: both rates are counts over the same few seconds, and when the work ahead takes every dispatch they differ
+only by how much its backlog grew or shrank meanwhile, a few percent either way."""
+
+COARSE_STEPS = (1.0, 2.0, 5.0)
+"""A pinned caller's estimate is rounded up to the next of 1, 2, 5, 10, 20, 50 ... seconds."""
+
+
+@dataclass(frozen=True)
+class ClassRates:
+    """How fast tasks have lately become queued in one priority class of a pool, per second, as the caller measured
+    it from `SchedulerCore.arrivals`: all of them (submitted, ready after a delay, requeued) and those with a
+    deadline."""
+
+    arrivals: float
+    deadline_arrivals: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +103,8 @@ class NodeState:
     `own_tasks` marks the tenant's own tasks where they share with its sub-tenants (as one more child of
     weight 1). `share` is the fraction of its parent's dispatches the node gets now (0 while it has nothing
     queued in the class or is capped); `lag` the dispatches it trails (+) or leads (-) its share, in this class.
+    `hidden`: the caller is pinned to this node or one below it, and its share and lag (which depend on other
+    tenants' work) are not told: they read 0.
     """
 
     name: str
@@ -68,6 +114,7 @@ class NodeState:
     share: float
     lag: float
     ceiling: CeilingState | None = None
+    hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,8 +130,12 @@ class Waiting:
     - `nodes`: its tenant's path from the top, `tenant_share` the product of their shares: the fraction of the
       class's fair dispatches its queue gets now.
     - `delayed_for`: seconds before it may be dispatched at all (`retry`: that is a retry back-off).
-    - `estimate`: seconds from now until it starts, from `dispatch_rate` (the pool's, per second) and its
-      share; None when it cannot be told, and `estimate_note` says why (or what the figure assumes).
+    - `estimate`: seconds from now until it starts, from `dispatch_rate` (the pool's, per second), the rate at
+      which work that goes before it keeps arriving (`arrival_rate_ahead`) and its share; None when it cannot
+      be told, and `estimate_note` says why (or what the figure assumes).
+    - `scope`: for a caller pinned to a tenant, that tenant: every count covers only its subtree's tasks, the
+      rates are not told (None), `tenant_share` is None, and `estimate` is rounded up to a coarse step.
+    - `at_max_in_flight`: the pool runs as many tasks as its `max_in_flight` allows.
     """
 
     fair: bool
@@ -106,11 +157,18 @@ class Waiting:
     dispatch_rate: float | None
     estimate: float | None
     estimate_note: str
+    arrival_rate_ahead: float | None = None
+    scope: str | None = None
+    at_max_in_flight: bool = False
+    higher_classes_ahead_exact: bool = True
 
 
 def explain_waiting(pool: Pool, task: Task, now: float, dispatch_rate: float | None,
-                    scan: int = EXPLAIN_SCAN) -> Waiting:
-    """Why `task` (queued or delayed, in `pool`) has not started; see the module's docstring."""
+                    scan: int = EXPLAIN_SCAN, *, arrival_rates: Sequence[ClassRates] | None = None,
+                    scope: str | None = None) -> Waiting:
+    """Why `task` (queued or delayed, in `pool`) has not started; see the module's docstring. `arrival_rates`:
+    the pool's classes, highest first (None: not measured, taken as no new work); `scope`: the tenant a pinned
+    caller may see."""
     cls = pool.classes[task.priority]
     higher = sum(c.queued for c in pool.classes[: task.priority])
     queued = task.state is QUEUED
@@ -145,16 +203,129 @@ def explain_waiting(pool: Pool, task: Task, now: float, dispatch_rate: float | N
     delayed_for = None
     if task.state is DELAYED and task.not_before is not None:
         delayed_for = max(0.0, task.not_before - now)
-    estimate, note = _estimate(pool, task, nodes, higher, deadline_ahead, queue_ahead, share, delayed_for,
-                               dispatch_rate, exact=deadline_exact and queue_exact)
-    return Waiting(
+    at_max_in_flight = pool.max_in_flight is not None and pool.running >= pool.max_in_flight
+    arriving = _arriving_ahead(task, arrival_rates)
+    ahead = higher + deadline_ahead
+    if scope is not None and task.deadline is not None:
+        # Every deadline task of its class but itself, wherever its deadline falls: otherwise a pinned caller
+        # could move its own deadline until the estimate steps, and so find another tenant's deadline.
+        ahead = higher + max(0, cls.deadlined - (1 if queued else 0))
+        deadline_exact = True
+    estimate, note = _estimate(pool, task, nodes, ahead, queue_ahead, share, delayed_for, dispatch_rate, arriving,
+                               exact=deadline_exact and queue_exact, coarse=scope is not None, now=now)
+    waiting = Waiting(
         fair=fair, higher_classes_ahead=higher, deadline_ahead=deadline_ahead, deadline_ahead_exact=deadline_exact,
         queue_ahead=queue_ahead, queue_ahead_exact=queue_exact, queue_length=queue_length, nodes=tuple(nodes),
         tenant_share=share, paused=pool.paused, workers=len(pool.workers), ready_workers=pool.ready_workers,
         running=pool.running, max_in_flight=pool.max_in_flight, delayed_for=delayed_for,
         retry=task.state is DELAYED and task.attempts > 0, dispatch_rate=dispatch_rate, estimate=estimate,
-        estimate_note=note,
+        estimate_note=note, arrival_rate_ahead=None if arriving is None else arriving.total,
+        at_max_in_flight=at_max_in_flight,
     )
+    return waiting if scope is None else _scoped(waiting, pool, task, scope, now, scan)
+
+
+def _scoped(waiting: Waiting, pool: Pool, task: Task, scope: str, now: float, scan: int) -> Waiting:
+    """`waiting` as a caller pinned to `scope` may read it: the counts of its subtree's tasks only, no rates, no
+    share that depends on other tenants (the estimate and its note were made coarse already)."""
+    cls = pool.classes[task.priority]
+    visible = _in_scope(scope)
+    queued = task.state is QUEUED
+    higher, higher_exact = _scoped_higher(pool, task, visible, scope, now, scan)
+    if task.deadline is not None and queued:
+        deadline_ahead, deadline_exact = _earlier_deadlines(cls, task, now, scan, visible)
+    else:
+        deadline_ahead, deadline_exact = _earlier_deadlines(cls, None, now, scan, visible)
+        deadline_exact = deadline_exact and task.deadline is None  # a delayed one's place is not known yet
+    queue_ahead, queue_exact, queue_length = waiting.queue_ahead, waiting.queue_ahead_exact, waiting.queue_length
+    if task.deadline is not None:
+        queue_length = _earlier_deadlines(cls, None, now, scan, visible)[0]
+    elif not waiting.fair:  # its class's one queue holds every tenant's tasks: count only the visible ones
+        queue_length = _count_in_chain(cls.rest.head, None, scan, visible)[0]  # type: ignore[union-attr]
+        if queued:
+            queue_ahead, queue_exact = _count_in_chain(cls.rest.head, task, scan, visible)  # type: ignore
+    # A walk of the tenant table: a pinned caller's running tasks are not counted anywhere else.
+    running = sum(ts.running for ts in pool.tenants.values() if scope in ts.path)
+    return replace(
+        waiting, higher_classes_ahead=higher, higher_classes_ahead_exact=higher_exact,
+        deadline_ahead=deadline_ahead, deadline_ahead_exact=deadline_exact, queue_ahead=queue_ahead,
+        queue_ahead_exact=queue_exact, queue_length=queue_length, nodes=tuple(_hide_above(list(waiting.nodes), scope)),
+        tenant_share=None, running=running, dispatch_rate=None, arrival_rate_ahead=None, scope=scope,
+    )
+
+
+@dataclass(frozen=True)
+class _Arriving:
+    """Work that goes before a task, arriving per second: of higher classes, and deadline tasks of its class."""
+
+    higher: float
+    deadlines: float
+
+    @property
+    def total(self) -> float:
+        return self.higher + self.deadlines
+
+
+def _arriving_ahead(task: Task, rates: Sequence[ClassRates] | None) -> _Arriving | None:
+    if not rates:
+        return None
+    higher = sum(r.arrivals for r in rates[: task.priority])
+    # A new deadline task goes before every task of its class without one. Before one with a deadline only if
+    # its deadline is earlier, which a rate cannot say: those are left out, and the note says so.
+    mine = rates[task.priority] if task.priority < len(rates) else None
+    deadlines = mine.deadline_arrivals if mine is not None and task.deadline is None else 0.0
+    return _Arriving(max(0.0, higher), max(0.0, deadlines))
+
+
+def _in_scope(scope: str) -> Callable[[Task], bool]:
+    """Whether a task is of `scope`'s subtree (its path from the top passes through `scope`)."""
+    return lambda t: scope in t._ts.path  # type: ignore[union-attr]
+
+
+def _scoped_higher(pool: Pool, task: Task, visible: Callable[[Task], bool], scope: str, now: float,
+                   scan: int) -> tuple[int, bool]:
+    """Queued tasks of `scope`'s subtree in classes above the task's, and whether that is exact."""
+    total, exact = 0, True
+    for cls in pool.classes[: task.priority]:
+        if not cls.queued:
+            continue
+        count, whole = _earlier_deadlines(cls, None, now, scan, visible)
+        total += count
+        exact = exact and whole
+        if isinstance(cls.rest, FairQueue):
+            total += _subtree_queued(cls.rest, scope)
+        else:
+            count, whole = _count_in_chain(cls.rest.head, None, scan, visible)
+            total += count
+            exact = exact and whole
+    return total, exact
+
+
+def _subtree_queued(root: FairQueue, scope: str) -> int:
+    """Queued tasks (without a deadline) of `scope`'s subtree in a class's fair tree, from its node's counts."""
+    group: FairQueue | None = root
+    flow: Flow | None = None
+    for name in tenant_path(scope):
+        flow = group.flows.get(name) if group is not None else None
+        if flow is None:
+            return 0
+        group = flow.sub
+    assert flow is not None
+    return flow.nq if flow.sub is not None else flow.live
+
+
+def _hide_above(nodes: list[NodeState], scope: str) -> list[NodeState]:
+    """The nodes as a caller pinned to `scope` may see them: those above its pin and the pin itself compete with
+    other tenants, so their share and lag are hidden, and so are the ceilings of those above (their running
+    tasks include tenants outside the scope)."""
+    path = tenant_path(scope)
+    out = []
+    for index, node in enumerate(nodes):
+        if index < len(path) and not node.own_tasks:
+            above = index < len(path) - 1
+            node = replace(node, share=0.0, lag=0.0, hidden=True, ceiling=None if above else node.ceiling)
+        out.append(node)
+    return out
 
 
 def _walk_path(pool: Pool, root: FairQueue, task: Task, now: float, nodes: list[NodeState]) -> Flow | None:
@@ -193,12 +364,13 @@ def _ceiling(pool: Pool, name: str | None, now: float) -> CeilingState | None:
                         None if since is None else max(0.0, now - since))
 
 
-def _earlier_deadlines(cls: ClassQueue, task: Task, now: float, scan: int) -> tuple[int, bool]:
-    """Queued tasks of the class that the EDF order puts before `task` (it has a deadline), and whether that
-    is exact. A heap's entries earlier than the task's form a subtree at its top: only those are visited, so
-    the walk costs O(the answer), and stops after `scan` entries. Capped nodes' tasks are not counted: they
-    are passed over."""
-    key = (task.deadline, task._seq)
+def _earlier_deadlines(cls: ClassQueue, task: Task | None, now: float, scan: int,
+                       visible: Callable[[Task], bool] | None = None) -> tuple[int, bool]:
+    """Queued tasks of the class that the EDF order puts before `task` (it has a deadline; None: every deadline
+    task of the class), only those `visible` approves when given, and whether that is exact. A heap's entries
+    earlier than the task's form a subtree at its top: only those are visited, so the walk costs O(the answer),
+    and stops after `scan` entries. Capped nodes' tasks are not counted: they are passed over."""
+    key = (INF, INF) if task is None else (task.deadline, task._seq)
     count = visits = 0
     work: list[tuple[list, int]] = [(cls.edf, 0)]
     while work:
@@ -218,7 +390,7 @@ def _earlier_deadlines(cls: ClassQueue, task: Task, now: float, scan: int) -> tu
             # A bundle's key is never later than the earliest task inside it; a stale one stands for nothing.
             if x.entry is entry:
                 work.append((x.heap, 0))
-        elif entry[1] == x._seq and x.state is QUEUED and entry[0] > now:
+        elif entry[1] == x._seq and x.state is QUEUED and entry[0] > now and (visible is None or visible(x)):
             count += 1
     return count, True
 
@@ -236,10 +408,27 @@ def _ahead_in_chain(head: Task | None, task: Task, scan: int) -> tuple[int, bool
     return ahead, current is task
 
 
-def _estimate(pool: Pool, task: Task, nodes: list[NodeState], higher: int, deadline_ahead: int,
-              queue_ahead: int | None, share: float | None, delayed_for: float | None,
-              rate: float | None, *, exact: bool) -> tuple[float | None, str]:
-    """Seconds until the task starts, from the pool's dispatch rate, or None; and a sentence saying why or how."""
+def _count_in_chain(head: Task | None, task: Task | None, scan: int,
+                    visible: Callable[[Task], bool]) -> tuple[int, bool]:
+    """Queued tasks `visible` approves linked before `task` in a chain (None: in the whole chain), and whether
+    that is exact (at most `scan` steps)."""
+    count = 0
+    current = head
+    for _ in range(scan):
+        if current is None or current is task:
+            return count, True
+        if current.state is QUEUED and visible(current):
+            count += 1
+        current = current._next
+    return count, current is None or current is task
+
+
+def _estimate(pool: Pool, task: Task, nodes: list[NodeState], ahead: int, queue_ahead: int | None,
+              share: float | None, delayed_for: float | None, rate: float | None, arriving: _Arriving | None,
+              *, exact: bool, coarse: bool, now: float) -> tuple[float | None, str]:
+    """Seconds until the task starts, or None; and a sentence saying why or how. `ahead`: queued tasks of higher
+    classes and deadline tasks that go before it; `arriving`: how fast more of those come. With `coarse` (a
+    pinned caller) the figure is rounded up and the sentence names no count or rate of other tenants' work."""
     if pool.paused:
         return None, f"pool {pool.name!r} is paused: nothing starts until it is resumed"
     if not pool.workers:
@@ -253,21 +442,64 @@ def _estimate(pool: Pool, task: Task, nodes: list[NodeState], higher: int, deadl
                       "tasks ends")
     if not rate or rate <= 0:
         return None, "unknown: the pool dispatched nothing recently, so there is no rate to go by"
-    ahead = higher + deadline_ahead
-    if task.deadline is not None or not isinstance(pool.classes[task.priority].rest, FairQueue):
-        # By deadline, or first come first served: every task ahead takes one of the pool's dispatches.
-        total = ahead + (queue_ahead or 0) + 1
-        seconds = total / rate
-        how = f"{_dispatches(total)} at the pool's {rate:.3g}/s"
-    elif not share or share <= 0:
+    incoming = arriving.total if arriving is not None else 0.0
+    if incoming >= OUTRUN * rate:
+        return None, _outrun(arriving, rate, coarse)  # type: ignore[arg-type]
+    spare = rate - incoming  # what the pool serves beyond the work that keeps arriving ahead of the task
+    fair = task.deadline is None and isinstance(pool.classes[task.priority].rest, FairQueue)
+    if fair and (not share or share <= 0):
         return None, "unknown: its tenant has no share of the pool right now"
+    pace = (f"the pool's {rate:.3g}/s" if not incoming else
+            f"{spare:.3g}/s (the pool's {rate:.3g}/s less the {incoming:.3g}/s of new work that goes before it)")
+    if not fair:
+        # By deadline, or first come first served: every task ahead takes one of those dispatches.
+        total = ahead + (queue_ahead or 0) + 1
+        seconds = total / spare
+        how = f"{_dispatches(total)} at {pace}"
     else:
         mine = (queue_ahead or 0) + 1
-        seconds = ahead / rate + mine / (rate * share)
-        how = (f"{_dispatches(ahead)} ahead at the pool's {rate:.3g}/s, then {_dispatches(mine)} of its "
-               f"tenant's at its {share:.0%} share of them")
-    bound = "at least " if not exact else ""
-    return seconds, f"{bound}{how}, if the rate and the shares hold"
+        seconds = ahead / spare + mine / (spare * share)  # type: ignore[operator]
+        how = (f"{_dispatches(ahead)} ahead at {pace}, then {_dispatches(mine)} of its tenant's at its "
+               f"{share:.0%} share of them")
+    if task.deadline is not None and arriving is not None:
+        how += " (deadline tasks still to come with an earlier deadline would go first too: not counted)"
+    if coarse:
+        seconds = _coarsen(seconds)
+        note = ("rounded up to a coarse step, if the rates and the shares hold: it counts the pool's whole load, "
+                "other tenants' work included, whose counts and rates a token pinned to a tenant is not told")
+    else:
+        note = f"{'' if exact else 'at least '}{how}, if the rate and the shares hold"
+    if task.deadline is not None and now + seconds > task.deadline:
+        note += "; that is after its deadline: unless the pool speeds up, it expires first"
+    return seconds, note
+
+
+def _outrun(arriving: _Arriving, rate: float, coarse: bool) -> str:
+    """The sentence for work ahead that arrives as fast as the pool serves it, naming what and how fast."""
+    parts = [(what, per_second) for what, per_second in (("higher-class work", arriving.higher),
+                                                         ("deadline tasks of its class", arriving.deadlines))
+             if per_second > 0]
+    if coarse:  # a pinned caller: what outruns the pool, but no rate (other tenants' work is in it)
+        what = " and ".join(what for what, _ in parts)
+        verb = "arrive" if len(parts) > 1 else "arrives"
+        return f"cannot tell: {what} {verb} about as fast as the pool serves it, so it may not start at all"
+    if len(parts) == 1:
+        what, per_second = parts[0]
+        return (f"cannot tell: {what} arrives at {per_second:.3g}/s, as fast as the pool serves {rate:.3g}/s, "
+                "so it may not start at all")
+    what = " and ".join(f"{what} ({per_second:.3g}/s)" for what, per_second in parts)
+    return (f"cannot tell: {what} arrive at {arriving.total:.3g}/s together, as fast as the pool serves "
+            f"{rate:.3g}/s, so it may not start at all")
+
+
+def _coarsen(seconds: float) -> float:
+    """`seconds` rounded up to the next of 1, 2, 5, 10, 20, 50 ... (at least 1)."""
+    scale = 1.0
+    while True:
+        for step in COARSE_STEPS:
+            if seconds <= step * scale:
+                return step * scale
+        scale *= 10.0
 
 
 def _dispatches(n: int) -> str:

@@ -56,7 +56,8 @@ class TenantStats:
 class ClassQueue:
     """One priority class of one pool: deadline tasks by EDF, then the rest."""
 
-    __slots__ = ("edf", "edf_stale", "tree", "rest", "queued", "deadlined", "delayed", "running", "dispatched")
+    __slots__ = ("edf", "edf_stale", "tree", "rest", "queued", "deadlined", "delayed", "running", "dispatched",
+                 "arrived", "deadline_arrived")
 
     def __init__(self, rest: FairQueue | FifoQueue) -> None:
         # (deadline, arrival seq, task): earliest deadline first, ties by arrival.
@@ -70,6 +71,11 @@ class ClassQueue:
         self.delayed = 0
         self.running = 0
         self.dispatched = 0
+        # Tasks that have become queued here (submitted ready, ready after a delay or back-off, requeued after a
+        # lost worker), and those of them with a deadline: the shell samples them over time, so that `explain`
+        # knows how fast work that goes before a task keeps arriving. Plain counters: the core has no clock.
+        self.arrived = 0
+        self.deadline_arrived = 0
 
     def push(self, task: Task) -> TimedEntry | None:
         """Queue a task (state and `_seq` already set); returns its EDF entry if it has a deadline."""

@@ -78,8 +78,9 @@ class BrokerParts:
     act: Callable[[Callable[[float], Any]], Any]
     """Run an admin action (given the broker's time) and commit it before returning its result."""
     clock: Callable[[], float]
-    explain: Callable[[str], Any] | None = None
-    """The broker's `explain(task_id)` (why it waits, how its attempts ended); the task view includes it."""
+    explain: Callable[[str, str | None], Any] | None = None
+    """The broker's `explain(task_id, scope)` (why it waits, how its attempts ended; `scope` the tenant the viewer
+    is pinned to, if any); the task view includes it."""
 
 
 def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[st
     view = dataclasses.asdict(parts.book.info(task_id))
     view["traceback"] = cut(record.traceback, MAX_TRACEBACK_CHARS)
     if parts.explain is not None:
-        explanation = parts.explain(task_id)
+        explanation = parts.explain(task_id, principal.tenant)  # scoped to what a pinned token may see
         view["explain"] = explanation
         view["explain_text"] = explain_text(msgspec.convert(explanation, Explanation))
     return view
