@@ -776,6 +776,7 @@ class Broker:
     def _on_done(self, conn: Connection, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
                  now: float) -> None:
         """A registered worker's `done`: the outcome of one of its leases."""
+        done = protocol.bounded(done)  # a worker that does not cut its failure's text is cut here
         max_bytes = self.config.max_payload_bytes
         if done.ok and body is not None and len(body) <= max_bytes:
             try:  # a result the client could not read fails its task here, not in the client
