@@ -405,12 +405,19 @@ class TaskBook:
 
     def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
         """Accept a task; returns its record, and whether it is an earlier task of the same tenant with the
-        same key (in the same pool) or submission id."""
+        same key (in the same pool).
+
+        A submit repeating an earlier one's submission id is that submit sent again (a client re-sends what it
+        got no reply to, and the first copy may still have been on its way): it gets the task the first one
+        made, answered as the first one was, not as a duplicate -- `duplicate` tells a caller that its own
+        key found an earlier task, and a re-send is no doing of the caller's. (A first submit whose key found
+        an earlier task made no task of its own, so its re-send finds that task by the key again: a duplicate
+        both times.)"""
         priority = validate_submit(request, self._accepting, self.max_payload_bytes)
         if request.submission is not None:
             existing = self._by_submission(request.tenant, request.submission)
             if existing is not None:
-                return existing, True
+                return existing, False
         if request.key is not None:
             existing = self._by_key(request.pool, request.tenant, request.key)
             if existing is None and request.former_key is not None:

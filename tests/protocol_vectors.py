@@ -328,11 +328,18 @@ case("submit-without-body-runs-with-nil-payload",
     .send("worker", msg("bye"))
 
 case("submit-duplicate-submission",
-     "A submit repeating an earlier one's submission id returns the first task, duplicate true.") \
+     "A submit repeating an earlier one's submission id is that submit sent again: it returns the first task, "
+     "answered as the first was (duplicate false: only a key of the caller's makes a duplicate).") \
     .send("client", msg("submit", 8, submission="vector-dup-1"), OK_PAYLOAD,
           expect={"client": [accepted(8, cap("first"))]}) \
     .send("client", msg("submit", 9, submission="vector-dup-1"), OK_PAYLOAD,
-          expect={"client": [accepted(9, same("first"), True)]})
+          expect={"client": [accepted(9, same("first"), False)]}) \
+    .send("client", msg("submit", 12, tenant="acme", key="vector-key-2", submission="vector-dup-2"), OK_PAYLOAD,
+          expect={"client": [accepted(12, cap("keyed"))]}) \
+    .send("client", msg("submit", 13, tenant="acme", key="vector-key-2", submission="vector-dup-3"), OK_PAYLOAD,
+          expect={"client": [accepted(13, same("keyed"), True)]}) \
+    .send("client", msg("submit", 14, tenant="acme", key="vector-key-2", submission="vector-dup-3"), OK_PAYLOAD,
+          expect={"client": [accepted(14, same("keyed"), True)]})
 
 case("submit-duplicate-key", "A second submit with the same key in the same pool and tenant returns the first task.") \
     .send("client", msg("submit", 10, tenant="acme", key="vector-key-1"), OK_PAYLOAD,
