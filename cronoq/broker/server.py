@@ -696,7 +696,7 @@ class Broker:
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
         extra = {} if self.config.member is None else {"member": self.config.member}
-        return {**extra, "pools": pools, "workers": len(self._workers),
+        return {**extra, "pools": pools, "workers": len(self._workers), "late_results": self._workers.late_results,
                 "schedules": {} if self._cron is None else self._cron.describe(),
                 "memory": self._book.memory_stats(), "store": self._data.stats()}
 
@@ -756,6 +756,8 @@ class Broker:
                     self.config.max_payload_bytes,
                 ))
             case _ if entry is None:
+                if message.__class__ is protocol.Done:  # a result from a worker the broker let go of
+                    self._workers.late(conn, message)
                 if not isinstance(message, protocol.Bye):
                     # We restarted, or declared this worker lost: it must announce itself again.
                     self._to_workers.put(conn, protocol.Reregister(protocol.PROTOCOL_VERSION))

@@ -22,6 +22,7 @@ only decides.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -33,6 +34,10 @@ from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound
 from cronoq.pool import settings_disagreement
 
 log = logging.getLogger("cronoq.broker")
+
+# Late results already logged, by (task id, attempt): a worker that sends the same late `done` again (it
+# re-sends what it has not seen acknowledged) is counted each time but logged once.
+LOGGED_LATE_RESULTS = 4096
 
 
 @dataclass
@@ -53,6 +58,9 @@ class WorkerRegistry:
         self._core = core
         self._book = book
         self._entries: dict[Connection, WorkerEntry] = {}
+        self.late_results = 0
+        """Results that came after the broker took their lease back (cronoq_late_results_total)."""
+        self._logged_late: deque[tuple[str, int]] = deque(maxlen=LOGGED_LATE_RESULTS)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -137,10 +145,25 @@ class WorkerRegistry:
                 error_message=done.error_message, traceback=done.traceback,
             )
         if record is None:
+            self.late(conn, done)
             if entry.owed <= 0:
                 return  # a lease this worker does not hold, and no slot is owed: a replay
             entry.owed -= 1  # a task it ran before registering again: that slot is free now
         self._core.grant(conn, 1)
+
+    def late(self, conn: Connection, done: protocol.Done) -> None:
+        """A `done` of a lease the broker no longer holds for this connection: it came after the worker was lost
+        (or from a connection the broker does not know). Its result is dropped -- the task was run again, or
+        will be -- and counted; logged once per lease, naming the task, when the lease was a real one (a
+        `done` for a task or an attempt that never was counts, and logs nothing a peer could flood the log with)."""
+        self.late_results += 1
+        record = self._book.records.get(done.id)
+        if record is None or not 1 <= done.attempt <= record.attempts or (done.id, done.attempt) in self._logged_late:
+            return
+        self._logged_late.append((done.id, done.attempt))
+        log.warning("task %s: the outcome of its attempt %d came from worker %s after its lease was taken back "
+                    "(the worker was lost); dropped -- the task is %s after %d attempt%s", done.id, done.attempt,
+                    conn.label, record.state, record.attempts, "" if record.attempts == 1 else "s")
 
     def leave(self, conn: Connection, entry: WorkerEntry) -> None:
         """The worker is stopping: it keeps its running tasks and takes no new ones."""

@@ -12,7 +12,7 @@ import os
 import signal
 
 import cronoq
-from tests.support import until
+from tests.support import start_worker_process, until
 
 POOLS = '[[pools]]\nname = "default"\n'
 
@@ -42,3 +42,40 @@ async def test_the_librarys_own_resend_of_a_submit_is_no_duplicate(broker_factor
         again = await client.submit("b", key="k")
         assert (first.duplicate, again.duplicate, again.id) == (False, True, first.id)
 
+
+
+async def test_a_worker_given_its_own_running_task_again_runs_it_once_and_the_late_result_is_counted_and_logged(
+        broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "counted"\n')
+    runs = tmp_path / "runs"
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", tmp_path / "worker.log", concurrency=2)
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handle = await client.submit({"n": 1, "sleep": 3.0, "runs": str(runs)}, pool="counted")
+
+            async def running() -> bool:
+                return (await client.status(handle.id)).state == "running"
+            await until(running, "the task runs")
+            # A cut the worker does not outlast (liveness: 3 x 0.2 s): the broker takes the task back, and gives
+            # it, as attempt 2, to the only worker there is -- the one still running attempt 1.
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                async def taken_back() -> bool:
+                    return (await client.stats())["workers"] == 0
+                await until(taken_back, "the broker loses the frozen worker")
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            assert await handle.result(timeout=60) == 1
+            info = await client.status(handle.id)
+            assert info.attempts == 2
+            await asyncio.sleep(1.0)  # a second run, if there were one, would finish by now (its sleep is over)
+            assert runs.read_text().split() == ["1"], "the task ran twice on one worker"
+
+            async def counted() -> bool:
+                return (await client.stats())["late_results"] >= 1
+            await until(counted, "the late result of attempt 1 is counted")
+        log = broker.log.read_text()
+        assert log.count(f"task {handle.id}: the outcome of its attempt 1 came from worker") == 1, log
+    finally:
+        worker.terminate()
+        worker.wait(10)
