@@ -79,3 +79,28 @@ async def test_a_worker_given_its_own_running_task_again_runs_it_once_and_the_la
     finally:
         worker.terminate()
         worker.wait(10)
+
+
+async def test_a_cut_off_worker_warns_once_per_outage_not_every_beat(broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "counted"\n')
+    log = tmp_path / "worker.log"
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", log)
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            await client.ping()
+            before = log.read_text().count("level=warning")
+            os.kill(broker.proc.pid, signal.SIGSTOP)
+            try:
+                # 20 heartbeat intervals of the worker's, and several of its reconnects.
+                await asyncio.sleep(4.0)
+            finally:
+                os.kill(broker.proc.pid, signal.SIGCONT)
+
+            async def back() -> bool:
+                return (await client.stats())["workers"] == 1
+            await until(back, "the worker registers again")
+        warnings = [line for line in log.read_text().splitlines() if "level=warning" in line][before:]
+        assert len(warnings) <= 1, "\n".join(warnings)
+    finally:
+        worker.terminate()
+        worker.wait(10)
