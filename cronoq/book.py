@@ -703,6 +703,23 @@ class TaskBook:
                 requeued.append(record)
         return requeued
 
+    def complete_taken_back(self, task_id: str, attempt: int, now: float, result: bytes) -> TaskRecord | None:
+        """The result of a lease taken back from a worker declared lost, come before the task ran again: the
+        task succeeds with it rather than run a second time. None (nothing changes) unless the task waits to run
+        again because exactly that attempt was lost with its worker. Only a success is taken this way: a failure
+        could only send the task back to the queue it is in."""
+        record = self.records.get(task_id)
+        if record is None or record.state not in (QUEUED, DELAYED) or record.attempts != attempt:
+            return None
+        ends = record.attempt_ends
+        if not ends or ends[-1].attempt != attempt or ends[-1].ended != "worker_lost":
+            return None
+        if self.core.cancel(task_id, now) is None:
+            return None
+        record.result = result
+        self._finish(record, SUCCEEDED, now)
+        return record
+
     @staticmethod
     def _lost_deliveries(record: TaskRecord) -> int:
         """Of a running task's attempts, those that ended without an outcome, the one running now included:

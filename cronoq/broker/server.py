@@ -757,7 +757,7 @@ class Broker:
                 ))
             case _ if entry is None:
                 if message.__class__ is protocol.Done:  # a result from a worker the broker let go of
-                    self._workers.late(conn, message)
+                    self._on_late_done(conn, message, body, now)
                 if not isinstance(message, protocol.Bye):
                     # We restarted, or declared this worker lost: it must announce itself again.
                     self._to_workers.put(conn, protocol.Reregister(protocol.PROTOCOL_VERSION))
@@ -774,6 +774,20 @@ class Broker:
                 self._workers.lose(conn, now)
                 log.info("worker %s left%s", conn.label,
                          f" with {_count(unfinished, 'unfinished task')}" if unfinished else "")
+
+    def _on_late_done(self, conn: Connection, done: protocol.Done, body: bytes | None, now: float) -> None:
+        """A `done` from a connection that is no registered worker (the broker declared it lost)."""
+        done = protocol.bounded(done)
+        max_bytes = self.config.max_payload_bytes
+        if done.ok and body is not None:
+            try:
+                if len(body) > max_bytes:
+                    raise InvalidArgument("too large")
+                protocol.check_body(body, "the result (the done's body)")
+            except InvalidArgument:  # not a result the task could end with: counted late, like any other
+                done = protocol.Done(protocol.PROTOCOL_VERSION, done.id, done.attempt, False)
+                body = None
+        self._workers.late(conn, done, body, now)
 
     def _on_done(self, conn: Connection, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
                  now: float) -> None:

@@ -104,3 +104,34 @@ async def test_a_cut_off_worker_warns_once_per_outage_not_every_beat(broker_fact
     finally:
         worker.terminate()
         worker.wait(10)
+
+
+async def test_a_result_that_comes_after_its_worker_was_lost_but_before_the_task_ran_again_ends_the_task(
+        broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "counted"\n')
+    runs = tmp_path / "runs"
+    # One slot: while its task runs, the worker has no room for the task's next attempt.
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", tmp_path / "worker.log", concurrency=1)
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handle = await client.submit({"n": 7, "sleep": 3.0, "runs": str(runs)}, pool="counted")
+
+            async def running() -> bool:
+                return (await client.status(handle.id)).state == "running"
+            await until(running, "the task runs")
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                async def taken_back() -> bool:
+                    return (await client.status(handle.id)).state == "queued"
+                await until(taken_back, "the broker takes the task back from the frozen worker")
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            assert await handle.result(timeout=60) == 7
+            info = await client.status(handle.id)
+            assert (info.state, info.attempts) == ("succeeded", 1), "the late result ended the task"
+            await asyncio.sleep(1.0)
+            assert runs.read_text().split() == ["7"]
+            assert (await client.stats())["late_results"] == 0
+    finally:
+        worker.terminate()
+        worker.wait(10)
