@@ -412,6 +412,7 @@ case("pause-resume", "pause and resume answer ok true, also for a pool already p
     .refused("client", msg("pause", 26, "no-such-pool"), rid=26, code="NOT_FOUND", text="no-such-pool")
 
 INT, BOOL, MAP = {"type": "int"}, {"type": "bool"}, {"type": "map"}
+PRIORITY_NAMES = ("critical", "high", "normal", "low")
 CLASS_STATS = {"type": "map", "has": {"queued": INT, "delayed": INT, "running": INT, "dispatched": INT}}
 
 case("stats", "stats answers ok with a map: pools (per pool: its state and counts, per class and per tenant), "
@@ -421,7 +422,7 @@ case("stats", "stats answers ok with a map: pools (per pool: its state and count
             "pools": {"type": "map", "has": {"default": {"type": "map", "has": {
                 "paused": BOOL, "draining": BOOL, "fair": BOOL, "max_in_flight": {"type": "any"}, "queued": INT,
                 "delayed": INT, "running": INT, "dispatched": INT, "workers": INT, "ready_workers": INT,
-                "classes": {"type": "map", "has": {name: CLASS_STATS for name in ("critical", "high", "normal", "low")}},
+                "classes": {"type": "map", "has": {name: CLASS_STATS for name in PRIORITY_NAMES}},
                 "tenants": MAP, "tenant_count": INT, "ceilings": MAP, "ceiling_count": INT,
                 "dispatch_rate": {"type": "float"}}}}},
             "workers": INT, "late_results": INT, "schedules": MAP, "memory": MAP, "store": MAP}})]})

@@ -65,8 +65,9 @@ class RecentFailures:
     def add(self, task_id: str, pool: str, tenant: str | None, error_type: str, message: str, traceback: str,
             attempts: int, finished_at: float | None) -> None:
         """Remember a failure (the oldest one leaves when the ring is full)."""
-        self._ring.append(Failure(task_id, pool, tenant, cut(error_type, MAX_ERROR_TYPE_CHARS), cut(message, MAX_MESSAGE_CHARS),
-                                  cut(traceback, MAX_TRACEBACK_CHARS), attempts, finished_at))
+        self._ring.append(Failure(task_id, pool, tenant, cut(error_type, MAX_ERROR_TYPE_CHARS),
+                                  cut(message, MAX_MESSAGE_CHARS), cut(traceback, MAX_TRACEBACK_CHARS), attempts,
+                                  finished_at))
 
     def find(self, task_id: str) -> Failure | None:
         """The remembered failure of a task, or None (never failed, or it has dropped out of the ring)."""

@@ -92,7 +92,9 @@ async def test_a_worker_failing_with_megabyte_error_fields_leaves_every_view_of_
             assert len(error.traceback.encode()) <= protocol.MAX_TRACEBACK_BYTES
             assert error.type.startswith("EEE") and "bytes cut" in error.type
             info = await client.status(handle.id)
-            assert info.state == "failed" and len((info.error or "").encode()) <= protocol.MAX_ERROR_MESSAGE_BYTES + 1024
+            # info's error is "<error_type>: <error_message>": both cut.
+            bound = protocol.MAX_ERROR_TYPE_BYTES + 2 + protocol.MAX_ERROR_MESSAGE_BYTES
+            assert info.state == "failed" and len((info.error or "").encode()) <= bound
 
             body = await asyncio.to_thread(overview, port)
             (failure,) = json.loads(body)["failures"]
