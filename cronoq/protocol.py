@@ -526,12 +526,13 @@ class _Reader:
 
 _FIELDS = {message.__struct_config__.tag: message.__struct_fields__
            for message in get_args(Union[ClientRequest, ClientReply, WorkerMessage, WorkerCommand])}
-_AT = re.compile(r"at `\$(\[0\]\[0\])?\[(\d+)\]")
+_AT = re.compile(r"at `\$(\[0\])?\[(\d+)\]")
 
 
 def _named(problem: str, tag: str | None, *, item: bool = False) -> str:
     """msgspec's account of a header it could not read, with the name of the field it points at (msgspec
-    says only where: `$[3]` is the third field after the tag; in a batch item, `$[0][0][3]`)."""
+    says only where: `$[n]` is the header's element n, the tag being element 0; in a batch item ([header, body]),
+    `$[0][n]`)."""
     fields = _FIELDS.get(tag) if tag is not None else None
     found = _AT.search(problem)
     if fields is None or found is None or bool(found.group(1)) != item:
