@@ -51,7 +51,8 @@ async def test_a_worker_given_its_own_running_task_again_runs_it_once_and_the_la
     worker = start_worker_process(broker.workers, "tests.apps.counted:pools", tmp_path / "worker.log", concurrency=2)
     try:
         async with cronoq.connect(broker.clients) as client:
-            handle = await client.submit({"n": 1, "sleep": 3.0, "runs": str(runs)}, pool="counted")
+            handle = await client.submit({"n": 1, "sleep": 5.0, "runs": str(runs)}, pool="counted")
+            # (Long enough that the worker has registered again, and been given attempt 2, before attempt 1 ends.)
 
             async def running() -> bool:
                 return (await client.status(handle.id)).state == "running"
