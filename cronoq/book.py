@@ -406,12 +406,19 @@ class TaskBook:
 
     def submit(self, request: SubmitRequest, now: float) -> tuple[TaskRecord, bool]:
         """Accept a task; returns its record, and whether it is an earlier task of the same tenant with the
-        same key (in the same pool) or submission id."""
+        same key (in the same pool).
+
+        A submit repeating an earlier one's submission id is that submit sent again (a client re-sends what it
+        got no reply to, and the first copy may still have been on its way): it gets the task the first one
+        made, answered as the first one was, not as a duplicate -- `duplicate` tells a caller that its own
+        key found an earlier task, and a re-send is no doing of the caller's. (A first submit whose key found
+        an earlier task made no task of its own, so its re-send finds that task by the key again: a duplicate
+        both times.)"""
         priority = validate_submit(request, self._accepting, self.max_payload_bytes)
         if request.submission is not None:
             existing = self._by_submission(request.tenant, request.submission)
             if existing is not None:
-                return existing, True
+                return existing, False
         if request.key is not None:
             existing = self._by_key(request.pool, request.tenant, request.key)
             if existing is None and request.former_key is not None:
@@ -696,6 +703,23 @@ class TaskBook:
                 self._requeued(record)
                 requeued.append(record)
         return requeued
+
+    def complete_taken_back(self, task_id: str, attempt: int, now: float, result: bytes) -> TaskRecord | None:
+        """The result of a lease taken back from a worker declared lost, come before the task ran again: the
+        task succeeds with it rather than run a second time. None (nothing changes) unless the task waits to run
+        again because exactly that attempt was lost with its worker. Only a success is taken this way: a failure
+        could only send the task back to the queue it is in."""
+        record = self.records.get(task_id)
+        if record is None or record.state not in (QUEUED, DELAYED) or record.attempts != attempt:
+            return None
+        ends = record.attempt_ends
+        if not ends or ends[-1].attempt != attempt or ends[-1].ended != "worker_lost":
+            return None
+        if self.core.cancel(task_id, now) is None:
+            return None
+        record.result = result
+        self._finish(record, SUCCEEDED, now)
+        return record
 
     @staticmethod
     def _lost_deliveries(record: TaskRecord) -> int:

@@ -203,6 +203,13 @@ class Links:
         """Every link's trouble is of the kind waiting cannot mend."""
         return all(link.final for link in self.links)
 
+    def abandoned(self) -> None:
+        """Its owner closed the socket (the broker was silent too long): no link is up any more, though the
+        monitor, closed with it, said nothing of it."""
+        for link in self.links:
+            link.up = False
+            link._reached = False
+
     def observe(self, event: int, value: int, endpoint: bytes | str, now: float) -> None:
         """Take one monitor event for `endpoint` that happened at `now`."""
         link = self._link_for(endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else endpoint)

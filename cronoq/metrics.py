@@ -176,6 +176,10 @@ class BrokerCollector:
         for (pool, outcome), count in sorted(self._metrics.completions.items()):
             completions.add_metric([pool, outcome], count)
         yield completions
+        late = CounterMetricFamily("cronoq_late_results", "Results (and failures) that came from a worker after "
+                                   "the broker took their task back from it (the worker was lost); dropped.")
+        late.add_metric([], stats.get("late_results", 0))
+        yield late
         yield _histogram_family("cronoq_queue_wait_seconds", "Time from submission to (last) dispatch.",
                                 self._metrics.queue_wait)
         yield _histogram_family("cronoq_run_time_seconds", "Time from (last) dispatch to the outcome.",

@@ -28,7 +28,8 @@ of clients in other languages. In short:
 
 from __future__ import annotations
 
-from typing import Any, Union, get_args
+import re
+from typing import Annotated, Any, Union, get_args
 
 import msgspec
 
@@ -39,6 +40,28 @@ PROTOCOL_VERSION = 1
 # Frame counts a peer may send (token + header, plus an optional body).
 MIN_FRAMES = 2
 MAX_FRAMES = 3
+
+
+# --------------------------------------------------------------- bounds on what a peer sends
+#
+# Every string and collection a peer sends has a bound, checked where it enters (docs/security.md, "Limits").
+# Names and ids are refused past theirs while the header is read (the refusal names the field); the text of a
+# failure is cut instead, by the worker and again by the broker when the `done` arrives, because refusing a
+# `done` would leave its task running on a worker that finished it. A header frame as a whole is bounded by
+# libzmq (max_payload_bytes + 64 KiB), and the message of every error the broker sends by
+# MAX_ERROR_MESSAGE_BYTES, so no reply echoes back more than that of what a peer sent.
+
+MAX_NAME_CHARS = 200
+"""Pools, tenants, keys, submission ids and setting names (cronoq.book.MAX_NAME_LENGTH is this bound)."""
+MAX_TASK_ID_CHARS = 256
+"""Task ids a peer names (a broker's ids are 32 hex digits, after a cluster member's name and a colon)."""
+MAX_READY_POOLS = 1024
+"""Pools one `ready` may name."""
+MAX_POOL_SETTINGS = 16
+"""Settings one pool's entry in a `ready`'s `settings` may hold (six are known)."""
+
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+_TaskId = Annotated[str, msgspec.Meta(max_length=MAX_TASK_ID_CHARS)]
 
 
 class _Message(msgspec.Struct, array_like=True, frozen=True):
@@ -80,21 +103,21 @@ class Wait(_Message, tag="wait"):
     """Ask for the task's outcome; answered with `Outcome` once it is terminal."""
 
     rid: int
-    id: str
+    id: _TaskId
 
 
 class Unwait(_Message, tag="unwait"):
     """Stop waiting for an earlier `Wait` (the caller's own timeout ran out). No reply."""
 
     rid: int
-    id: str
+    id: _TaskId
 
 
 class Status(_Message, tag="status"):
     """Ask for a task's `Info`."""
 
     rid: int
-    id: str
+    id: _TaskId
 
 
 class Explain(_Message, tag="explain"):
@@ -102,28 +125,28 @@ class Explain(_Message, tag="explain"):
     `cronoq.book.Explanation`, described in docs/protocol.md)."""
 
     rid: int
-    id: str
+    id: _TaskId
 
 
 class Cancel(_Message, tag="cancel"):
     """Cancel a task that has not been dispatched; answered with `Ok` (value: bool)."""
 
     rid: int
-    id: str
+    id: _TaskId
 
 
 class Pause(_Message, tag="pause"):
     """Stop dispatching a pool (it still accepts tasks). Admin only. Answered with `Ok`."""
 
     rid: int
-    pool: str
+    pool: _Name
 
 
 class Resume(_Message, tag="resume"):
     """Dispatch a paused pool again. Admin only. Answered with `Ok`."""
 
     rid: int
-    pool: str
+    pool: _Name
 
 
 class Stats(_Message, tag="stats"):
@@ -254,9 +277,10 @@ class Ready(_Message, tag="ready"):
     """
 
     rid: int
-    pools: list[str]
+    pools: Annotated[list[_Name], msgspec.Meta(max_length=MAX_READY_POOLS)]
     slots: int
-    settings: dict[str, dict[str, Any]] = {}
+    settings: Annotated[dict[_Name, Annotated[dict[_Name, Any], msgspec.Meta(max_length=MAX_POOL_SETTINGS)]],
+                        msgspec.Meta(max_length=MAX_READY_POOLS)] = {}
     concurrency: Union[int, None] = None
 
 
@@ -267,10 +291,10 @@ class Heartbeat(_Message, tag="heartbeat"):
 class Done(_Message, tag="done"):
     """A worker finished a lease (task id + attempt) and has one more free slot.
 
-    Body (ok only): the handler's result.
+    Body (ok only): the handler's result. The broker cuts the error fields to MAX_ERROR_*_BYTES (`bounded`).
     """
 
-    id: str
+    id: _TaskId
     attempt: int
     ok: bool
     error_type: str = ""
@@ -367,7 +391,8 @@ def _decoding(decoder: msgspec.msgpack.Decoder, header: bytes, what: str) -> Any
     try:
         message = decoder.decode(header)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-        raise InvalidArgument(f"malformed {what}: {exc}") from None
+        peek = _peek(header)
+        raise InvalidArgument(f"malformed {what}: {_named(str(exc), None if peek is None else peek.tag)}") from None
     except RecursionError:  # msgpack nested deeper than the stack: garbage, not a crash
         raise InvalidArgument(f"malformed {what}: nested too deeply") from None
     if message.v != PROTOCOL_VERSION:
@@ -480,7 +505,9 @@ class _Reader:
             try:
                 message, item_body = self._item_decoder.decode(raw)
             except (msgspec.DecodeError, RecursionError) as exc:
-                out.append((Refused(_peek_item_rid(raw), InvalidArgument(f"malformed {what}: {exc}")), None))
+                peek = _peek_item_tag(raw)
+                out.append((Refused(_peek_item_rid(raw), InvalidArgument(
+                    f"malformed {what}: {_named(str(exc), peek, item=True)}")), None))
                 continue
             if message.v != PROTOCOL_VERSION:
                 out.append((Refused(getattr(message, "rid", 0), _unsupported(message.v, what)), None))
@@ -489,11 +516,31 @@ class _Reader:
         return out
 
     def _explained(self, header: bytes, exc: msgspec.DecodeError) -> str:
-        """msgspec's words, with the tags this endpoint knows when the tag is what is wrong."""
+        """msgspec's words, with the tags this endpoint knows when the tag is what is wrong, and the field's name
+        when one field is."""
         peek = _peek(header)
         if peek is not None and peek.tag not in self.tags:
-            return f"unknown tag {peek.tag!r}; a {self._what} is one of: {', '.join(self.tags)}"
-        return str(exc)
+            return f"unknown tag {clip(peek.tag, 64)!r}; a {self._what} is one of: {', '.join(self.tags)}"
+        return _named(str(exc), None if peek is None else peek.tag)
+
+
+_FIELDS = {message.__struct_config__.tag: message.__struct_fields__
+           for message in get_args(Union[ClientRequest, ClientReply, WorkerMessage, WorkerCommand])}
+_AT = re.compile(r"at `\$(\[0\])?\[(\d+)\]")
+
+
+def _named(problem: str, tag: str | None, *, item: bool = False) -> str:
+    """msgspec's account of a header it could not read, with the name of the field it points at (msgspec
+    says only where: `$[n]` is the header's element n, the tag being element 0; in a batch item ([header, body]),
+    `$[0][n]`)."""
+    fields = _FIELDS.get(tag) if tag is not None else None
+    found = _AT.search(problem)
+    if fields is None or found is None or bool(found.group(1)) != item:
+        return problem
+    index = int(found.group(2)) - 1  # element 0 is the tag, and the fields start with the version
+    if not 0 <= index < len(fields):
+        return problem
+    return f"{problem} (the field `{fields[index]}` of a `{tag}`)"
 
 
 _client_requests = _Reader(ClientRequest, RequestBatch, "client request")
@@ -587,6 +634,29 @@ def _cut_marker(cut: int) -> str:
     return f"\n... [{cut} bytes cut] ...\n"
 
 
+def _clipped(text: str, limit: int) -> str:
+    # A string of at most limit / 4 characters fits whatever they are: only longer ones are measured.
+    return text if len(text) <= limit >> 2 else clip(text, limit)
+
+
+def bounded(done: Done) -> Done:
+    """`done` with its error fields cut to MAX_ERROR_TYPE_BYTES, MAX_ERROR_MESSAGE_BYTES and MAX_TRACEBACK_BYTES,
+    as a worker cuts them: a peer that does not is held to the same bounds where its `done` enters the broker,
+    so a task's record, its outcome, `status` and the dashboard's recent failures hold no more than that."""
+    if done.ok or (len(done.error_type) <= MAX_ERROR_TYPE_BYTES >> 2
+                   and len(done.error_message) <= MAX_ERROR_MESSAGE_BYTES >> 2
+                   and len(done.traceback) <= MAX_TRACEBACK_BYTES >> 2):
+        return done
+    return Done(done.v, done.id, done.attempt, done.ok, _clipped(done.error_type, MAX_ERROR_TYPE_BYTES),
+                _clipped(done.error_message, MAX_ERROR_MESSAGE_BYTES), _clipped(done.traceback, MAX_TRACEBACK_BYTES))
+
+
+def bounded_message(text: str) -> str:
+    """An error's message as the broker sends it: at most MAX_ERROR_MESSAGE_BYTES, however much of a peer's
+    input it quotes."""
+    return _clipped(text, MAX_ERROR_MESSAGE_BYTES)
+
+
 def payload_too_large(size: int, limit: int) -> str:
     """Why a payload of `size` bytes (as msgpack) is refused by a broker taking at most `limit`."""
     return (f"payload is {size} bytes as msgpack, over the broker's max_payload_bytes = {limit}; send less, "
@@ -671,6 +741,22 @@ def peek_rid(header: bytes) -> int:
         return _rid_of(_rid_decoder.decode(header))
     except (msgspec.DecodeError, RecursionError):
         return 0
+
+
+class _ItemTagPeek(msgspec.Struct, array_like=True):
+    """The tag of a batch item's header ([header, body])."""
+
+    header: _TagPeek
+
+
+_item_tag_decoder = msgspec.msgpack.Decoder(_ItemTagPeek)
+
+
+def _peek_item_tag(item: msgspec.Raw) -> str | None:
+    try:
+        return _item_tag_decoder.decode(item).header.tag
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def _peek_item_rid(item: msgspec.Raw) -> int:

@@ -328,11 +328,18 @@ case("submit-without-body-runs-with-nil-payload",
     .send("worker", msg("bye"))
 
 case("submit-duplicate-submission",
-     "A submit repeating an earlier one's submission id returns the first task, duplicate true.") \
+     "A submit repeating an earlier one's submission id is that submit sent again: it returns the first task, "
+     "answered as the first was (duplicate false: only a key of the caller's makes a duplicate).") \
     .send("client", msg("submit", 8, submission="vector-dup-1"), OK_PAYLOAD,
           expect={"client": [accepted(8, cap("first"))]}) \
     .send("client", msg("submit", 9, submission="vector-dup-1"), OK_PAYLOAD,
-          expect={"client": [accepted(9, same("first"), True)]})
+          expect={"client": [accepted(9, same("first"), False)]}) \
+    .send("client", msg("submit", 12, tenant="acme", key="vector-key-2", submission="vector-dup-2"), OK_PAYLOAD,
+          expect={"client": [accepted(12, cap("keyed"))]}) \
+    .send("client", msg("submit", 13, tenant="acme", key="vector-key-2", submission="vector-dup-3"), OK_PAYLOAD,
+          expect={"client": [accepted(13, same("keyed"), True)]}) \
+    .send("client", msg("submit", 14, tenant="acme", key="vector-key-2", submission="vector-dup-3"), OK_PAYLOAD,
+          expect={"client": [accepted(14, same("keyed"), True)]})
 
 case("submit-duplicate-key", "A second submit with the same key in the same pool and tenant returns the first task.") \
     .send("client", msg("submit", 10, tenant="acme", key="vector-key-1"), OK_PAYLOAD,
@@ -397,15 +404,28 @@ case("wait-unwait",
     .send("client", msg("unwait", 22, Cap("task"))) \
     .refused("client", msg("wait", 23, "0123456789abcdef0123456789abcdef"), rid=23, code="NOT_FOUND")
 
-case("pause-resume", "pause and resume answer ok true; an undeclared pool is NOT_FOUND.") \
+case("pause-resume", "pause and resume answer ok true, also for a pool already paused (or running); an undeclared "
+     "pool is NOT_FOUND.") \
     .send("client", msg("pause", 24, "held"), expect={"client": [ok(24, True)]}) \
+    .send("client", msg("pause", 29, "held"), expect={"client": [ok(29, True)]}) \
     .send("client", msg("resume", 25, "held"), expect={"client": [ok(25, True)]}) \
     .refused("client", msg("pause", 26, "no-such-pool"), rid=26, code="NOT_FOUND", text="no-such-pool")
 
-case("stats", "stats answers ok with a map holding per-pool statistics under pools.") \
+INT, BOOL, MAP = {"type": "int"}, {"type": "bool"}, {"type": "map"}
+PRIORITY_NAMES = ("critical", "high", "normal", "low")
+CLASS_STATS = {"type": "map", "has": {"queued": INT, "delayed": INT, "running": INT, "dispatched": INT}}
+
+case("stats", "stats answers ok with a map: pools (per pool: its state and counts, per class and per tenant), "
+     "workers, late_results, schedules, memory and store (docs/protocol.md, \"The stats map\").") \
     .send("client", msg("stats", 27), expect={"client": [
-        ok(27, {"type": "map", "has": {"pools": {"type": "map", "has": {"default": {"type": "map"}}},
-                                                   "workers": {"type": "int"}}})]})
+        ok(27, {"type": "map", "has": {
+            "pools": {"type": "map", "has": {"default": {"type": "map", "has": {
+                "paused": BOOL, "draining": BOOL, "fair": BOOL, "max_in_flight": {"type": "any"}, "queued": INT,
+                "delayed": INT, "running": INT, "dispatched": INT, "workers": INT, "ready_workers": INT,
+                "classes": {"type": "map", "has": {name: CLASS_STATS for name in PRIORITY_NAMES}},
+                "tenants": MAP, "tenant_count": INT, "ceilings": MAP, "ceiling_count": INT,
+                "dispatch_rate": {"type": "float"}}}}},
+            "workers": INT, "late_results": INT, "schedules": MAP, "memory": MAP, "store": MAP}})]})
 
 case("reload", "reload rereads the config file and answers what changed: here, nothing.") \
     .send("client", msg("reload", 28), expect={"client": [
@@ -613,6 +633,30 @@ case("worker-failure-and-leave",
         info(123, same("task"), "work", None, "normal", "failed", 1, FLOAT, FLOAT, None,
               "ValueError: bad input")]}) \
     .send("worker", msg("leave"), expect={"worker": [reply("left", 1)]}) \
+    .send("worker", msg("bye"))
+
+case("bounds-names-and-ids",
+     "Names and ids past their bounds are refused while the header is read, the error naming the field: a task id "
+     "over 256 characters, a pool name over 200, a ready naming more than 1,024 pools.", peers=W) \
+    .send("client", msg("ping", 140), expect={"client": [ok(140, 1)]}) \
+    .refused("client", raw("status", 1, 141, "i" * 257), rid=141, text="`id`") \
+    .refused("client", raw("pause", 1, 142, "p" * 201), rid=142, text="`pool`") \
+    .send("worker", msg("heartbeat"), expect={"worker": [reply("reregister", 1)]}) \
+    .refused("worker", raw("ready", 1, 143, ["p" * 201], 1), rid=143, text="`pools`") \
+    .refused("worker", raw("ready", 1, 144, ["work"] * 1025, 1), rid=144, text="`pools`") \
+    .send("worker", msg("bye"))
+
+case("bounds-failure-text-cut",
+     "The broker cuts the text of a failure where the done enters, as cronoq's worker does before sending it: "
+     "error_type to 256 bytes, error_message to 8 KiB, traceback to 32 KiB (UTF-8), keeping its start and end "
+     "around a line saying how many bytes were cut.", peers=W) \
+    .send("client", msg("submit", 150, "work", watch=True), OK_PAYLOAD,
+          expect={"client": [accepted(150, cap("task"))]}) \
+    .send("worker", msg("ready", 151, ["work"], 1), expect={"worker": [welcome(151), task("task", body=OK_PAYLOAD)]}) \
+    .send("worker", msg("done", Cap("task"), 1, False, "E" * 300, "m" * 9000, "t" * 40000), expect={"client": [
+        outcome(150, same("task"), "failed", {"type": "string", "match": r"^E+\n\.\.\. \[\d+ bytes cut\] \.\.\.\nE+$"},
+                {"type": "string", "match": r"^m+\n\.\.\. \[\d+ bytes cut\] \.\.\.\nm+$"},
+                {"type": "string", "match": r"^t+\n\.\.\. \[\d+ bytes cut\] \.\.\.\nt+$"})]}) \
     .send("worker", msg("bye"))
 
 case("worker-result-must-be-msgpack",

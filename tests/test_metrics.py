@@ -32,9 +32,11 @@ def test_backlog_dispatches_completions_and_histograms_are_exposed():
     metrics.heartbeat_took(0.0003)
     metrics.gc_paused(2, 0.3)
     metrics.snapshot_start_took(0.012)
-    text = generate_latest(registry_for(lambda: {"pools": core.stats(), "workers": 1}, metrics)).decode()
+    text = generate_latest(registry_for(lambda: {"pools": core.stats(), "workers": 1, "late_results": 2},
+                                        metrics)).decode()
     got = samples(text)
     assert got[("cronoq_workers_connected", ())] == 1
+    assert got[("cronoq_late_results_total", ())] == 2
     assert got[("cronoq_pool_workers", (("pool", "llm"),))] == 1
     assert got[("cronoq_queued_tasks", (("class", "normal"), ("pool", "llm")))] == 3
     assert got[("cronoq_running_tasks", (("class", "critical"), ("pool", "llm")))] == 1

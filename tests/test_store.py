@@ -199,7 +199,8 @@ def test_a_crash_loses_nothing_committed(tmp_path, seed):
             if dedup.get("key") or dedup.get("submission"):
                 again, duplicate = after.book.submit(
                     SubmitRequest(b"x", pool=record.pool, tenant=record.tenant, **dedup), after.now)
-                assert duplicate and again.id == record.id
+                # A repeated submission id is a re-send, answered as the first send was; a key is a duplicate.
+                assert again.id == record.id and duplicate == ("key" in dedup)
 
 
 def test_recovery_requeues_running_tasks_and_applies_max_deliveries(tmp_path):
@@ -914,7 +915,7 @@ def test_finished_records_leave_memory_once_stored_and_answer_from_the_store(tmp
         assert stored is not record and (stored.state, stored.result, stored.key) == ("succeeded", bytes([n]), f"k{n}")
         assert world.book.submit(SubmitRequest(b"x", pool="a", key=f"k{n}"), world.now) == (stored, True)
         again, duplicate = world.book.submit(SubmitRequest(b"x", pool="a", submission=f"s{n}"), world.now)
-        assert duplicate and again.id == record.id
+        assert not duplicate and again.id == record.id  # a re-send, answered as the first send was
     fresh, duplicate = world.book.submit(SubmitRequest(b"x", pool="a", key="k100"), world.now)
     assert not duplicate and fresh.id not in {r.id for r in handles}
 

@@ -25,7 +25,10 @@ def body_frame(frames: list[bytes]) -> bytes | None:
 
 
 def error_reply(rid: int, exc: CronoqError) -> protocol.Error:
-    return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, exc.message, exc.details)
+    """The `error` answering `rid`; its message is cut to protocol.MAX_ERROR_MESSAGE_BYTES, so a refusal that
+    quotes what a peer sent (a name, a settings table) is never larger than that."""
+    return protocol.Error(protocol.PROTOCOL_VERSION, rid, exc.code, protocol.bounded_message(exc.message),
+                          exc.details)
 
 
 # The first tag of each socket's messages: enough to tell a peer that it came to the wrong endpoint.

@@ -697,7 +697,7 @@ class Broker:
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
         extra = {} if self.config.member is None else {"member": self.config.member}
-        return {**extra, "pools": pools, "workers": len(self._workers),
+        return {**extra, "pools": pools, "workers": len(self._workers), "late_results": self._workers.late_results,
                 "schedules": {} if self._cron is None else self._cron.describe(),
                 "memory": self._book.memory_stats(), "store": self._data.stats()}
 
@@ -757,6 +757,8 @@ class Broker:
                     self.config.max_payload_bytes,
                 ))
             case _ if entry is None:
+                if message.__class__ is protocol.Done:  # a result from a worker the broker let go of
+                    self._on_late_done(conn, message, body, now)
                 if not isinstance(message, protocol.Bye):
                     # We restarted, or declared this worker lost: it must announce itself again.
                     self._to_workers.put(conn, protocol.Reregister(protocol.PROTOCOL_VERSION))
@@ -774,9 +776,24 @@ class Broker:
                 log.info("worker %s left%s", conn.label,
                          f" with {_count(unfinished, 'unfinished task')}" if unfinished else "")
 
+    def _on_late_done(self, conn: Connection, done: protocol.Done, body: bytes | None, now: float) -> None:
+        """A `done` from a connection that is no registered worker (the broker declared it lost)."""
+        done = protocol.bounded(done)
+        max_bytes = self.config.max_payload_bytes
+        if done.ok and body is not None:
+            try:
+                if len(body) > max_bytes:
+                    raise InvalidArgument("too large")
+                protocol.check_body(body, "the result (the done's body)")
+            except InvalidArgument:  # not a result the task could end with: counted late, like any other
+                done = protocol.Done(protocol.PROTOCOL_VERSION, done.id, done.attempt, False)
+                body = None
+        self._workers.late(conn, done, body, now)
+
     def _on_done(self, conn: Connection, entry: WorkerEntry, done: protocol.Done, body: bytes | None,
                  now: float) -> None:
         """A registered worker's `done`: the outcome of one of its leases."""
+        done = protocol.bounded(done)  # a worker that does not cut its failure's text is cut here
         max_bytes = self.config.max_payload_bytes
         if done.ok and body is not None and len(body) <= max_bytes:
             try:  # a result the client could not read fails its task here, not in the client

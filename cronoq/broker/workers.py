@@ -22,6 +22,7 @@ only decides.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -33,6 +34,13 @@ from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound
 from cronoq.pool import settings_disagreement
 
 log = logging.getLogger("cronoq.broker")
+
+# Late results already logged, by (task id, attempt): a worker that sends the same late `done` again (it
+# re-sends what it has not seen acknowledged) is counted each time but logged once.
+LOGGED_LATE_RESULTS = 4096
+# Leases taken back from lost workers whose result may still come before the task runs again, by task id: the
+# token that held it. The oldest are forgotten first; a forgotten one only means a task runs again, as it would.
+TAKEN_BACK = 100_000
 
 
 @dataclass
@@ -53,6 +61,13 @@ class WorkerRegistry:
         self._core = core
         self._book = book
         self._entries: dict[Connection, WorkerEntry] = {}
+        self.late_results = 0
+        """Results that came after the broker took their lease back (cronoq_late_results_total)."""
+        self._logged_late: deque[tuple[str, int]] = deque(maxlen=LOGGED_LATE_RESULTS)
+        self._taken_back: OrderedDict[str, str] = OrderedDict()
+        """Task id -> the principal whose worker lost it, for `late` to accept a result from the same token."""
+        self.rescued = 0
+        """Late results that still ended their task, which had not run again yet."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -137,10 +152,41 @@ class WorkerRegistry:
                 error_message=done.error_message, traceback=done.traceback,
             )
         if record is None:
+            if done.ok and body is not None and len(body) > max_result_bytes:  # no result a task may end with
+                done, body = protocol.Done(done.v, done.id, done.attempt, False), None
+            self.late(conn, done, body, now)
             if entry.owed <= 0:
                 return  # a lease this worker does not hold, and no slot is owed: a replay
             entry.owed -= 1  # a task it ran before registering again: that slot is free now
         self._core.grant(conn, 1)
+
+    def late(self, conn: Connection, done: protocol.Done, body: bytes | None, now: float) -> None:
+        """A `done` of a lease the broker no longer holds for this connection: it came after the worker was lost
+        (or from a connection the broker does not know).
+
+        A result whose task has not run again yet ends it (from a worker with the token that held the lease,
+        on this connection or a new one): a cut the worker did not outlast then costs no second run. Else it is
+        dropped -- the task was run again, or will be -- and counted; logged once per lease, naming the task,
+        when the lease was a real one (a `done` for a task or an attempt that never was counts, and logs
+        nothing a peer could flood the log with)."""
+        holder = self._taken_back.get(done.id)
+        if done.ok and holder is not None and conn.principal is not None and conn.principal.name == holder:
+            record = self._book.complete_taken_back(done.id, done.attempt, now,
+                                                    body if body is not None else protocol.NIL_BODY)
+            if record is not None:
+                del self._taken_back[done.id]
+                self.rescued += 1
+                log.info("task %s: the result of its attempt %d came from worker %s after its lease was taken back, "
+                         "before the task ran again: it ends the task", done.id, done.attempt, conn.label)
+                return
+        self.late_results += 1
+        record = self._book.records.get(done.id)
+        if record is None or not 1 <= done.attempt <= record.attempts or (done.id, done.attempt) in self._logged_late:
+            return
+        self._logged_late.append((done.id, done.attempt))
+        log.warning("task %s: the outcome of its attempt %d came from worker %s after its lease was taken back "
+                    "(the worker was lost); dropped -- the task is %s after %d attempt%s", done.id, done.attempt,
+                    conn.label, record.state, record.attempts, "" if record.attempts == 1 else "s")
 
     def leave(self, conn: Connection, entry: WorkerEntry) -> None:
         """The worker is stopping: it keeps its running tasks and takes no new ones."""
@@ -151,5 +197,11 @@ class WorkerRegistry:
         """The worker is gone (silent, disconnected, or said bye): its tasks go back to their queues, or fail
         past max_deliveries."""
         self._entries.pop(conn, None)
+        holder = conn.principal.name if conn.principal is not None else None
         for record in self._book.lose_worker(conn, now):
             log.info("task %s requeued after its worker was lost", record.id)
+            if holder is not None:
+                self._taken_back[record.id] = holder
+                self._taken_back.move_to_end(record.id)
+                if len(self._taken_back) > TAKEN_BACK:
+                    self._taken_back.popitem(last=False)

@@ -53,6 +53,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
 
+import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -135,6 +136,11 @@ class Worker:
         # The running tasks by a number of their own: each takes itself out as it ends (a done-callback would
         # cost another turn of the loop per message).
         self._running: dict[int, asyncio.Task[None]] = {}
+        # Task id -> the attempts its one run here stands for, oldest first: a broker that lost this worker (a
+        # cut it did not outlast) and took the task back may give it to this worker again, attempt n+1 while
+        # attempt n still runs. One run is enough: it reports for the newest attempt, and the older ones'
+        # leases get their `done` too, which the broker counts as late and which returns their slots.
+        self._leases: dict[str, list[int]] = {}
         self._jobs = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -144,6 +150,7 @@ class Worker:
         self._fatal: CronoqError | None = None
         self._last_heard = 0.0
         self._reconnect_delay = heartbeat_interval
+        self._told_silence = False  # the broker's silence was logged; the reconnects that follow are not, each
         self._stopping = False
         # The broker's max_payload_bytes from the last Welcome; None until one says (older brokers never do).
         self._max_result_bytes: int | None = None
@@ -215,10 +222,12 @@ class Worker:
             return
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
-            if self._link.trouble is None:
+            # Said once per outage: the reconnects that follow, until the broker is heard again, are its course.
+            if self._link.trouble is None and not self._told_silence:
                 log.warning("broker silent for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
             else:  # why was logged when it began
                 log.debug("broker unreachable for %.1f s; reconnecting in %.1f s", silent_for, self._reconnect_delay)
+            self._told_silence = True
             self._disconnect()
             try:
                 await asyncio.wait_for(self._stopped.wait(), self._reconnect_delay)
@@ -280,6 +289,7 @@ class Worker:
     def _abandon_running(self) -> None:
         """Stop waiting for the running tasks: counted as abandoned, never reported."""
         running, self._running = self._running, {}
+        self._leases.clear()
         self.abandoned += len(running)
         for job in running.values():
             job.cancel()
@@ -311,6 +321,7 @@ class Worker:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+            self._link.abandoned()  # what is sent until the next handshake has nowhere to go, and that is known
         self._registered.clear()
 
     def _on_link_event(self, frames: list[bytes]) -> None:
@@ -402,6 +413,7 @@ class Worker:
             case protocol.Welcome():
                 if not self._registered.is_set():  # `ready`s queued while the broker was away are all welcomed
                     log.info("registered with %s for pools %s", self.broker, ", ".join(self.pools))
+                self._told_silence = False
                 self._registered.set()
                 if command.max_payload_bytes is not None:
                     self._max_result_bytes = command.max_payload_bytes
@@ -582,6 +594,18 @@ class Worker:
     # ----------------------------------------------------------------- tasks
 
     def _start_task(self, assign: protocol.Assign, body: bytes) -> None:
+        attempts = self._leases.get(assign.id)
+        if attempts is not None:
+            if assign.attempt > attempts[-1]:
+                attempts.append(assign.attempt)
+                log.info("task %s: attempt %d given while attempt %d still runs here (the broker took the task "
+                         "back meanwhile); the run reports for attempt %d rather than running the task twice",
+                         assign.id, assign.attempt, attempts[0], assign.attempt)
+            else:  # an assignment the broker has already replaced with a newer one, which runs here
+                log.info("task %s: dropped attempt %d, older than attempt %d running here", assign.id,
+                         assign.attempt, attempts[-1])
+            return
+        self._leases[assign.id] = [assign.attempt]
         key = next(self._jobs)
         self._running[key] = self._loop.create_task(self._run_task(key, assign, body))  # type: ignore[union-attr]
 
@@ -590,6 +614,7 @@ class Worker:
             await self._serve(assign, body)
         finally:
             self._running.pop(key, None)  # absent when the task was abandoned
+            self._leases.pop(assign.id, None)
 
     async def _serve(self, assign: protocol.Assign, body: bytes) -> None:
         """Run the handler and report the task's outcome."""
@@ -622,8 +647,17 @@ class Worker:
         self._report(protocol.Done(protocol.PROTOCOL_VERSION, assign.id, assign.attempt, True), result)
 
     def _report(self, done: protocol.Done, result: bytes | None = None) -> None:
+        """Send the outcome of a run for the newest attempt it stands for (`_leases`), then a `done` for each
+        older one, whose lease the broker took back: those return their slots and are counted late."""
         self.finished += 1
-        self._send(done, result)
+        attempts = self._leases.pop(done.id, None)
+        if attempts is None or attempts[-1] == done.attempt:
+            self._send(done, result)
+            return
+        self._send(msgspec.structs.replace(done, attempt=attempts[-1]), result)
+        for older in attempts[:-1]:
+            self._send(protocol.Done(protocol.PROTOCOL_VERSION, done.id, older, False, "Superseded",
+                                     f"attempt {attempts[-1]} of this task reported this run's outcome"))
 
 
 def _failure(assign: protocol.Assign, error_type: str, message: str, trace: str) -> protocol.Done:

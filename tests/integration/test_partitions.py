@@ -1,0 +1,138 @@
+"""Delivery across cuts between a peer and a real broker process, as docs/protocol.md and docs/api.md promise.
+
+A cut is made here by freezing a process (SIGSTOP, then SIGCONT): its connections stay open and what was
+sent to it waits in the kernel's buffers, as behind a network partition that heals; no network namespaces
+are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import cronoq
+from tests.support import start_worker_process, until
+
+POOLS = '[[pools]]\nname = "default"\n'
+
+
+async def test_the_librarys_own_resend_of_a_submit_is_no_duplicate(broker_factory):
+    broker = broker_factory(POOLS)
+    async with cronoq.connect(broker.clients, request_timeout=60) as client:
+        await client.ping()
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            # The submit waits in the broker's socket buffer; the client gives up on the frozen connection
+            # (ZeroMQ's heartbeat), makes a new one and re-sends the submit once the broker answers again.
+            submitting = asyncio.ensure_future(client.submit("once", pool="default"))
+
+            async def link_down() -> bool:
+                return not client._link.up  # what the client's socket monitor saw: the connection was dropped
+            await until(link_down, "the client gives up on the frozen broker's connection")
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+        handle = await asyncio.wait_for(submitting, 60)
+        assert client.reconnects >= 1, "the submit must have been re-sent on a new connection"
+        assert not handle.duplicate, "the client submitted once: no earlier task with its key was returned"
+        stats = await client.stats()
+        assert stats["pools"]["default"]["queued"] == 1, "the re-send made no second task"
+        # A key the caller repeats is a duplicate, re-sent or not.
+        first = await client.submit("a", key="k")
+        again = await client.submit("b", key="k")
+        assert (first.duplicate, again.duplicate, again.id) == (False, True, first.id)
+
+
+
+async def test_a_worker_given_its_own_running_task_again_runs_it_once_and_the_late_result_is_counted_and_logged(
+        broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "counted"\n')
+    runs = tmp_path / "runs"
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", tmp_path / "worker.log", concurrency=2)
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handle = await client.submit({"n": 1, "sleep": 5.0, "runs": str(runs)}, pool="counted")
+            # (Long enough that the worker has registered again, and been given attempt 2, before attempt 1 ends.)
+
+            async def running() -> bool:
+                return (await client.status(handle.id)).state == "running"
+            await until(running, "the task runs")
+            # A cut the worker does not outlast (liveness: 3 x 0.2 s): the broker takes the task back, and gives
+            # it, as attempt 2, to the only worker there is -- the one still running attempt 1.
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                async def taken_back() -> bool:
+                    return (await client.stats())["workers"] == 0
+                await until(taken_back, "the broker loses the frozen worker")
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            assert await handle.result(timeout=60) == 1
+            info = await client.status(handle.id)
+            assert info.attempts == 2
+            await asyncio.sleep(1.0)  # a second run, if there were one, would finish by now (its sleep is over)
+            assert runs.read_text().split() == ["1"], "the task ran twice on one worker"
+
+            async def counted() -> bool:
+                return (await client.stats())["late_results"] >= 1
+            await until(counted, "the late result of attempt 1 is counted")
+        log = broker.log.read_text()
+        assert log.count(f"task {handle.id}: the outcome of its attempt 1 came from worker") == 1, log
+    finally:
+        worker.terminate()
+        worker.wait(10)
+
+
+async def test_a_cut_off_worker_warns_once_per_outage_not_every_beat(broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "counted"\n')
+    log = tmp_path / "worker.log"
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", log)
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            await client.ping()
+            before = log.read_text().count("level=warning")
+            os.kill(broker.proc.pid, signal.SIGSTOP)
+            try:
+                # 20 heartbeat intervals of the worker's, and several of its reconnects.
+                await asyncio.sleep(4.0)
+            finally:
+                os.kill(broker.proc.pid, signal.SIGCONT)
+
+            async def back() -> bool:
+                return (await client.stats())["workers"] == 1
+            await until(back, "the worker registers again")
+        warnings = [line for line in log.read_text().splitlines() if "level=warning" in line][before:]
+        assert len(warnings) <= 1, "\n".join(warnings)
+    finally:
+        worker.terminate()
+        worker.wait(10)
+
+
+async def test_a_result_that_comes_after_its_worker_was_lost_but_before_the_task_ran_again_ends_the_task(
+        broker_factory, tmp_path):
+    broker = broker_factory('[[pools]]\nname = "counted"\n')
+    runs = tmp_path / "runs"
+    # One slot: while its task runs, the worker has no room for the task's next attempt.
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", tmp_path / "worker.log", concurrency=1)
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handle = await client.submit({"n": 7, "sleep": 3.0, "runs": str(runs)}, pool="counted")
+
+            async def running() -> bool:
+                return (await client.status(handle.id)).state == "running"
+            await until(running, "the task runs")
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                async def taken_back() -> bool:
+                    return (await client.status(handle.id)).state == "queued"
+                await until(taken_back, "the broker takes the task back from the frozen worker")
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            assert await handle.result(timeout=60) == 7
+            info = await client.status(handle.id)
+            assert (info.state, info.attempts) == ("succeeded", 1), "the late result ended the task"
+            await asyncio.sleep(1.0)
+            assert runs.read_text().split() == ["7"]
+            assert (await client.stats())["late_results"] == 0
+    finally:
+        worker.terminate()
+        worker.wait(10)
