@@ -156,8 +156,15 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
     first = text_of(browser, f"{row} td.queued")
     wait(browser, lambda d: text_of(d, f"{row} td.queued") not in (first, ""), "the queued count updates")
 
-    # Tenants: the tree, both top-level tenants with their shares against their weighted shares, updating.
+    # A tab click keeps the tab bar in sight, however short the window (a #hash of the table's id scrolled to it).
+    browser.set_window_size(1280, 260)
+    browser.execute_script("window.scrollTo(0, 0)")
     show(browser, "tenants")
+    assert browser.execute_script("return window.scrollY") == 0, "the tab click scrolled the tab bar away"
+    assert browser.execute_script("return location.hash") == "#tenants"
+    browser.set_window_size(1280, 720)
+
+    # Tenants: the tree, both top-level tenants with their shares against their weighted shares, updating.
     rows = {tenant: f'#tenants tr[data-tenant="{tenant}"]' for tenant in ("acme", "acme/search", "acme/ads", "globex")}
     wait(browser, lambda d: all(d.find_elements(By.CSS_SELECTOR, r) for r in rows.values()), "every tenant shows")
     assert text_of(browser, f'{rows["acme"]} td.weighted') == "75.0 %"
@@ -169,6 +176,17 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
          > percent(text_of(d, f'{rows["globex"]} td.share')) > 0, "the recent shares follow the weights")
     queued = text_of(browser, f'{rows["globex"]} td.queued')
     wait(browser, lambda d: text_of(d, f'{rows["globex"]} td.queued') not in (queued, ""), "the tenants update")
+    # The shares over time: a line per top-level tenant, its weighted share dashed beside it, and the dispatch rate.
+    for tenant in ("acme", "globex"):
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'#share-chart polyline.share-line[data-tenant="{tenant}"]'),
+             f"{tenant}'s share is drawn over time")
+        assert browser.find_elements(By.CSS_SELECTOR, f'#share-chart polyline.promised-line[data-tenant="{tenant}"]')
+    assert browser.find_elements(By.CSS_SELECTOR, "#share-chart polyline.rate-line")
+    assert "acme" in text_of(browser, "#share-chart .series-legend") and "(now " in text_of(browser, "#rate-now")
+    browser.execute_script("document.getElementById('share-chart').scrollIntoView()")
+    chart_shot = tmp_path / "dashboard-chart.png"
+    assert browser.save_screenshot(str(chart_shot)) and chart_shot.stat().st_size > 0
+    browser.execute_script("window.scrollTo(0, 0)")
     screenshot = SCREENSHOT if os.environ.get("CRONOQ_SCREENSHOT") else tmp_path / SCREENSHOT.name
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 0
