@@ -182,7 +182,8 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
              f"{tenant}'s share is drawn over time")
         assert browser.find_elements(By.CSS_SELECTOR, f'#share-chart polyline.promised-line[data-tenant="{tenant}"]')
     assert browser.find_elements(By.CSS_SELECTOR, "#share-chart polyline.rate-line")
-    assert "acme" in text_of(browser, "#share-chart .series-legend") and "(now " in text_of(browser, "#rate-now")
+    wait(browser, lambda d: "acme" in text_of(d, "#share-chart .series-legend") and "(now " in text_of(d, "#rate-now"),
+         "the chart's legend and the pool's rate show")
     browser.execute_script("document.getElementById('share-chart').scrollIntoView()")
     chart_shot = tmp_path / "dashboard-chart.png"
     assert browser.save_screenshot(str(chart_shot)) and chart_shot.stat().st_size > 0

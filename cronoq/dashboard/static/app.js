@@ -6,7 +6,7 @@
 const TOKEN_KEY = "cronoq-token";
 const ACTION_HEADER = "X-Cronoq-Dashboard";
 const state = { overview: null, view: "pools", pool: null, interval: 1.0, mayAct: false, timer: null,
-  history: null, historyAt: 0 };
+  history: null, historyAt: 0, drawn: null };
 const SVG = "http://www.w3.org/2000/svg";
 // One color per followed tenant (the broker follows at most 8 per pool): its share solid, its weighted share dashed.
 const COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#9c36b5", "#c2255c", "#0b7285", "#5c940d", "#495057"];
@@ -246,7 +246,9 @@ function lines(points, x, y, value, attrs) {
 function renderChart() {
   const box = $("share-chart");
   const h = state.history;
-  if (!h || h.pool !== state.pool) { box.replaceChildren(); return; }
+  if (!h || h.pool !== state.pool) { box.replaceChildren(); state.drawn = null; return; }
+  if (h === state.drawn) return;  // redrawn only when a new sample came: a chart that flickers each second is hard to read
+  state.drawn = h;
   if (h.error) { box.replaceChildren(el("p", { class: "note" }, "shares over time: " + h.error)); return; }
   const points = h.points;
   if (!points.length) {
