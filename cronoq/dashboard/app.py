@@ -187,7 +187,8 @@ class Dashboard:
                 return Response(200, self._overview(principal))
             if path == "/api/session":
                 return Response(200, _json({"role": principal.role, "auth": principal is not OPEN,
-                                            "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL}))
+                                            "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL,
+                                            "tenant": principal.tenant}))
             if path == "/api/history":
                 return Response(200, _json(self._shares_over_time(principal, None)))
             if (match := _HISTORY.fullmatch(path)) is not None:

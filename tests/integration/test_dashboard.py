@@ -146,7 +146,7 @@ def test_tokens_are_asked_for_and_roles_apply(broker_factory):
     status, _, body = request(port, "GET", "/api/overview", "client-secret")
     assert status == 403 and "viewer or admin" in json.loads(body)["error"]["message"]
     assert get_json(port, "/api/session", "viewer-secret") == {"role": "viewer", "auth": True, "may_act": False,
-                                                               "interval": 1.0}
+                                                               "interval": 1.0, "tenant": None}
     assert get_json(port, "/api/overview", "viewer-secret")["pools"]
     status, _, body = request(port, "POST", "/api/pools/llm/pause", "viewer-secret", act=True)
     assert status == 403 and "a viewer token may not pause a pool" in json.loads(body)["error"]["message"]
@@ -290,6 +290,7 @@ def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker
     until(lambda: len(get_json(port, "/api/overview", "admin-secret")["failures"]) == 2, "both failures are listed")
 
     for token in ("acme-viewer", "acme-admin"):
+        assert get_json(port, "/api/session", token)["tenant"] == "acme"
         overview = get_json(port, "/api/overview", token)
         llm = {pool["name"]: pool for pool in overview["pools"]}["llm"]
         assert [row["tenant"] for row in llm["tenants"]] == ["acme", "acme/search"]

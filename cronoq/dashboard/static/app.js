@@ -68,8 +68,9 @@ async function openSession() {
     const session = await api("/api/session");
     state.mayAct = session.may_act;
     state.interval = session.interval || 1.0;
-    $("role").textContent = !session.auth ? "open broker (no tokens)"
-      : session.role === "admin" ? "admin" : "viewer (read-only)";
+    $("role").textContent = (!session.auth ? "open broker (no tokens)"
+      : session.role === "admin" ? "admin" : "viewer (read-only)")
+      + (session.tenant ? " of " + session.tenant + " only" : "");
     $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY);
     $("login").hidden = true;
     $("views").hidden = false;
