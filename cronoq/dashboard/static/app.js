@@ -9,7 +9,8 @@ const state = { overview: null, view: "pools", pool: null, interval: 1.0, mayAct
   history: null, historyAt: 0, drawn: null };
 const SVG = "http://www.w3.org/2000/svg";
 // One color per followed tenant (the broker follows at most 8 per pool): its share solid, its weighted share dashed.
-const COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#9c36b5", "#c2255c", "#0b7285", "#5c940d", "#495057"];
+// Orange comes late: the table's bars use it for the weighted share.
+const COLORS = ["#2f6fed", "#2b8a3e", "#9c36b5", "#c2255c", "#0b7285", "#e8590c", "#5c940d", "#495057"];
 
 class ApiError extends Error {
   constructor(status, code, message) { super(message); this.status = status; this.code = code; }
