@@ -122,7 +122,7 @@ class Dashboard:
         self._history = DispatchHistory()
         self._shares = ShareHistory()
         self._sampler: asyncio.TimerHandle | None = None
-        self._snapshot: tuple[float, _Reading, dict[str, Any], bytes] | None = None
+        self._snapshot: tuple[float, _Reading, bytes] | None = None
         self._static = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
         self.server = HttpServer(self.handle)
 
@@ -224,9 +224,8 @@ class Dashboard:
         now = self._monotonic()
         if self._snapshot is None or now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
             reading = self._read()
-            value = self._view(reading, OPEN)
-            self._snapshot = (now, reading, value, _json(value))
-        _, reading, value, encoded = self._snapshot
+            self._snapshot = (now, reading, _json(self._view(reading, OPEN)))
+        _, reading, encoded = self._snapshot
         return encoded if principal.tenant is None else _json(self._view(reading, principal))
 
     def _read(self) -> _Reading:
@@ -242,28 +241,18 @@ class Dashboard:
         over them, their failures, the workers without their busy slots (which count other tenants' tasks), and, for
         a pool's dispatch rate, its subtree's over the share window."""
         parts = self._parts
-        pinned = principal.tenant
-        stats = visible_stats(reading.stats, principal)
         settings = {pool.name: pool for pool in parts.pools()}
         pools = []
-        for name, pool in sorted(stats.get("pools", {}).items()):
-            configured = settings.get(name, PoolSettings(name))
+        for name, pool in sorted(visible_stats(reading.stats, principal).get("pools", {}).items()):
+            weight_of = settings.get(name, PoolSettings(name)).weight
             recent = reading.recent.get(name, {})
-            if pinned is None:
-                pools.append(pool_view(name, pool, recent, configured.weight,
+            if principal.tenant is None:
+                pools.append(pool_view(name, pool, recent, weight_of,
                                        lambda node, pool_name=name: parts.core.lag(pool_name, node)))
-                continue
-            recent = {tenant: n for tenant, n in recent.items() if tenant in pool["tenants"]}
-            view = pool_view(name, pool, recent, configured.weight,
-                             lambda node, pool_name=name: 0.0 if node == pinned else parts.core.lag(pool_name, node))
-            # Rows above the pin (ancestors added for the tree) are not the token's to see; its node is the top.
-            depth = pinned.count("/")
-            view["tenants"] = [{**row, "depth": row["depth"] - depth} for row in view["tenants"]
-                               if principal.may_see_tenant(row["tenant"])]
-            view["dispatch_rate"] = sum(recent.values()) / reading.covers if reading.covers else 0.0
-            pools.append(view)
+            else:
+                pools.append(self._pinned_pool_view(name, pool, recent, weight_of, principal.tenant, reading.covers))
         workers = worker_rows(reading.workers, reading.now)
-        if pinned is not None:
+        if principal.tenant is not None:
             workers = [{**w, "busy": None} for w in workers]
         return {
             "now": reading.now,
@@ -274,6 +263,20 @@ class Dashboard:
             "workers": workers,
             "failures": [failure_row(f) for f in parts.failures if principal.may_see_tenant(f.tenant)],
         }
+
+    def _pinned_pool_view(self, name: str, pool: dict[str, Any], recent: dict[str, int],
+                          weight_of: Callable[[str], float], pinned: str, covers: float | None) -> dict[str, Any]:
+        """A pool as a token pinned to `pinned` sees it, from its visible stats (`visible_stats`): the rows of its
+        subtree, its node the top one; the rate its subtree's over the share window."""
+        recent = {tenant: n for tenant, n in recent.items() if tenant in pool["tenants"]}
+        view = pool_view(name, pool, recent, weight_of,
+                         lambda node: 0.0 if node == pinned else self._parts.core.lag(name, node))
+        # The ancestors the tree adds above the pin are not the token's to see.
+        depth = pinned.count("/")
+        view["tenants"] = [{**row, "depth": row["depth"] - depth} for row in view["tenants"]
+                           if row["tenant"] == pinned or row["tenant"].startswith(pinned + "/")]
+        view["dispatch_rate"] = sum(recent.values()) / covers if covers else 0.0
+        return view
 
     def _shares_over_time(self, principal: Principal, pool: str | None) -> dict[str, Any]:
         """GET /api/history[/POOL]: the shares over the last minutes (cronoq.dashboard.history)."""
