@@ -262,3 +262,27 @@ def test_the_page_asks_for_a_token_and_a_viewer_cannot_pause(broker_factory, wor
     wait(browser, lambda d: text_of(d, f"{row} td.state").startswith("paused"), "the pool shows paused")
     with cronoq.connect_sync(broker.clients, token="admin-secret") as admin:
         assert admin.stats()["pools"]["llm"]["paused"]
+
+
+def test_a_viewer_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, workers, browser):
+    port = free_port()
+    tokens = {**TOKENS, "T_ACME": "acme-viewer"}
+    pinned = '\n[[auth.tokens]]\ntoken_env = "T_ACME"\nrole = "viewer"\ntenant = "acme"\n'
+    broker = broker_factory(POOLS + TOKENS_TOML + pinned, env=tokens, broker_extra=f'dashboard = "127.0.0.1:{port}"')
+    workers(broker, 1, env={**tokens, "T_WORKER": "admin-secret"})
+    load(broker, token="admin-secret")
+    browser.get(f"http://127.0.0.1:{port}/")
+    wait(browser, lambda d: d.find_element(By.ID, "login").is_displayed(), "the page asks for a token")
+    log_in(browser, "acme-viewer")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#pools tr[data-pool="llm"]'), "the pools show")
+    assert text_of(browser, "#role") == "viewer (read-only) of acme only"
+    show(browser, "tenants")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#tenants tr[data-tenant="acme/search"]'), "acme's tree shows")
+    shown = [row.get_attribute("data-tenant") for row in browser.find_elements(By.CSS_SELECTOR, "#tenants tbody tr")]
+    assert shown == ["acme", "acme/ads", "acme/search"]  # no globex
+    assert text_of(browser, '#tenants tr[data-tenant="acme"] td.weighted') == "100.0 %"
+    show(browser, "workers")
+    wait(browser, lambda d: text_of(d, "#workers tbody tr td.slots") == "– / 2", "a worker shows without its busy slots")
+    show(browser, "failures")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#failures tbody tr"), "acme's failure shows")
+    assert "globex" not in browser.find_element(By.TAG_NAME, "body").text
