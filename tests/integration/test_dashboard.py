@@ -15,6 +15,7 @@ import pytest
 
 import cronoq
 from cronoq.dashboard.http import MAX_CONNECTIONS, MAX_HEADERS, REQUEST_TIMEOUT
+from cronoq.views import status_text
 from tests.support import ROOT, free_port, run_command, start_worker_process
 
 POOLS = '[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n\n[[pools]]\nname = "failing"\n'
@@ -310,6 +311,8 @@ def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker
         assert set(pool["tenants"]) == {"acme/search"} and pool["queued"] == 5 and pool["tenant_count"] == 1
         assert pool["classes"] == {} and "dispatch_rate" not in pool and "ready_workers" not in pool
         assert stats["memory"] == {} and stats["store"] == {} and "globex" not in json.dumps(stats)
+        text = status_text(stats)  # what `cronoq status` prints for it: no rate or class counts it was not given
+        assert "pinned to acme" in text and "/s over" not in text and "queued by class" not in text
 
     # Unpinned, everything as before.
     overview = get_json(port, "/api/overview", "admin-secret")
