@@ -8,7 +8,12 @@ page, its script and its styles are served to anyone: they hold no data,
 and the page asks for the token before it asks for any.
 
 The overview is one snapshot, built at most once per SNAPSHOT_INTERVAL and
-shared, encoded, by every viewer: a hundred browsers cost what one does.
+shared, encoded, by every viewer: a hundred browsers cost what one does. A
+token pinned to a tenant sees its subtree alone (the broker's
+`visible_stats`, then the rows, failures and workers cut to match), built
+from the same reading. A timer samples the stats every SAMPLE_INTERVAL for
+the shares over time (cronoq.dashboard.history) and the recent shares'
+window, whether or not anyone is looking.
 The admin actions go through the broker's `act`, which commits them to the
 journal before the answer leaves, as the same actions on the client socket.
 See docs/dashboard.md for each endpoint.
@@ -213,8 +218,9 @@ class Dashboard:
             if token:
                 raise
             # The sockets' wording (a token= argument of cronoq.connect) means nothing to someone with a browser.
-            raise Unauthenticated("this dashboard asks for a token: open the dashboard's page (/) in a browser and "
-                                  "enter an admin or viewer token, or send one as `Authorization: Bearer <token>`") from None
+            raise Unauthenticated(
+                "this dashboard asks for a token: open the dashboard's page (/) in a browser and enter an admin or "
+                "viewer token, or send one as `Authorization: Bearer <token>`") from None
 
     # ----------------------------------------------------------------- reading
 
@@ -284,7 +290,8 @@ class Dashboard:
         names = self._shares.pools() if pool is None else [pool]
         series = {name: self._shares.series(name, visible) for name in names}
         if pool is not None and series[pool] is None:
-            raise NotFound(f"no pool named {pool!r} is followed; pools: {', '.join(self._shares.pools()) or 'none yet'}")
+            followed = ", ".join(self._shares.pools()) or "none yet"
+            raise NotFound(f"no pool named {pool!r} is followed; pools: {followed}")
         return {"interval": SAMPLE_INTERVAL, "pools": series}
 
     def _failure(self, principal: Principal, task_id: str) -> dict[str, Any]:

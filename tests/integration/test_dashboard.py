@@ -269,7 +269,8 @@ PINNED_POOLS = ('[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglob
                 '[[pools]]\nname = "failing"\n')
 PINNED = {"T_ADMIN": "admin-secret", "T_ACME_VIEWER": "acme-viewer", "T_ACME_ADMIN": "acme-admin",
           "T_WORKER": "worker-secret"}
-PINNED_TOML = "".join(f'\n[[auth.tokens]]\ntoken_env = "{env}"\nrole = "{role}"\n' + (f'tenant = "{tenant}"\n' if tenant else "")
+PINNED_TOML = "".join(f'\n[[auth.tokens]]\ntoken_env = "{env}"\nrole = "{role}"\n'
+                      + (f'tenant = "{tenant}"\n' if tenant else "")
                       for env, role, tenant in (("T_ADMIN", "admin", None), ("T_ACME_VIEWER", "viewer", "acme"),
                                                 ("T_ACME_ADMIN", "admin", "acme"), ("T_WORKER", "worker", None)))
 

@@ -178,8 +178,8 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
     wait(browser, lambda d: text_of(d, f'{rows["globex"]} td.queued') not in (queued, ""), "the tenants update")
     # The shares over time: a line per top-level tenant, its weighted share dashed beside it, and the dispatch rate.
     for tenant in ("acme", "globex"):
-        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'#share-chart polyline.share-line[data-tenant="{tenant}"]'),
-             f"{tenant}'s share is drawn over time")
+        line = f'#share-chart polyline.share-line[data-tenant="{tenant}"]'
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, line), f"{tenant}'s share is drawn over time")
         assert browser.find_elements(By.CSS_SELECTOR, f'#share-chart polyline.promised-line[data-tenant="{tenant}"]')
     assert browser.find_elements(By.CSS_SELECTOR, "#share-chart polyline.rate-line")
     wait(browser, lambda d: "acme" in text_of(d, "#share-chart .series-legend") and "(now " in text_of(d, "#rate-now"),
@@ -277,12 +277,14 @@ def test_a_viewer_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worke
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#pools tr[data-pool="llm"]'), "the pools show")
     assert text_of(browser, "#role") == "viewer (read-only) of acme only"
     show(browser, "tenants")
-    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#tenants tr[data-tenant="acme/search"]'), "acme's tree shows")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#tenants tr[data-tenant="acme/search"]'),
+         "acme's tree shows")
     shown = [row.get_attribute("data-tenant") for row in browser.find_elements(By.CSS_SELECTOR, "#tenants tbody tr")]
     assert shown == ["acme", "acme/ads", "acme/search"]  # no globex
     assert text_of(browser, '#tenants tr[data-tenant="acme"] td.weighted') == "100.0 %"
     show(browser, "workers")
-    wait(browser, lambda d: text_of(d, "#workers tbody tr td.slots") == "– / 2", "a worker shows without its busy slots")
+    wait(browser, lambda d: text_of(d, "#workers tbody tr td.slots") == "– / 2",
+         "a worker shows without its busy slots")
     show(browser, "failures")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#failures tbody tr"), "acme's failure shows")
     assert "globex" not in browser.find_element(By.TAG_NAME, "body").text
