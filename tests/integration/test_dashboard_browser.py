@@ -128,8 +128,15 @@ def click(driver, selector: str, what: str) -> None:
 
 
 def text_of(driver, selector: str) -> str:
-    elements = driver.find_elements(By.CSS_SELECTOR, selector)
-    return elements[0].text if elements else ""
+    """The text of the first element `selector` names ("" if none). The page redraws its tables on every refresh:
+    an element found just before one is stale when read, so it is found again and read again."""
+    for _ in range(20):
+        elements = driver.find_elements(By.CSS_SELECTOR, selector)
+        try:
+            return elements[0].text if elements else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} was redrawn under every one of 20 reads")
 
 
 def show(driver, view: str) -> None:
