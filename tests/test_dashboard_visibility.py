@@ -26,7 +26,8 @@ STATS = {
         "ceiling_count": 2,
     }},
     "workers": 2,
-    "schedules": {"nightly": {"tenant": "globex", "pool": "llm"}, "acme-report": {"tenant": "acme/search", "pool": "llm"}},
+    "schedules": {"nightly": {"tenant": "globex", "pool": "llm"},
+                  "acme-report": {"tenant": "acme/search", "pool": "llm"}},
     "memory": {"records": 5000}, "store": {"bytes": 1},
 }
 
