@@ -57,3 +57,19 @@ def test_a_pinned_token_gets_its_subtree_and_the_pools_settings_only():
 def test_a_token_pinned_below_the_top_does_not_see_its_parent():
     pool = visible_stats(STATS, Principal("admin", "acme/search"))["pools"]["llm"]
     assert set(pool["tenants"]) == {"acme/search"} and pool["ceilings"] == {} and pool["queued"] == 10
+
+
+def test_weighted_shares_are_parts_of_the_pinned_nodes_and_ancestors_outside_are_dropped():
+    # As the core lists a tree: weighted shares of the whole pool, ancestors without own tasks in tree_nodes.
+    pool = {**STATS["pools"]["llm"], "tenants": {
+        "acme/search": {**tenant(10), "weighted_share": 0.5, "own_weighted_share": 0.5, "own_lag": -0.5},
+        "acme/ads": {**tenant(10), "weighted_share": 0.25, "own_weighted_share": 0.25, "own_lag": 0.0},
+        "globex/x": {**tenant(10), "weighted_share": 0.25, "own_weighted_share": 0.25, "own_lag": 0.0}},
+        "tree_nodes": {"acme": {"weight": 3.0, "lag": -0.7, "weighted_share": 0.75},
+                       "globex": {"weight": 1.0, "lag": 0.0, "weighted_share": 0.25}}}
+    seen = visible_stats({"pools": {"llm": pool}}, Principal("viewer", "acme"))["pools"]["llm"]
+    assert seen["tree_nodes"] == {"acme": {"weight": 3.0, "lag": 0.0, "weighted_share": 1.0}}
+    assert seen["tenants"]["acme/search"]["weighted_share"] == 2 / 3
+    assert seen["tenants"]["acme/ads"]["own_weighted_share"] == 1 / 3
+    assert seen["tenants"]["acme/search"]["own_lag"] == -0.5  # among its siblings inside the subtree: its own
+    assert "globex" not in json.dumps(seen)

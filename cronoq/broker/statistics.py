@@ -103,7 +103,8 @@ def visible_stats(stats: dict[str, Any], principal: Principal) -> dict[str, Any]
     """The part of a stats map `principal` may see: all of it when it is not pinned to a tenant; when it is, per pool
     the settings and the tenants of its subtree, the pool's counts summed over those tenants (so over the tenants the
     map lists: in a pool of more than STATS_TENANTS tenants, those of the busiest it lists), and the ceilings of its
-    subtree's nodes. The lag of the pinned node itself, measured against siblings it may not see, is 0."""
+    subtree's nodes. The lag of the pinned node itself, measured against siblings it may not see, is 0, and the
+    weighted shares of its subtree are parts of the pinned node's (see `_seen_from_the_pin`)."""
     if principal.tenant is None:
         return stats
     pools = {name: _visible_pool(pool, principal) for name, pool in stats.get("pools", {}).items()}
@@ -114,12 +115,36 @@ def visible_stats(stats: dict[str, Any], principal: Principal) -> dict[str, Any]
 
 
 def _visible_pool(pool: dict[str, Any], principal: Principal) -> dict[str, Any]:
-    tenants = {name: dict(t) for name, t in pool.get("tenants", {}).items() if name and principal.may_see_tenant(name)}
-    if principal.tenant in tenants:
-        tenants[principal.tenant]["lag"] = 0.0
-    ceilings = {name: c for name, c in pool.get("ceilings", {}).items() if name and principal.may_see_tenant(name)}
+    def visible(entries: dict[str, Any]) -> dict[str, Any]:
+        return {name: dict(entry) for name, entry in entries.items() if name and principal.may_see_tenant(name)}
+
+    tenants = visible(pool.get("tenants", {}))
+    nodes = visible(pool.get("tree_nodes", {}))  # ancestors without tasks of their own, when the stats list them
+    _seen_from_the_pin(principal.tenant or "", tenants, nodes)
+    ceilings = visible(pool.get("ceilings", {}))
     out: dict[str, Any] = {key: pool[key] for key in _POOL_SETTINGS if key in pool}
     out.update({key: sum(t[key] for t in tenants.values()) for key in _SUBTREE_COUNTS})
     out.update({"classes": {}, "tenants": tenants, "tenant_count": len(tenants), "ceilings": ceilings,
                 "ceiling_count": len(ceilings)})
+    if "tree_nodes" in pool:
+        out["tree_nodes"] = nodes
     return out
+
+
+_SHARES = ("weighted_share", "own_weighted_share")
+
+
+def _seen_from_the_pin(pinned: str, tenants: dict[str, Any], nodes: dict[str, Any]) -> None:
+    """Make the pinned node's figures tell nothing of its siblings: its lag among them is 0, and every weighted
+    share of its subtree is taken as a part of the pinned node's (which becomes 1). Below the pin a weighted share
+    is the pinned node's times fractions among siblings inside the subtree, so the quotient is exact."""
+    pin = tenants[pinned] if pinned in tenants else nodes.get(pinned)
+    if pin is None:
+        return
+    pin["lag"] = 0.0
+    scale = pin.get("weighted_share")
+    for entry in (*tenants.values(), *nodes.values()):
+        for key in _SHARES:
+            value = entry.get(key)
+            if value is not None:
+                entry[key] = value / scale if scale else 0.0
