@@ -83,9 +83,9 @@ def status_text(stats: dict[str, Any]) -> str:
             + (f" ({pool['dispatch_rate']:.1f}/s over the last 10 s)" if "dispatch_rate" in pool else "")
         )
         classes = pool.get("classes", {})
-        backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES if classes.get(cls, {}).get("queued"))
-        if classes:  # a pinned token's stats have none: they would count other tenants' tasks
-            lines.append(f"  queued by class: {backlog or 'none'}")
+        backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES
+                            if classes.get(cls, {}).get("queued")) if classes else "not shown to a pinned token"
+        lines.append(f"  queued by class: {backlog or 'none'}")
         shares = tenant_shares(pool, None)
         if pool.get("tenants"):
             lines.append(f"  {'tenant':<16} {'weight':>6} {'queued':>7} {'running':>7} {'dispatched':>10} {'share':>6} {'fair':>6} {'lag':>6}")

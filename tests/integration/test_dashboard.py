@@ -313,7 +313,7 @@ def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker
         assert pool["classes"] == {} and "dispatch_rate" not in pool and "ready_workers" not in pool
         assert stats["memory"] == {} and stats["store"] == {} and "globex" not in json.dumps(stats)
         text = status_text(stats)  # what `cronoq status` prints for it: no rate or class counts it was not given
-        assert "pinned to acme" in text and "/s over" not in text and "queued by class" not in text
+        assert "pinned to acme" in text and "/s over" not in text and "queued by class: not shown" in text
 
     # Unpinned, everything as before.
     overview = get_json(port, "/api/overview", "admin-secret")
