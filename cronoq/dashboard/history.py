@@ -120,14 +120,19 @@ def _top_level(pool: dict[str, Any], recent: dict[str, int],
     level's weighted shares depend only on which top-level nodes want work and on their weights, so the shared rule
     (`tenant_rows`) gives the same shares from these few nodes as from the whole tree, at a fraction of the cost."""
     listed = pool.get("tenants", {})
+    ancestors = pool.get("tree_nodes", {})  # the core's entries of nodes without tasks of their own, when it lists them
     top: dict[str, dict[str, Any]] = {}
     top_recent: dict[str, int] = {}
     for name, t in listed.items():
         root = name.partition("/")[0]
         node = top.get(root)
         if node is None:
-            weight = listed[root]["weight"] if root in listed else 1.0 if root == "" else weight_of(root)
+            entry = listed.get(root) or ancestors.get(root) or {}
+            weight = entry.get("weight", 1.0 if root == "" else weight_of(root))
             node = top[root] = {"weight": weight, "queued": 0, "delayed": 0, "running": 0, "dispatched": 0, "lag": 0.0}
+            if "weighted_share" in entry:  # the core's own figure for the node: the summed node's, whole and own
+                node["weighted_share"] = node["own_weighted_share"] = entry["weighted_share"]
+                node["own_lag"] = 0.0
         for key in ("queued", "delayed", "running", "dispatched"):
             node[key] += t[key]
         top_recent[root] = top_recent.get(root, 0) + recent.get(name, 0)
