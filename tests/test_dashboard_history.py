@@ -8,13 +8,15 @@ import pytest
 from cronoq.dashboard.history import HISTORY_SAMPLES, HISTORY_TENANTS, SMOOTHING_SAMPLES, ShareHistory
 
 
-def tenant(dispatched: int, weight: float = 1.0, queued: int = 10) -> dict:
-    return {"weight": weight, "queued": queued, "delayed": 0, "running": 0, "dispatched": dispatched, "lag": 0.0}
+def tenant(dispatched: int, weight: float = 1.0, queued: int = 10, weighted_share: float = 0.0) -> dict:
+    # With the weighted share the core computes for the node (`weighted_share`), as the broker's stats give it.
+    return {"weight": weight, "queued": queued, "delayed": 0, "running": 0, "dispatched": dispatched, "lag": 0.0,
+            "weighted_share": weighted_share, "own_weighted_share": weighted_share, "own_lag": 0.0}
 
 
-def stats(tenants: dict[str, dict], fair: bool = True) -> dict:
+def stats(tenants: dict[str, dict], fair: bool = True, tree_nodes: dict[str, dict] | None = None) -> dict:
     return {"pools": {"llm": {"fair": fair, "dispatched": sum(t["dispatched"] for t in tenants.values()),
-                              "tenants": tenants}}}
+                              "tenants": tenants, "tree_nodes": tree_nodes or {}}}}
 
 
 def weight_of(pool: str, node: str) -> float:
@@ -24,7 +26,8 @@ def weight_of(pool: str, node: str) -> float:
 def test_a_3_to_1_pool_shows_shares_of_three_quarters_and_one_quarter():
     history = ShareHistory()
     for step in range(20):
-        history.sample(2.0 * step, stats({"acme": tenant(30 * step, 3.0), "globex": tenant(10 * step)}), weight_of)
+        history.sample(2.0 * step, stats({"acme": tenant(30 * step, 3.0, weighted_share=0.75),
+                                          "globex": tenant(10 * step, weighted_share=0.25)}), weight_of)
     series = history.series("llm")
     assert series["fair"] and len(series["points"]) == 19
     for point in series["points"]:
@@ -50,8 +53,11 @@ def test_it_stays_bounded_in_samples_and_tenants_however_long_and_however_many()
 def test_a_tree_is_followed_by_its_top_level_nodes_with_their_subtrees_counted():
     history = ShareHistory()
     for step in range(3):
-        history.sample(2.0 * step, stats({"acme/search": tenant(20 * step), "acme/ads": tenant(10 * step),
-                                          "globex": tenant(10 * step)}), weight_of)
+        history.sample(2.0 * step, stats({"acme/search": tenant(20 * step, weighted_share=0.25),
+                                          "acme/ads": tenant(10 * step, weighted_share=0.25),
+                                          "globex": tenant(10 * step, weighted_share=0.5)},
+                                         tree_nodes={"acme": {"weight": 1.0, "lag": 0.0, "weighted_share": 0.5}}),
+                       weight_of)
     point = history.series("llm")["points"][-1]
     assert set(point["tenants"]) == {"acme", "globex"}
     assert point["tenants"]["acme"]["share"] == 0.75 and point["tenants"]["acme"]["weighted_share"] == 0.5
@@ -60,7 +66,8 @@ def test_a_tree_is_followed_by_its_top_level_nodes_with_their_subtrees_counted()
 def test_a_pinned_view_tells_nothing_of_the_other_tenants():
     history = ShareHistory()
     for step in range(4):
-        history.sample(2.0 * step, stats({"acme": tenant(30 * step, 3.0), "globex": tenant(10 * step)}), weight_of)
+        history.sample(2.0 * step, stats({"acme": tenant(30 * step, 3.0, weighted_share=0.75),
+                                          "globex": tenant(10 * step, weighted_share=0.25)}), weight_of)
     for point in history.series("llm", visible=lambda name: name == "acme" or name.startswith("acme/"))["points"]:
         assert set(point["tenants"]) == {"acme"}
         assert point["tenants"]["acme"] == {"share": 1.0, "weighted_share": 1.0}
