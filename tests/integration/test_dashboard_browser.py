@@ -271,7 +271,7 @@ def test_the_page_asks_for_a_token_and_a_viewer_cannot_pause(broker_factory, wor
         assert admin.stats()["pools"]["llm"]["paused"]
 
 
-def test_a_viewer_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, workers, browser):
+def test_a_viewer_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, workers, browser, tmp_path):
     port = free_port()
     tokens = {**TOKENS, "T_ACME": "acme-viewer"}
     pinned = '\n[[auth.tokens]]\ntoken_env = "T_ACME"\nrole = "viewer"\ntenant = "acme"\n'
@@ -289,6 +289,7 @@ def test_a_viewer_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worke
     shown = [row.get_attribute("data-tenant") for row in browser.find_elements(By.CSS_SELECTOR, "#tenants tbody tr")]
     assert shown == ["acme", "acme/ads", "acme/search"]  # no globex
     assert text_of(browser, '#tenants tr[data-tenant="acme"] td.weighted') == "100.0 %"
+    assert browser.save_screenshot(str(tmp_path / "pinned-tenants.png"))
     show(browser, "workers")
     wait(browser, lambda d: text_of(d, "#workers tbody tr td.slots") == "– / 2",
          "a worker shows without its busy slots")
