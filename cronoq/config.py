@@ -383,10 +383,6 @@ def _tokens(top: _Section, environ: Mapping[str, str]) -> tuple[TokenSpec, ...]:
         env = s.require("token_env", _env_name, "the name of an environment variable such as 'CRONOQ_TOKEN'")
         role = s.require("role", _choice(ROLES), "one of 'client', 'worker', 'admin', 'viewer'")
         tenant = s.get("tenant", _tenant, None)
-        if role == "viewer" and tenant is not None:
-            # A viewer reads the whole broker (the dashboard, `cronoq status`): a pin could not hold there.
-            raise s.error("tenant", "a viewer token sees every tenant and cannot be pinned to one; "
-                                    "drop `tenant`, or give a client token the tenant instead")
         value = environ.get(env)
         if value is None:
             raise s.error("token_env", f"environment variable {env} is not set; export the token in it before starting")

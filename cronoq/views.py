@@ -67,6 +67,8 @@ def status_text(stats: dict[str, Any]) -> str:
     """`cronoq status`: per pool, backlog by class and tenant, running, workers and shares (and, for a
     cluster, each member first)."""
     lines = cluster_lines(stats) + [f"workers connected: {stats.get('workers', 0)}"]
+    if stats.get("tenant") is not None:  # the stats of a token pinned to a tenant (Broker's visible_stats)
+        lines.append(f"as seen by a token pinned to {stats['tenant']}: the counts are of its subtree only")
     for name, pool in sorted(stats.get("pools", {}).items()):
         flags = [word for word, on in (("paused", pool.get("paused")), ("draining", pool.get("draining")),
                                        ("fair", pool.get("fair"))) if on]
@@ -77,11 +79,12 @@ def status_text(stats: dict[str, Any]) -> str:
         lines.append(
             f"pool {name}{' [' + ', '.join(flags) + ']' if flags else ''}: queued {pool['queued']}, "
             f"delayed {pool['delayed']}, running {pool['running']}{f'/{cap}' if cap else ''}, "
-            f"workers {pool.get('workers', 0)}, dispatched {pool['dispatched']} "
-            f"({pool.get('dispatch_rate', 0.0):.1f}/s over the last 10 s)"
+            f"workers {pool.get('workers', 0)}, dispatched {pool['dispatched']}"
+            + (f" ({pool['dispatch_rate']:.1f}/s over the last 10 s)" if "dispatch_rate" in pool else "")
         )
         classes = pool.get("classes", {})
-        backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES if classes.get(cls, {}).get("queued"))
+        backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES
+                            if classes.get(cls, {}).get("queued")) if classes else "not shown to a pinned token"
         lines.append(f"  queued by class: {backlog or 'none'}")
         shares = tenant_shares(pool, None)
         if pool.get("tenants"):

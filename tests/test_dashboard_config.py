@@ -24,11 +24,12 @@ def test_the_dashboard_key_takes_a_host_and_port_and_is_off_by_default():
         parse('[broker]\ndashboard = "127.0.0.1:9464"\nmetrics = "127.0.0.1:9464"\n')
 
 
-def test_a_viewer_token_is_accepted_but_never_pinned_to_a_tenant():
+def test_a_viewer_token_is_accepted_and_may_be_pinned_to_a_tenant():
     config = parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "viewer"\n', {"V": "viewer-secret"})
-    assert config.tokens[0].role == "viewer"
-    with pytest.raises(ConfigError, match=r"#1 tenant: a viewer token sees every tenant and cannot be pinned"):
-        parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "viewer"\ntenant = "acme"\n', {"V": "viewer-secret"})
+    assert config.tokens[0].role == "viewer" and config.tokens[0].tenant is None
+    # Pinned, it sees that tenant's subtree only (the dashboard and `stats` hold the pin).
+    pinned = parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "viewer"\ntenant = "acme"\n', {"V": "viewer-secret"})
+    assert pinned.tokens[0].tenant == "acme"
     with pytest.raises(ConfigError, match="one of 'client', 'worker', 'admin', 'viewer'"):
         parse('[[auth.tokens]]\ntoken_env = "V"\nrole = "reader"\n', {"V": "viewer-secret"})
 

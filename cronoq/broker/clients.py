@@ -25,6 +25,7 @@ from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
 )
 from cronoq.broker.outbox import Outbox
+from cronoq.broker.statistics import visible_stats
 from cronoq.errors import CronoqError, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 
 log = logging.getLogger("cronoq.broker")
@@ -196,7 +197,8 @@ class ClientRequests:
             case protocol.Stats():
                 principal.require("stats")
                 rid = request.rid
-                self._stats(lambda value: reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, rid, value)))
+                self._stats(lambda value: reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, rid,
+                                                                  visible_stats(value, principal))))
             case protocol.Reload():
                 principal.require("reload")
                 reply(conn, protocol.Ok(protocol.PROTOCOL_VERSION, request.rid, self._reload()))

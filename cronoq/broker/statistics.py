@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+from cronoq.broker.auth import Principal
 from cronoq.core import SchedulerCore
 
 # Tenants per pool that a `stats` reply lists in full (about 100 bytes each on the wire).
@@ -89,3 +90,61 @@ class StatsReplies:
 
     def _large_pools(self) -> list[str]:
         return [pool for pool in self._core.pool_names() if self._core.tenant_count(pool) > STATS_TENANTS]
+
+
+# What of a pool a token pinned to a tenant is told beyond its subtree's own counts: the pool's settings and how many
+# workers serve it. Nothing that counts other tenants' tasks (per-class counts, the virtual times, idle workers, the
+# pool's dispatch rate, the broker's record and store counts) reaches it.
+_POOL_SETTINGS = ("paused", "draining", "fair", "max_in_flight", "workers", "member")
+_SUBTREE_COUNTS = ("queued", "delayed", "running", "dispatched")
+
+
+def visible_stats(stats: dict[str, Any], principal: Principal) -> dict[str, Any]:
+    """The part of a stats map `principal` may see: all of it when it is not pinned to a tenant; when it is, per pool
+    the settings and the tenants of its subtree, the pool's counts summed over those tenants (so over the tenants the
+    map lists: in a pool of more than STATS_TENANTS tenants, those of the busiest it lists), and the ceilings of its
+    subtree's nodes. The lag of the pinned node itself, measured against siblings it may not see, is 0, and the
+    weighted shares of its subtree are parts of the pinned node's (see `_seen_from_the_pin`)."""
+    if principal.tenant is None:
+        return stats
+    pools = {name: _visible_pool(pool, principal) for name, pool in stats.get("pools", {}).items()}
+    schedules = {name: s for name, s in stats.get("schedules", {}).items() if principal.may_see_tenant(s.get("tenant"))}
+    extra = {"member": stats["member"]} if "member" in stats else {}
+    return {**extra, "pools": pools, "workers": stats.get("workers", 0), "schedules": schedules,
+            "memory": {}, "store": {}, "tenant": principal.tenant}
+
+
+def _visible_pool(pool: dict[str, Any], principal: Principal) -> dict[str, Any]:
+    def visible(entries: dict[str, Any]) -> dict[str, Any]:
+        return {name: dict(entry) for name, entry in entries.items() if name and principal.may_see_tenant(name)}
+
+    tenants = visible(pool.get("tenants", {}))
+    nodes = visible(pool.get("tree_nodes", {}))  # ancestors without tasks of their own, when the stats list them
+    _seen_from_the_pin(principal.tenant or "", tenants, nodes)
+    ceilings = visible(pool.get("ceilings", {}))
+    out: dict[str, Any] = {key: pool[key] for key in _POOL_SETTINGS if key in pool}
+    out.update({key: sum(t[key] for t in tenants.values()) for key in _SUBTREE_COUNTS})
+    out.update({"classes": {}, "tenants": tenants, "tenant_count": len(tenants), "ceilings": ceilings,
+                "ceiling_count": len(ceilings)})
+    if "tree_nodes" in pool:
+        out["tree_nodes"] = nodes
+    return out
+
+
+_SHARES = ("weighted_share", "own_weighted_share")
+
+
+def _seen_from_the_pin(pinned: str, tenants: dict[str, Any], nodes: dict[str, Any]) -> None:
+    """Make the pinned node's figures tell nothing of its siblings: its lag among them is 0, and every weighted
+    share of its subtree is taken as a part of the pinned node's (which becomes 1). Below the pin a weighted share
+    is the pinned node's times fractions among siblings inside the subtree, so the quotient is exact."""
+    pin = tenants[pinned] if pinned in tenants else nodes.get(pinned)
+    if pin is None:
+        return
+    pin["lag"] = 0.0
+    scale = pin.get("weighted_share")
+    for entry in (*tenants.values(), *nodes.values()):
+        for key in _SHARES:
+            value = entry.get(key)
+            if value is not None:
+                entry[key] = value / scale if scale else 0.0

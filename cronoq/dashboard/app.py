@@ -8,7 +8,12 @@ page, its script and its styles are served to anyone: they hold no data,
 and the page asks for the token before it asks for any.
 
 The overview is one snapshot, built at most once per SNAPSHOT_INTERVAL and
-shared, encoded, by every viewer: a hundred browsers cost what one does.
+shared, encoded, by every viewer: a hundred browsers cost what one does. A
+token pinned to a tenant sees its subtree alone (the broker's
+`visible_stats`, then the rows, failures and workers cut to match), built
+from the same reading. A timer samples the stats every SAMPLE_INTERVAL for
+the shares over time (cronoq.dashboard.history) and the recent shares'
+window, whether or not anyone is looking.
 The admin actions go through the broker's `act`, which commits them to the
 journal before the answer leaves, as the same actions on the client socket.
 See docs/dashboard.md for each endpoint.
@@ -16,6 +21,7 @@ See docs/dashboard.md for each endpoint.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
@@ -29,7 +35,9 @@ import msgspec
 from cronoq.book import Explanation, TaskBook, unknown_task
 from cronoq.broker.auth import OPEN, Principal
 from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut
+from cronoq.broker.statistics import visible_stats
 from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.dashboard.history import SAMPLE_INTERVAL, ShareHistory
 from cronoq.dashboard.http import HttpServer, Request, Response, plain
 from cronoq.dashboard.views import DispatchHistory, dispatch_counts, failure_row, pool_view, worker_rows
 from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
@@ -58,6 +66,7 @@ _POOL_ACTION = re.compile(r"/api/pools/(?P<pool>[^/]+)/(?P<action>pause|resume)"
 _TASK = re.compile(r"/api/tasks/(?P<id>[^/]+)")
 _TASK_CANCEL = re.compile(r"/api/tasks/(?P<id>[^/]+)/cancel")
 _FAILURE = re.compile(r"/api/failures/(?P<id>[^/]+)")
+_HISTORY = re.compile(r"/api/history/(?P<pool>[^/]+)")
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,17 @@ def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[st
     return view
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What one overview snapshot is built from: the broker's stats, the recent dispatches, the workers."""
+
+    now: float
+    stats: dict[str, Any]
+    recent: dict[str, dict[str, int]]
+    covers: float | None
+    workers: list[dict[str, Any]]
+
+
 class Dashboard:
     """The web dashboard of one broker: `start(address)` serves it on the running loop, `close()` stops it."""
 
@@ -106,7 +126,9 @@ class Dashboard:
         self._parts = parts
         self._monotonic = monotonic
         self._history = DispatchHistory()
-        self._snapshot: tuple[float, dict[str, Any], bytes] | None = None
+        self._shares = ShareHistory()
+        self._sampler: asyncio.TimerHandle | None = None
+        self._snapshot: tuple[float, _Reading, bytes] | None = None
         self._static = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
         self.server = HttpServer(self.handle)
 
@@ -114,10 +136,27 @@ class Dashboard:
         """Listen on "host:port"; returns the address bound. Raises OSError when it cannot be bound."""
         bound = await self.server.start(address)
         log.info("dashboard at http://%s:%d/", *bound)
+        self.sample()
         return bound
 
     def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
         self.server.close()
+
+    def sample(self) -> None:
+        """Take a sample of the stats for the shares over time and the recent shares, and again in SAMPLE_INTERVAL:
+        on a timer, so the chart covers the last minutes whether or not anyone was looking."""
+        try:
+            now = self._parts.clock()
+            stats = self._parts.stats()
+            weights = {pool.name: pool for pool in self._parts.pools()}
+            self._shares.sample(now, stats, lambda pool, node: weights.get(pool, PoolSettings(pool)).weight(node))
+            self._history.recent(now, dispatch_counts(stats))
+        except Exception:  # a bug: it must cost a point of the chart, never the broker
+            log.exception("the dashboard failed to sample the broker's stats")
+        self._sampler = asyncio.get_running_loop().call_later(SAMPLE_INTERVAL, self.sample)
 
     # ----------------------------------------------------------------- routing
 
@@ -154,7 +193,12 @@ class Dashboard:
                 return Response(200, self._overview(principal))
             if path == "/api/session":
                 return Response(200, _json({"role": principal.role, "auth": principal is not OPEN,
-                                            "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL}))
+                                            "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL,
+                                            "tenant": principal.tenant}))
+            if path == "/api/history":
+                return Response(200, _json(self._shares_over_time(principal, None)))
+            if (match := _HISTORY.fullmatch(path)) is not None:
+                return Response(200, _json(self._shares_over_time(principal, match["pool"])))
             if (match := _TASK.fullmatch(path)) is not None:
                 return Response(200, _json(task_view(self._parts, principal, _task_id(match["id"]))))
             if (match := _FAILURE.fullmatch(path)) is not None:
@@ -168,43 +212,88 @@ class Dashboard:
         scheme, _, token = header.partition(" ")
         if header and scheme.lower() != "bearer":
             raise Unauthenticated("send the token as `Authorization: Bearer <token>`")
-        return self._parts.identify(token.strip().encode())
+        token = token.strip()
+        try:
+            return self._parts.identify(token.encode())
+        except Unauthenticated:
+            if token:
+                raise
+            # The sockets' wording (a token= argument of cronoq.connect) means nothing to someone with a browser.
+            raise Unauthenticated(
+                "this dashboard asks for a token: open the dashboard's page (/) in a browser and enter an admin or "
+                "viewer token, or send one as `Authorization: Bearer <token>`") from None
 
     # ----------------------------------------------------------------- reading
 
     def _overview(self, principal: Principal) -> bytes:
-        """The shared snapshot, encoded; built anew when it is older than SNAPSHOT_INTERVAL."""
+        """The shared snapshot, encoded; built anew when it is older than SNAPSHOT_INTERVAL. A token pinned to a
+        tenant gets a view of its own built from the same reading (see `_view`)."""
         now = self._monotonic()
         if self._snapshot is None or now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
-            value = self._build()
-            self._snapshot = (now, value, _json(value))
-        _, value, encoded = self._snapshot
-        if principal.tenant is None:
-            return encoded
-        # A token pinned to a tenant sees the failures of its own subtree only (rare: built per request).
-        return _json({**value, "failures": [f for f in value["failures"] if principal.may_see_tenant(f["tenant"])]})
+            reading = self._read()
+            self._snapshot = (now, reading, _json(self._view(reading, OPEN)))
+        _, reading, encoded = self._snapshot
+        return encoded if principal.tenant is None else _json(self._view(reading, principal))
 
-    def _build(self) -> dict[str, Any]:
+    def _read(self) -> _Reading:
         parts = self._parts
         now = parts.clock()
         stats = parts.stats()
         recent, covers = self._history.recent(now, dispatch_counts(stats))
+        return _Reading(now, stats, recent, covers, parts.workers())
+
+    def _view(self, reading: _Reading, principal: Principal) -> dict[str, Any]:
+        """The overview as `principal` may see it. A token pinned to a tenant sees its subtree alone, as if no other
+        tenant existed: the rows of its subtree (shares and weighted shares among them), the pools' counts summed
+        over them, their failures, the workers without their busy slots (which count other tenants' tasks), and, for
+        a pool's dispatch rate, its subtree's over the share window."""
+        parts = self._parts
         settings = {pool.name: pool for pool in parts.pools()}
         pools = []
-        for name, pool in sorted(stats.get("pools", {}).items()):
-            configured = settings.get(name, PoolSettings(name))
-            pools.append(pool_view(name, pool, recent.get(name, {}), configured.weight,
-                                   lambda node, pool_name=name: parts.core.lag(pool_name, node)))
-        workers = parts.workers()
+        for name, pool in sorted(visible_stats(reading.stats, principal).get("pools", {}).items()):
+            weight_of = settings.get(name, PoolSettings(name)).weight
+            recent = reading.recent.get(name, {})
+            if principal.tenant is None:
+                pools.append(pool_view(name, pool, recent, weight_of,
+                                       lambda node, pool_name=name: parts.core.lag(pool_name, node)))
+            else:
+                pools.append(self._pinned_pool_view(name, pool, recent, weight_of, principal.tenant, reading.covers))
+        workers = worker_rows(reading.workers, reading.now)
+        if principal.tenant is not None:
+            workers = [{**w, "busy": None} for w in workers]
         return {
-            "now": now,
+            "now": reading.now,
             "interval": SNAPSHOT_INTERVAL,
-            "share_window": covers,
-            "workers_connected": len(workers),
+            "share_window": reading.covers,
+            "workers_connected": len(reading.workers),
             "pools": pools,
-            "workers": worker_rows(workers, now),
-            "failures": [failure_row(f) for f in parts.failures],
+            "workers": workers,
+            "failures": [failure_row(f) for f in parts.failures if principal.may_see_tenant(f.tenant)],
         }
+
+    def _pinned_pool_view(self, name: str, pool: dict[str, Any], recent: dict[str, int],
+                          weight_of: Callable[[str], float], pinned: str, covers: float | None) -> dict[str, Any]:
+        """A pool as a token pinned to `pinned` sees it, from its visible stats (`visible_stats`): the rows of its
+        subtree, its node the top one; the rate its subtree's over the share window."""
+        recent = {tenant: n for tenant, n in recent.items() if tenant in pool["tenants"]}
+        view = pool_view(name, pool, recent, weight_of,
+                         lambda node: 0.0 if node == pinned else self._parts.core.lag(name, node))
+        # The ancestors the tree adds above the pin are not the token's to see.
+        depth = pinned.count("/")
+        view["tenants"] = [{**row, "depth": row["depth"] - depth} for row in view["tenants"]
+                           if row["tenant"] == pinned or row["tenant"].startswith(pinned + "/")]
+        view["dispatch_rate"] = sum(recent.values()) / covers if covers else 0.0
+        return view
+
+    def _shares_over_time(self, principal: Principal, pool: str | None) -> dict[str, Any]:
+        """GET /api/history[/POOL]: the shares over the last minutes (cronoq.dashboard.history)."""
+        visible = None if principal.tenant is None else principal.may_see_tenant
+        names = self._shares.pools() if pool is None else [pool]
+        series = {name: self._shares.series(name, visible) for name in names}
+        if pool is not None and series[pool] is None:
+            followed = ", ".join(self._shares.pools()) or "none yet"
+            raise NotFound(f"no pool named {pool!r} is followed; pools: {followed}")
+        return {"interval": SAMPLE_INTERVAL, "pools": series}
 
     def _failure(self, principal: Principal, task_id: str) -> dict[str, Any]:
         failure = self._parts.failures.find(task_id)

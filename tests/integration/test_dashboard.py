@@ -15,6 +15,7 @@ import pytest
 
 import cronoq
 from cronoq.dashboard.http import MAX_CONNECTIONS, MAX_HEADERS, REQUEST_TIMEOUT
+from cronoq.views import status_text
 from tests.support import ROOT, free_port, run_command, start_worker_process
 
 POOLS = '[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n\n[[pools]]\nname = "failing"\n'
@@ -138,12 +139,15 @@ def test_tokens_are_asked_for_and_roles_apply(broker_factory):
     status, headers, body = request(port, "GET", "/api/overview")
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
     assert json.loads(body)["error"]["code"] == "UNAUTHENTICATED"
+    # Said for someone with a browser or curl, not for a program calling cronoq.connect.
+    message = json.loads(body)["error"]["message"]
+    assert "cronoq.connect" not in message and "Authorization: Bearer" in message and "page" in message
     assert request(port, "GET", "/api/overview", "wrong-secret")[0] == 401
     assert request(port, "GET", "/api/overview", headers={"Authorization": "Basic YWRtaW4="})[0] == 401
     status, _, body = request(port, "GET", "/api/overview", "client-secret")
     assert status == 403 and "viewer or admin" in json.loads(body)["error"]["message"]
     assert get_json(port, "/api/session", "viewer-secret") == {"role": "viewer", "auth": True, "may_act": False,
-                                                               "interval": 1.0}
+                                                               "interval": 1.0, "tenant": None}
     assert get_json(port, "/api/overview", "viewer-secret")["pools"]
     status, _, body = request(port, "POST", "/api/pools/llm/pause", "viewer-secret", act=True)
     assert status == 403 and "a viewer token may not pause a pool" in json.loads(body)["error"]["message"]
@@ -259,3 +263,93 @@ def test_a_dashboard_address_in_use_stops_the_broker_before_it_starts(broker_fac
     assert result.returncode == 1
     assert f"cannot serve the dashboard at 127.0.0.1:{port}" in result.stderr
     assert not (tmp_path / "busy-data").exists()  # nothing touched
+
+
+PINNED_POOLS = ('[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n"acme/search" = 2\n\n'
+                '[[pools]]\nname = "failing"\n')
+PINNED = {"T_ADMIN": "admin-secret", "T_ACME_VIEWER": "acme-viewer", "T_ACME_ADMIN": "acme-admin",
+          "T_WORKER": "worker-secret"}
+PINNED_TOML = "".join(f'\n[[auth.tokens]]\ntoken_env = "{env}"\nrole = "{role}"\n'
+                      + (f'tenant = "{tenant}"\n' if tenant else "")
+                      for env, role, tenant in (("T_ADMIN", "admin", None), ("T_ACME_VIEWER", "viewer", "acme"),
+                                                ("T_ACME_ADMIN", "admin", "acme"), ("T_WORKER", "worker", None)))
+
+
+def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker_factory):
+    port = free_port()
+    broker = broker_factory(PINNED_POOLS + PINNED_TOML, env=PINNED, broker_extra=f'dashboard = "127.0.0.1:{port}"')
+    worker_factory(broker, env={**PINNED, "CRONOQ_TOKEN": "worker-secret"})
+    with cronoq.connect_sync(broker.clients, token="admin-secret") as admin:
+        admin.pause("llm")
+        for i in range(5):
+            admin.submit(i, pool="llm", tenant="acme/search")
+        for i in range(7):
+            other = admin.submit(i, pool="llm", tenant="globex", priority="high", deadline=3600)
+        failures = [admin.submit("x", pool="failing", tenant=tenant) for tenant in ("acme", "globex")]
+        for failed in failures:
+            with pytest.raises(cronoq.TaskFailed):
+                failed.result(timeout=30)
+    until(lambda: len(get_json(port, "/api/overview", "admin-secret")["failures"]) == 2, "both failures are listed")
+
+    for token in ("acme-viewer", "acme-admin"):
+        assert get_json(port, "/api/session", token)["tenant"] == "acme"
+        overview = get_json(port, "/api/overview", token)
+        llm = {pool["name"]: pool for pool in overview["pools"]}["llm"]
+        assert [row["tenant"] for row in llm["tenants"]] == ["acme", "acme/search"]
+        assert [row["depth"] for row in llm["tenants"]] == [0, 1]
+        assert llm["queued"] == 5 and llm["tenant_count"] == 1  # globex and its 7 tasks are not counted
+        assert llm["tenants"][0]["weighted_share"] == pytest.approx(1.0) and llm["tenants"][0]["lag"] == 0.0
+        assert [f["tenant"] for f in overview["failures"]] == ["acme"]
+        assert all(w["busy"] is None for w in overview["workers"])  # busy slots would count others' tasks
+        assert "globex" not in json.dumps(overview)
+        status, _, body = request(port, "GET", f"/api/tasks/{other.id}", token)
+        assert status == 404 and json.loads(body)["error"]["code"] == "NOT_FOUND"
+        assert request(port, "GET", f"/api/failures/{failures[1].id}", token)[0] == 404
+        assert "globex" not in json.dumps(get_json(port, "/api/history", token))
+        with cronoq.connect_sync(broker.clients, token=token) as pinned:
+            stats = pinned.stats()
+        pool = stats["pools"]["llm"]
+        assert set(pool["tenants"]) == {"acme/search"} and pool["queued"] == 5 and pool["tenant_count"] == 1
+        assert pool["classes"] == {} and "dispatch_rate" not in pool and "ready_workers" not in pool
+        assert stats["memory"] == {} and stats["store"] == {} and "globex" not in json.dumps(stats)
+        text = status_text(stats)  # what `cronoq status` prints for it: no rate or class counts it was not given
+        assert "pinned to acme" in text and "/s over" not in text and "queued by class: not shown" in text
+
+    # Unpinned, everything as before.
+    overview = get_json(port, "/api/overview", "admin-secret")
+    llm = {pool["name"]: pool for pool in overview["pools"]}["llm"]
+    assert {row["tenant"] for row in llm["tenants"]} == {"acme", "acme/search", "globex"} and llm["queued"] == 12
+    assert get_json(port, f"/api/tasks/{other.id}", "admin-secret")["tenant"] == "globex"
+    with cronoq.connect_sync(broker.clients, token="admin-secret") as admin:
+        assert admin.stats()["pools"]["llm"]["classes"]["high"]["queued"] == 7
+
+
+def test_the_shares_over_time_follow_a_3_to_1_pool(broker_factory, worker_factory):
+    port = free_port()
+    broker = broker_factory(POOLS, broker_extra=f'dashboard = "127.0.0.1:{port}"')
+    worker_factory(broker)
+    with cronoq.connect_sync(broker.clients) as client:
+        client.pause("llm")
+        for i in range(900):
+            client.submit(i, pool="llm", tenant="acme")
+        for i in range(300):
+            client.submit(i, pool="llm", tenant="globex")
+        client.resume("llm")
+
+    def measured():
+        points = get_json(port, "/api/history/llm")["pools"]["llm"]["points"]
+        full = [p for p in points if p["dispatches"] >= 40 and p["tenants"].get("acme", {}).get("share") is not None
+                and p["tenants"].get("globex", {}).get("share") is not None]
+        return len(full) >= 2 and (points, full)
+
+    points, full = until(measured, "two points of the history measure both tenants", timeout=90)
+    for point in full:
+        acme, globex = point["tenants"]["acme"], point["tenants"]["globex"]
+        assert acme["weighted_share"] == pytest.approx(0.75) and globex["weighted_share"] == pytest.approx(0.25)
+        assert acme["share"] == pytest.approx(0.75, abs=0.1) and acme["share"] + globex["share"] == pytest.approx(1.0)
+        assert point["rate"] > 0
+    assert [p["at"] for p in points] == sorted(p["at"] for p in points)
+    everything = get_json(port, "/api/history")
+    assert set(everything["pools"]) == {"llm", "failing"} and everything["interval"] == 5.0
+    status, _, body = request(port, "GET", "/api/history/nope")
+    assert status == 404 and "no pool named 'nope'" in json.loads(body)["error"]["message"]

@@ -128,8 +128,15 @@ def click(driver, selector: str, what: str) -> None:
 
 
 def text_of(driver, selector: str) -> str:
-    elements = driver.find_elements(By.CSS_SELECTOR, selector)
-    return elements[0].text if elements else ""
+    """The text of the first element `selector` names ("" if none). The page redraws its tables on every refresh:
+    an element found just before one is stale when read, so it is found again and read again."""
+    for _ in range(20):
+        elements = driver.find_elements(By.CSS_SELECTOR, selector)
+        try:
+            return elements[0].text if elements else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} was redrawn under every one of 20 reads")
 
 
 def show(driver, view: str) -> None:
@@ -156,8 +163,15 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
     first = text_of(browser, f"{row} td.queued")
     wait(browser, lambda d: text_of(d, f"{row} td.queued") not in (first, ""), "the queued count updates")
 
-    # Tenants: the tree, both top-level tenants with their shares against their weighted shares, updating.
+    # A tab click keeps the tab bar in sight, however short the window (a #hash of the table's id scrolled to it).
+    browser.set_window_size(1280, 260)
+    browser.execute_script("window.scrollTo(0, 0)")
     show(browser, "tenants")
+    assert browser.execute_script("return window.scrollY") == 0, "the tab click scrolled the tab bar away"
+    assert browser.execute_script("return location.hash") == "#tenants"
+    browser.set_window_size(1280, 720)
+
+    # Tenants: the tree, both top-level tenants with their shares against their weighted shares, updating.
     rows = {tenant: f'#tenants tr[data-tenant="{tenant}"]' for tenant in ("acme", "acme/search", "acme/ads", "globex")}
     wait(browser, lambda d: all(d.find_elements(By.CSS_SELECTOR, r) for r in rows.values()), "every tenant shows")
     assert text_of(browser, f'{rows["acme"]} td.weighted') == "75.0 %"
@@ -169,6 +183,18 @@ def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker
          > percent(text_of(d, f'{rows["globex"]} td.share')) > 0, "the recent shares follow the weights")
     queued = text_of(browser, f'{rows["globex"]} td.queued')
     wait(browser, lambda d: text_of(d, f'{rows["globex"]} td.queued') not in (queued, ""), "the tenants update")
+    # The shares over time: a line per top-level tenant, its weighted share dashed beside it, and the dispatch rate.
+    for tenant in ("acme", "globex"):
+        line = f'#share-chart polyline.share-line[data-tenant="{tenant}"]'
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, line), f"{tenant}'s share is drawn over time")
+        assert browser.find_elements(By.CSS_SELECTOR, f'#share-chart polyline.promised-line[data-tenant="{tenant}"]')
+    assert browser.find_elements(By.CSS_SELECTOR, "#share-chart polyline.rate-line")
+    wait(browser, lambda d: "acme" in text_of(d, "#share-chart .series-legend") and "(now " in text_of(d, "#rate-now"),
+         "the chart's legend and the pool's rate show")
+    browser.execute_script("document.getElementById('share-chart').scrollIntoView()")
+    chart_shot = tmp_path / "dashboard-chart.png"
+    assert browser.save_screenshot(str(chart_shot)) and chart_shot.stat().st_size > 0
+    browser.execute_script("window.scrollTo(0, 0)")
     screenshot = SCREENSHOT if os.environ.get("CRONOQ_SCREENSHOT") else tmp_path / SCREENSHOT.name
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 0
@@ -243,3 +269,30 @@ def test_the_page_asks_for_a_token_and_a_viewer_cannot_pause(broker_factory, wor
     wait(browser, lambda d: text_of(d, f"{row} td.state").startswith("paused"), "the pool shows paused")
     with cronoq.connect_sync(broker.clients, token="admin-secret") as admin:
         assert admin.stats()["pools"]["llm"]["paused"]
+
+
+def test_a_viewer_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, workers, browser, tmp_path):
+    port = free_port()
+    tokens = {**TOKENS, "T_ACME": "acme-viewer"}
+    pinned = '\n[[auth.tokens]]\ntoken_env = "T_ACME"\nrole = "viewer"\ntenant = "acme"\n'
+    broker = broker_factory(POOLS + TOKENS_TOML + pinned, env=tokens, broker_extra=f'dashboard = "127.0.0.1:{port}"')
+    workers(broker, 1, env={**tokens, "T_WORKER": "admin-secret"})
+    load(broker, token="admin-secret")
+    browser.get(f"http://127.0.0.1:{port}/")
+    wait(browser, lambda d: d.find_element(By.ID, "login").is_displayed(), "the page asks for a token")
+    log_in(browser, "acme-viewer")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#pools tr[data-pool="llm"]'), "the pools show")
+    assert text_of(browser, "#role") == "viewer (read-only) of acme only"
+    show(browser, "tenants")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#tenants tr[data-tenant="acme/search"]'),
+         "acme's tree shows")
+    shown = [row.get_attribute("data-tenant") for row in browser.find_elements(By.CSS_SELECTOR, "#tenants tbody tr")]
+    assert shown == ["acme", "acme/ads", "acme/search"]  # no globex
+    assert text_of(browser, '#tenants tr[data-tenant="acme"] td.weighted') == "100.0 %"
+    assert browser.save_screenshot(str(tmp_path / "pinned-tenants.png"))
+    show(browser, "workers")
+    wait(browser, lambda d: text_of(d, "#workers tbody tr td.slots") == "– / 2",
+         "a worker shows without its busy slots")
+    show(browser, "failures")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#failures tbody tr"), "acme's failure shows")
+    assert "globex" not in browser.find_element(By.TAG_NAME, "body").text

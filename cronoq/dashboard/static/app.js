@@ -5,7 +5,12 @@
 
 const TOKEN_KEY = "cronoq-token";
 const ACTION_HEADER = "X-Cronoq-Dashboard";
-const state = { overview: null, view: "pools", pool: null, interval: 1.0, mayAct: false, timer: null };
+const state = { overview: null, view: "pools", pool: null, interval: 1.0, mayAct: false, timer: null,
+  history: null, historyAt: 0, drawn: null };
+const SVG = "http://www.w3.org/2000/svg";
+// One color per followed tenant (the broker follows at most 8 per pool): its share solid, its weighted share dashed.
+// Orange comes late: the table's bars use it for the weighted share.
+const COLORS = ["#2f6fed", "#2b8a3e", "#9c36b5", "#c2255c", "#0b7285", "#e8590c", "#5c940d", "#495057"];
 
 class ApiError extends Error {
   constructor(status, code, message) { super(message); this.status = status; this.code = code; }
@@ -64,8 +69,9 @@ async function openSession() {
     const session = await api("/api/session");
     state.mayAct = session.may_act;
     state.interval = session.interval || 1.0;
-    $("role").textContent = !session.auth ? "open broker (no tokens)"
-      : session.role === "admin" ? "admin" : "viewer (read-only)";
+    $("role").textContent = (!session.auth ? "open broker (no tokens)"
+      : session.role === "admin" ? "admin" : "viewer (read-only)")
+      + (session.tenant ? " of " + session.tenant + " only" : "");
     $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY);
     $("login").hidden = true;
     $("views").hidden = false;
@@ -88,6 +94,7 @@ async function poll() {
   clearTimeout(state.timer);
   try {
     state.overview = await api("/api/overview");
+    await fetchHistory();
     render();
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
     $("updated").classList.remove("stale");
@@ -103,11 +110,27 @@ async function poll() {
   state.timer = setTimeout(poll, state.interval * 1000);
 }
 
+// The shares over time change once per sample (a few seconds): asked for only while the tenants view shows, and
+// only once a new sample can be there.
+async function fetchHistory() {
+  if (state.view !== "tenants" || !state.pool) return;
+  const due = state.history && state.history.pool === state.pool
+    ? state.historyAt + 1000 * (state.history.interval || 2) : 0;
+  if (Date.now() < due) return;
+  try {
+    state.history = (await api("/api/history/" + encodeURIComponent(state.pool))).pools[state.pool];
+  } catch (error) {
+    state.history = { pool: state.pool, points: [], error: error.message };
+  }
+  state.historyAt = Date.now();
+}
+
 function render() {
   const o = state.overview;
   if (!o) return;
   renderPools(o);
   renderTenants(o);
+  renderChart();
   renderWorkers(o);
   renderFailures(o);
 }
@@ -179,7 +202,7 @@ function renderWorkers(o) {
     el("tr", { "data-worker": w.name },
       el("td", { class: "name" }, w.name),
       el("td", { class: "pools" }, w.pools.join(", ")),
-      el("td", { class: "slots num" }, w.busy + " / " + w.concurrency),
+      el("td", { class: "slots num" }, (w.busy === null ? "–" : w.busy) + " / " + w.concurrency),
       el("td", { class: "seen num" }, w.last_seen.toFixed(1) + " s ago"),
       el("td", {}, w.leaving ? "leaving" : ""))));
 }
@@ -194,6 +217,92 @@ function renderFailures(o) {
       el("td", { class: "message" }, f.message),
       el("td", { class: "num" }, f.attempts),
       el("td", {}, f.finished_at ? new Date(f.finished_at * 1000).toLocaleTimeString() : ""))));
+}
+
+// ------------------------------------------------------------------ shares over time
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+// Polylines through the points whose value is known: a gap (a tenant not followed then, no dispatches) breaks it.
+function lines(points, x, y, value, attrs) {
+  const out = [];
+  let run = [];
+  const flush = () => {
+    if (run.length > 1) out.push(svg("polyline", { ...attrs, points: run.join(" ") }));
+    run = [];
+  };
+  for (const p of points) {
+    const v = value(p);
+    if (v === null || v === undefined) { flush(); continue; }
+    run.push(x(p.at).toFixed(1) + "," + y(v).toFixed(1));
+  }
+  flush();
+  return out;
+}
+
+function renderChart() {
+  const box = $("share-chart");
+  const h = state.history;
+  if (!h || h.pool !== state.pool) { box.replaceChildren(); state.drawn = null; return; }
+  if (h === state.drawn) return;  // redrawn only when a new sample came: a chart that flickers each second is hard to read
+  state.drawn = h;
+  if (h.error) { box.replaceChildren(el("p", { class: "note" }, "shares over time: " + h.error)); return; }
+  const points = h.points;
+  if (!points.length) {
+    box.replaceChildren(el("p", { class: "note" }, "Shares over time appear after the first samples (every "
+      + (h.interval || 2) + " s)."));
+    return;
+  }
+  const W = 720, H = 170, RH = 70, left = 44, right = 10, top = 8, bottom = 18;
+  const end = points[points.length - 1].at, start = end - (h.window || 600);
+  const x = (t) => left + (W - left - right) * Math.max(0, t - start) / (end - start);
+  const y = (v) => top + (H - top - bottom) * (1 - Math.max(0, Math.min(1, v)));
+  const share = svg("svg", { viewBox: "0 0 " + W + " " + H, class: "chart", role: "img",
+    "aria-label": "each tenant's share of dispatches over time, against its weighted share" });
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+    share.append(svg("line", { x1: left, x2: W - right, y1: y(v), y2: y(v), class: "grid" }),
+      svg("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end", class: "axis" }, (100 * v) + " %"));
+  }
+  for (const [label, t] of [["−10 min", start], ["−5 min", start + (end - start) / 2], ["now", end]]) {
+    share.append(svg("text", { x: x(t), y: H - 4, "text-anchor": t === start ? "start" : t === end ? "end" : "middle",
+      class: "axis" }, label));
+  }
+  const names = [...new Set(points.flatMap((p) => Object.keys(p.tenants)))].sort();
+  const legend = [];
+  names.forEach((name, i) => {
+    const color = COLORS[i % COLORS.length];
+    const of = (field) => (p) => p.tenants[name] ? p.tenants[name][field] : null;
+    if (h.fair) {
+      share.append(...lines(points, x, y, of("weighted_share"),
+        { stroke: color, "stroke-dasharray": "5 4", class: "promised-line", "data-tenant": name }));
+    }
+    share.append(...lines(points, x, y, of("share"), { stroke: color, class: "share-line", "data-tenant": name }));
+    const swatch = el("span", { class: "swatch" });
+    swatch.style.background = color;
+    legend.push(el("span", { class: "series" }, swatch, name === "" ? "(none)" : name));
+  });
+  const maxRate = Math.max(1, ...points.map((p) => p.rate));
+  const ry = (v) => top + (RH - top - bottom) * (1 - v / maxRate);
+  const rate = svg("svg", { viewBox: "0 0 " + W + " " + RH, class: "chart rate", role: "img",
+    "aria-label": "the pool's dispatches per second over time" });
+  rate.append(svg("line", { x1: left, x2: W - right, y1: ry(0), y2: ry(0), class: "grid" }),
+    svg("line", { x1: left, x2: W - right, y1: ry(maxRate), y2: ry(maxRate), class: "grid" }),
+    svg("text", { x: left - 6, y: ry(maxRate) + 4, "text-anchor": "end", class: "axis" }, maxRate.toFixed(0) + "/s"),
+    svg("text", { x: left - 6, y: ry(0) + 4, "text-anchor": "end", class: "axis" }, "0"),
+    ...lines(points, x, ry, (p) => p.rate, { class: "rate-line" }));
+  const last = points[points.length - 1];
+  box.replaceChildren(
+    el("h3", {}, "Shares over the last 10 minutes"),
+    el("p", { class: "legend" }, "Solid: each tenant's share of the pool's dispatches (over about 10 s at each point);"
+      + (h.fair ? " dashed: the share its weight promises." : " this pool serves first come, first served.")),
+    share, el("p", { class: "legend series-legend" }, ...legend),
+    el("h3", {}, "Dispatches per second ", el("span", { id: "rate-now", class: "note" }, "(now " + last.rate.toFixed(1) + ")")),
+    rate);
 }
 
 // ------------------------------------------------------------------ actions and lookups
@@ -268,11 +377,17 @@ function showView(view) {
 
 document.addEventListener("DOMContentLoaded", () => {
   for (const button of $("tabs").querySelectorAll("button")) {
-    button.addEventListener("click", () => { showView(button.dataset.view); location.hash = button.dataset.view; });
+    // replaceState, not location.hash: a hash jumps to the element of that id (the tables are #pools, #tenants...),
+    // scrolling the tab bar out of sight.
+    button.addEventListener("click", () => {
+      showView(button.dataset.view);
+      history.replaceState(null, "", "#" + button.dataset.view);
+      if (button.dataset.view === "tenants") fetchHistory().then(render);
+    });
   }
   const fromHash = location.hash.slice(1);
   if (["pools", "tenants", "workers", "failures", "task"].includes(fromHash)) showView(fromHash);
-  $("tenant-pool").addEventListener("change", (event) => { state.pool = event.target.value; render(); });
+  $("tenant-pool").addEventListener("change", (event) => { state.pool = event.target.value; render(); fetchHistory().then(render); });
   $("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $("token-input").value.trim());
