@@ -15,6 +15,7 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -23,12 +24,18 @@ import zmq
 from cronoq import logs
 from cronoq.broker.server import Broker
 from cronoq.errors import CronoqError
-from cronoq.broker.standby import stand_by
+from cronoq.broker.held import HeldAddresses
+from cronoq.broker.standby import Complaint, stand_by
 from cronoq.config import BrokerConfig, ConfigError, default_config, load_config, override
 from cronoq.store.journal import DamagedFile, StoreError
 from cronoq.store.repair import repair
 
 log = logging.getLogger("cronoq.broker")
+
+
+RETRY_SERVING = 1.0
+"""Seconds a standby that took over but could not serve (its metrics or dashboard address was taken) waits
+before it tries again."""
 
 
 class _StartFailed(Exception):
@@ -115,36 +122,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.repair:
         return _repair(config, args.config)
-    held_lock = None
-    if args.standby:
-        if config.data_dir is None:
-            print('cronoq-broker: --standby takes over a data_dir, but with durability = "none" there is none; '
-                  "a standby needs the primary's data_dir on storage both can reach", file=sys.stderr)
-            return 2
-        taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
-                         if args.config else None)
-        if taken is None:
-            return 0  # stopped while standing by
-        held_lock, config = taken
-    broker = Broker(config, overrides=overridden)
-    # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
-    # cannot serve must not create the directory, take its lock or replay its journal. (A standby holds
-    # the lock by now, but has changed nothing: it lets go of it if it cannot serve.)
-    opening = False
-    try:
-        broker.bind()
-        _check_free(config.metrics)
-        _check_free(config.dashboard, "the dashboard")
-        opening = True  # from here the journal owns the held lock, and closes it if it fails
-        recovered = broker.open(held_lock)
-    except (OSError, StoreError) as exc:
-        zmq.Context.instance().destroy(linger=0)  # close whatever was bound
-        if held_lock is not None and not opening:
-            os.close(held_lock)
-        if isinstance(exc, DamagedFile):
-            exc.repair_command = _repair_command(args.config)
-        print(f"cronoq-broker: {exc}", file=sys.stderr)
-        return 1
+    if args.standby and config.data_dir is None:
+        print('cronoq-broker: --standby takes over a data_dir, but with durability = "none" there is none; '
+              "a standby needs the primary's data_dir on storage both can reach", file=sys.stderr)
+        return 2
+    held_addresses = HeldAddresses() if args.standby else None
+    cannot_serve = Complaint()
+    held_lock_attempts = 0
+    while True:
+        held_lock, held_fds = None, {}
+        if held_addresses is not None:
+            taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
+                             if args.config else None, held_addresses, announce=held_lock_attempts == 0)
+            if taken is None:
+                return 0  # stopped while standing by
+            held_lock, config = taken
+            held_fds = held_addresses.hand_over()
+        broker = Broker(config, overrides=overridden)
+        # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
+        # cannot serve must not create the directory, take its lock or replay its journal. (A standby holds
+        # the lock by now, but has changed nothing: it lets go of it if it cannot serve.)
+        opening = False
+        try:
+            broker.bind(held_fds)
+            _check_free(config.metrics)
+            _check_free(config.dashboard, "the dashboard")
+            opening = True  # from here the journal owns the held lock, and closes it if it fails
+            recovered = broker.open(held_lock)
+        except (OSError, StoreError) as exc:
+            zmq.Context.instance().destroy(linger=0)  # close whatever was bound
+            if held_lock is not None and not opening:
+                os.close(held_lock)
+                # A standby that took the lock but cannot serve lets it go untouched and stands by again (another
+                # standby may serve meanwhile), rather than leave the data_dir with nobody to serve it.
+                cannot_serve(f"cannot serve after taking over {config.data_dir}: {exc}",
+                             f"let go of its lock untouched; standing by again, trying every {RETRY_SERVING:g} s")
+                time.sleep(RETRY_SERVING)
+                held_lock_attempts += 1
+                continue
+            if isinstance(exc, DamagedFile):
+                exc.repair_command = _repair_command(args.config)
+            print(f"cronoq-broker: {exc}", file=sys.stderr)
+            return 1
+        break
     if recovered is not None:
         log.info("carrying on from %s: %s", config.data_dir, ", ".join(f"{n} {what}" for what, n in recovered.items()))
     import uvloop

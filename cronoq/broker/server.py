@@ -30,7 +30,7 @@ import os
 import resource
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import msgspec
 import zmq
@@ -183,8 +183,20 @@ class Broker:
         """Release data_dir: commit and fsync what is left (nothing, after a failure). Idempotent."""
         self._data.close(failed=self.failure is not None)
 
-    def bind(self) -> tuple[str, str]:
-        """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure."""
+    def bind(self, held: Mapping[str, int] | None = None) -> tuple[str, str]:
+        """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure.
+
+        `held`: listening sockets' descriptors by endpoint, bound already (a standby's, cronoq.broker.held): the
+        ROUTER of that endpoint adopts it (ZMQ_USE_FD) instead of binding anew, so the address is never free.
+        Every descriptor given is the broker's from here, closed on failure."""
+        held = dict(held or {})
+        try:
+            return self._bind(held)
+        finally:
+            for fd in held.values():
+                os.close(fd)
+
+    def _bind(self, held: dict[str, int]) -> tuple[str, str]:
         ctx = zmq.Context.instance()
         max_frame = self.config.max_payload_bytes + FRAME_SLACK
         secret_key = None
@@ -209,6 +221,8 @@ class Broker:
             conns = Connections(sock, name, max_connections=max_connections, auth_timeout=self.config.auth_timeout,
                                 buffer_bytes=self.config.connection_buffer_bytes, on_closed=on_closed)
             try:
+                if endpoint in held:
+                    sock.setsockopt(zmq.USE_FD, held.pop(endpoint))  # from here the socket's, closed with it
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 conns.close()
