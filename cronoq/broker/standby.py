@@ -54,11 +54,11 @@ class Complaint:
         self._said: str | None = None
         self._said_at = 0.0
 
-    def __call__(self, trouble: str | None, consequence: str) -> None:
+    def __call__(self, trouble: str | None, consequence: str, over: str = "that is over") -> None:
         now = self._clock()
         if trouble is None:
             if self._said is not None:
-                log.info("the trouble is over (%s)", self._said)
+                log.info("%s (before: %s)", over, self._said)
             self._said = None
         elif trouble != self._said or now - self._said_at >= COMPLAINT_INTERVAL:
             log.error("%s; %s", trouble, consequence)
@@ -100,7 +100,7 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None = N
         complain("; ".join(problems) or None,
                  "clients and workers given this address may be sending their tokens and tasks to whoever has it. "
                  "Standing by without taking over until it is free (trying every "
-                 f"{POLL_INTERVAL:g} s): find that process and stop it")
+                 f"{POLL_INTERVAL:g} s): find that process and stop it", over="holding every address now")
         return not problems
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

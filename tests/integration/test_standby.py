@@ -261,3 +261,34 @@ async def test_sighup_while_standing_by_rereads_the_config_it_takes_over_with(br
     await asyncio.to_thread(standby.wait_ready)
     async with cronoq.connect(standby.clients, request_timeout=WAIT) as client:
         assert set((await client.stats())["pools"]) == {"counted", "added"}
+
+
+async def test_a_standby_whose_address_a_squatter_holds_waits_says_why_and_takes_over_once_it_is_free(
+        brokers, tmp_path):
+    config, primary, _ = primary_and_standby(brokers, tmp_path)
+    # A plain process (here, this test) binds the address a second standby is told to serve workers on.
+    workers_port, clients = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    squatter = socket.create_server(("127.0.0.1", workers_port))
+    try:
+        standby = BrokerProcess(config, args=["--log-level", "INFO", "--standby", "--clients", clients,
+                                              "--workers", f"tcp://127.0.0.1:{workers_port}"])
+        standby.start(wait=False, log=tmp_path / "squatted.log")
+        brokers.append(standby)
+        wait_for_line(standby.proc, standby.log, f"cannot hold tcp://127.0.0.1:{workers_port}: another process has bound it")
+        assert "sending their tokens and tasks to whoever has it" in standby.log.read_text()
+        assert taken(clients), "the address it could take it holds"
+        # The primary goes: a standby that cannot serve must not take over (another standby here does).
+        primary.kill()
+        first_standby = brokers[1]
+        await asyncio.to_thread(first_standby.wait_ready)
+        assert standby.proc.poll() is None, "it keeps trying instead of exiting"
+        first_standby.kill()
+    finally:
+        squatter.close()
+    # The address is free again: the standby holds it, takes the lock and serves.
+    await asyncio.to_thread(standby.wait_ready)
+    errors = [line for line in standby.log.read_text().splitlines() if "level=error" in line]
+    assert len(errors) == 1 and "cannot hold" in errors[0], "said once while it lasted, not every try"
+    assert "holding every address now" in standby.log.read_text()
+    async with cronoq.connect(clients, request_timeout=WAIT) as client:
+        assert "counted" in (await client.stats())["pools"]
