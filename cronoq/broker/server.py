@@ -78,6 +78,9 @@ DRAIN_BATCH = 512
 # with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
 PASS_BUDGET = 0.0008
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
+FENCE_CHECK_INTERVAL = 0.5
+"""Seconds between checks that data_dir's lock is still this broker's (cronoq.store.fence): a broker that lost
+it stops within about this long, and at its next journal write if another broker took data_dir over sooner."""
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
 # one frame more than that (to refuse it) and drop the rest as they arrive.
@@ -145,6 +148,7 @@ class Broker:
         self._timer_at: float | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
         self._syncer: asyncio.TimerHandle | None = None
+        self._fence_check: asyncio.TimerHandle | None = None
         # A group commit under way in the journal's writer thread, with the replies sealed until it is done.
         self._writing: tuple[concurrent.futures.Future[float], Outbox, Outbox] | None = None
         self._stopped: asyncio.Event | None = None
@@ -282,12 +286,14 @@ class Broker:
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         if self._data.syncs_in_background:
             self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
+        if self._data.journal is not None:
+            self._fence_check = loop.call_later(FENCE_CHECK_INTERVAL, self._on_fence_tick)
         self._data.watch(loop, self._pump)
         self._pump()
         await self._stopped.wait()
         for sock in self._watched_sockets():
             loop.remove_reader(sock.getsockopt(zmq.FD))
-        for handle in (self._timer, self._heartbeat, self._syncer, self._retry, self._next_pass):
+        for handle in (self._timer, self._heartbeat, self._syncer, self._retry, self._next_pass, self._fence_check):
             if handle is not None:
                 handle.cancel()
         self._client_conns.close()  # type: ignore[union-attr]
@@ -609,6 +615,19 @@ class Broker:
             self._fail(f"cannot fdatasync the journal in {self.config.data_dir}: {error}")
             return
         self._arm_sync()
+
+    def _on_fence_tick(self) -> None:
+        """Stop at once if data_dir's lock is no longer ours (cronoq.store.fence): another broker may be taking
+        it over, and from now on only it may accept, dispatch or write."""
+        self._fence_check = None
+        if self._stopped is None or self._stopped.is_set():
+            return
+        why = self._data.lost()
+        if why is not None:
+            self._fail(f"this broker no longer holds data_dir {self.config.data_dir}: {why}; it stops accepting and "
+                       "dispatching so that only the broker holding the lock serves these tasks")
+            return
+        self._fence_check = asyncio.get_running_loop().call_later(FENCE_CHECK_INTERVAL, self._on_fence_tick)
 
     def _arm_sync(self) -> None:
         if self._stopped is not None and not self._stopped.is_set():
