@@ -13,10 +13,27 @@ docs/scaling.md says what this costs and when to run one worker per member inste
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cronoq.errors import InvalidArgument
+
+log = logging.getLogger("cronoq.worker")
+
+
+def speaks_for(value: Any, member: str | None, address: str) -> bool:
+    """Whether a map heard at `address`, which a map the worker followed gave as member `member`'s, comes from
+    that member: it must name `member` as the member answering. Without CURVE an address is all a worker can
+    check a peer by; a peer there that claims to be another member (to take that member's pools away from
+    it) is not followed, and said so. (With CURVE every peer proved it holds the cluster's key.)"""
+    claimed = value.get("member") if isinstance(value, Mapping) else None
+    if member is None or claimed == member:
+        return True
+    log.warning("ignoring a cluster map from %s: it claims to come from member %r, but that is member %r's address "
+                "in the map this worker follows (an impostor, or a config that differs between members)",
+                address, claimed, member)
+    return False
 
 
 def wanted_pools(value: Mapping[str, Any], mine: Iterable[str],
