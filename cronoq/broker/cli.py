@@ -1,7 +1,7 @@
 """`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir.
 
 --clients, --workers and --data-dir replace the file's values (one file serves every host); with --standby
-the broker first waits, binding nothing, until it can take over a data_dir another broker holds
+the broker first waits, holding its addresses silent, until it can take over a data_dir another broker holds
 (cronoq.broker.standby).
 """
 
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "working directory)")
     parser.add_argument("--standby", action="store_true",
                         help="if data_dir is in use by another broker, wait and take over the moment it is free "
-                             "(binding nothing until then), instead of exiting")
+                             "(holding its addresses, silent, until then), instead of exiting")
     parser.add_argument("--repair", action="store_true",
                         help="repair a damaged data_dir instead of serving: copy its files to data_dir/damaged-TIME/, "
                              "rebuild it from every intact frame, report what was lost, and exit")
