@@ -15,7 +15,6 @@ import shlex
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -34,7 +33,7 @@ log = logging.getLogger("cronoq.broker")
 
 
 RETRY_SERVING = 1.0
-"""Seconds a standby that took over but could not serve (its metrics or dashboard address was taken) waits
+"""Seconds a standby that took the lock but could not serve (its metrics or dashboard address was taken) waits
 before it tries again."""
 
 
@@ -128,43 +127,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     held_addresses = HeldAddresses() if args.standby else None
     cannot_serve = Complaint()
-    held_lock_attempts = 0
+    retries = 0
     while True:
         held_lock, held_fds = None, {}
         if held_addresses is not None:
             taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
-                             if args.config else None, held_addresses, announce=held_lock_attempts == 0)
+                             if args.config else None, held_addresses, announce=retries == 0)
             if taken is None:
                 return 0  # stopped while standing by
             held_lock, config = taken
-            held_fds = held_addresses.hand_over()
-        broker = Broker(config, overrides=overridden)
-        # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
-        # cannot serve must not create the directory, take its lock or replay its journal. (A standby holds
-        # the lock by now, but has changed nothing: it lets go of it if it cannot serve.)
-        opening = False
-        try:
-            broker.bind(held_fds)
-            _check_free(config.metrics)
-            _check_free(config.dashboard, "the dashboard")
-            opening = True  # from here the journal owns the held lock, and closes it if it fails
-            recovered = broker.open(held_lock)
-        except (OSError, StoreError) as exc:
-            zmq.Context.instance().destroy(linger=0)  # close whatever was bound
-            if held_lock is not None and not opening:
-                os.close(held_lock)
+            try:  # the addresses it does not hold while waiting: the primary's own, when on the same host
+                _check_free(config.metrics)
+                _check_free(config.dashboard, "the dashboard")
+            except OSError as exc:
                 # A standby that took the lock but cannot serve lets it go untouched and stands by again (another
-                # standby may serve meanwhile), rather than leave the data_dir with nobody to serve it.
+                # standby may serve meanwhile), rather than leave the data_dir with nobody to serve it. It keeps
+                # holding its client and worker addresses meanwhile.
+                os.close(held_lock)
                 cannot_serve(f"cannot serve after taking over {config.data_dir}: {exc}",
                              f"let go of its lock untouched; standing by again, trying every {RETRY_SERVING:g} s")
-                time.sleep(RETRY_SERVING)
-                held_lock_attempts += 1
+                held_addresses.pause(RETRY_SERVING)
+                retries += 1
                 continue
-            if isinstance(exc, DamagedFile):
-                exc.repair_command = _repair_command(args.config)
-            print(f"cronoq-broker: {exc}", file=sys.stderr)
-            return 1
+            held_fds = held_addresses.hand_over()
         break
+    broker = Broker(config, overrides=overridden)
+    # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
+    # cannot serve must not create the directory, take its lock or replay its journal. (A standby holds
+    # the lock by now, but has changed nothing: it lets go of it if it cannot serve.)
+    opening = False
+    try:
+        broker.bind(held_fds)
+        _check_free(config.metrics)
+        _check_free(config.dashboard, "the dashboard")
+        opening = True  # from here the journal owns the held lock, and closes it if it fails
+        recovered = broker.open(held_lock)
+    except (OSError, StoreError) as exc:
+        zmq.Context.instance().destroy(linger=0)  # close whatever was bound
+        if held_lock is not None and not opening:
+            os.close(held_lock)
+        if isinstance(exc, DamagedFile):
+            exc.repair_command = _repair_command(args.config)
+        print(f"cronoq-broker: {exc}", file=sys.stderr)
+        return 1
     if recovered is not None:
         log.info("carrying on from %s: %s", config.data_dir, ", ".join(f"{n} {what}" for what, n in recovered.items()))
     import uvloop

@@ -292,3 +292,30 @@ async def test_a_standby_whose_address_a_squatter_holds_waits_says_why_and_takes
     assert "holding every address now" in standby.log.read_text()
     async with cronoq.connect(clients, request_timeout=WAIT) as client:
         assert "counted" in (await client.stats())["pools"]
+
+
+async def test_a_standby_that_cannot_serve_after_taking_the_lock_lets_it_go_and_tries_again(brokers, tmp_path):
+    _, primary, _ = primary_and_standby(brokers, tmp_path)
+    # A second standby, on the same data_dir, whose metrics address a squatter holds (it holds only its client and
+    # worker addresses while it waits: the metrics address may be the primary's own on the same host).
+    metrics_port = free_port()
+    other = write_config(tmp_path / "other.toml", POOLS, broker_extra=f'metrics = "127.0.0.1:{metrics_port}"')
+    clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    squatter = socket.create_server(("127.0.0.1", metrics_port))
+    try:
+        standby = BrokerProcess(other, args=["--log-level", "INFO", "--standby", "--clients", clients, "--workers",
+                                             workers, "--data-dir", str(tmp_path / "cronoq-data")])
+        standby.start(wait=False, log=tmp_path / "other.log")
+        brokers.append(standby)
+        wait_for_line(standby.proc, standby.log, "cronoq broker standing by")
+        brokers[1].kill()  # the first standby: this one is the only one left
+        primary.kill()
+        wait_for_line(standby.proc, standby.log, "let go of its lock untouched; standing by again")
+        assert f"cannot serve metrics at 127.0.0.1:{metrics_port}" in standby.log.read_text()
+        assert standby.proc.poll() is None, "it keeps trying instead of exiting"
+        assert taken(clients) and taken(workers), "it holds its addresses again meanwhile"
+    finally:
+        squatter.close()
+    await asyncio.to_thread(standby.wait_ready)
+    async with cronoq.connect(clients, request_timeout=WAIT) as client:
+        assert "counted" in (await client.stats())["pools"]
