@@ -397,7 +397,7 @@ class Client:
         assert self._routes is not None
         value = await conn._cluster_map_here()
         if value is not None:
-            self._routes.update(value)
+            self._routes.update_from(conn, value)
 
     def _for_task(self, routes: ClusterRoutes | None, task_id: str) -> "Client":
         """The connection that knows `task_id`: its member's in a cluster, else this one."""

@@ -17,23 +17,20 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cronoq.cluster import not_from
 from cronoq.errors import InvalidArgument
 
 log = logging.getLogger("cronoq.worker")
 
 
 def speaks_for(value: Any, member: str | None, address: str) -> bool:
-    """Whether a map heard at `address`, which a map the worker followed gave as member `member`'s, comes from
-    that member: it must name `member` as the member answering. Without CURVE an address is all a worker can
-    check a peer by; a peer there that claims to be another member (to take that member's pools away from
-    it) is not followed, and said so. (With CURVE every peer proved it holds the cluster's key.)"""
-    claimed = value.get("member") if isinstance(value, Mapping) else None
-    if member is None or claimed == member:
-        return True
-    log.warning("ignoring a cluster map from %s: it claims to come from member %r, but that is member %r's address "
-                "in the map this worker follows (an impostor, or a config that differs between members)",
-                address, claimed, member)
-    return False
+    """Whether a map heard at `address`, which the map followed so far gives as member `member`'s, may be
+    followed (cronoq.cluster.not_from); an impostor's is not, and a WARNING says so. `member` None: the
+    addresses the worker was given, which it trusts."""
+    why = None if member is None else not_from(value, member)
+    if why is not None:
+        log.warning("ignoring a cluster map from %s: %s", address, why)
+    return why is None
 
 
 def wanted_pools(value: Mapping[str, Any], mine: Iterable[str],
