@@ -77,10 +77,10 @@ DRAIN_BATCH = 512
 # handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
 # with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
 PASS_BUDGET = 0.0008
-# Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
+# Seconds between checks that data_dir's lock is still this broker's (cronoq.store.fence): a broker that lost it
+# stops within about this long, and at its next journal write if another broker took data_dir over sooner.
 FENCE_CHECK_INTERVAL = 0.5
-"""Seconds between checks that data_dir's lock is still this broker's (cronoq.store.fence): a broker that lost
-it stops within about this long, and at its next journal write if another broker took data_dir over sooner."""
+# Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
 # one frame more than that (to refuse it) and drop the rest as they arrive.

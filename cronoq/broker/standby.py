@@ -76,11 +76,11 @@ def endpoints_of(config: BrokerConfig) -> list[str]:
     return [config.clients, config.workers]
 
 
-def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None = None,
-             held: HeldAddresses | None = None, *, announce: bool = True) -> tuple[int, BrokerConfig] | None:
+def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, held: HeldAddresses, *,
+             announce: bool = True) -> tuple[int, BrokerConfig] | None:
     """Wait for `config`'s data_dir lock, holding its endpoints in `held` meanwhile; returns the lock's fd once
-    taken, with the config to serve, or None when a signal stopped the wait. The lock is only tried while every
-    endpoint is held.
+    taken, with the config to serve (the caller then hands `held`'s sockets over), or None when a signal stopped
+    the wait (`held` is closed then). The lock is only tried while every endpoint is held.
 
     SIGHUP meanwhile calls `reread` (the config file again, as a running broker's reload does): a valid file
     is the config the standby takes over with; an invalid one is logged and the one it has stays. Prints
@@ -92,7 +92,6 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None = N
     subject = standing_by_for(config)
     stop: list[str] = []
     current = [config]
-    held = held if held is not None else HeldAddresses()
     complain = Complaint()
 
     def holding_all() -> bool:
