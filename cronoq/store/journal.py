@@ -146,7 +146,8 @@ class Journal:
         A torn tail of a journal is reported (file, offset) and cut off.
         Raises StoreError when the directory is in use or unreadable, and
         DamagedFile (a StoreError) when a file is damaged; then nothing in
-        the directory has been changed. `held_lock`: the fd of the lock a
+        the directory has been changed but `fence`, where the next generation
+        is recorded before anything is read (cronoq.store.fence). `held_lock`: the fd of the lock a
         standby already took (cronoq.store.reading.wait_for_lock), used (and
         on failure closed) as one taken here.
         """

@@ -10,7 +10,8 @@ code. At start-up the policy is:
 - any **damage** to a journal, and any problem at all with a snapshot
   (snapshots are written to a temporary file, fsynced and renamed, so even a
   "torn" one means the disk lost data), is refused: `DamagedFile` names the
-  file, the offset and what is wrong, and nothing in data_dir is changed;
+  file, the offset and what is wrong, and nothing in data_dir is changed
+  (but the generation the start recorded in `fence`, cronoq.store.fence);
 - a frame whose checksum matches but which this version cannot decode, or a
   file of another kind or format, is refused too: guessing could drop tasks.
 """
