@@ -132,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         held_lock, held_fds = None, {}
         if held_addresses is not None:
             taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
-                             if args.config else None, held_addresses, announce=retries == 0)
+                             if args.config else None, held_addresses, announce=retries == 0,
+                             delay=RETRY_SERVING if retries else 0.0)
             if taken is None:
                 return 0  # stopped while standing by
             held_lock, config = taken
@@ -146,7 +147,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.close(held_lock)
                 cannot_serve(f"cannot serve after taking over {config.data_dir}: {exc}",
                              f"let go of its lock untouched; standing by again, trying every {RETRY_SERVING:g} s")
-                held_addresses.pause(RETRY_SERVING)
                 retries += 1
                 continue
             held_fds = held_addresses.hand_over()

@@ -77,7 +77,7 @@ def endpoints_of(config: BrokerConfig) -> list[str]:
 
 
 def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, held: HeldAddresses, *,
-             announce: bool = True) -> tuple[int, BrokerConfig] | None:
+             announce: bool = True, delay: float = 0.0) -> tuple[int, BrokerConfig] | None:
     """Wait for `config`'s data_dir lock, holding its endpoints in `held` meanwhile; returns the lock's fd once
     taken, with the config to serve (the caller then hands `held`'s sockets over), or None when a signal stopped
     the wait (`held` is closed then). The lock is only tried while every endpoint is held.
@@ -85,7 +85,7 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, he
     SIGHUP meanwhile calls `reread` (the config file again, as a running broker's reload does): a valid file
     is the config the standby takes over with; an invalid one is logged and the one it has stays. Prints
     `cronoq broker standing by ...` to stdout once, when the wait begins (unless not `announce`: a standby
-    standing by again after it could not serve).
+    standing by again after it could not serve), and tries the lock only after `delay` seconds.
     """
     assert config.data_dir is not None, "a standby needs a data_dir"
     data_dir = Path(config.data_dir)
@@ -93,6 +93,10 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, he
     stop: list[str] = []
     current = [config]
     complain = Complaint()
+    not_before = time.monotonic() + delay
+
+    def ready() -> bool:
+        return holding_all() and time.monotonic() >= not_before
 
     def holding_all() -> bool:
         problems = held.hold(endpoints_of(current[0]))
@@ -122,7 +126,7 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, he
                          "here, and has a primary used it?); a standby never starts a data_dir afresh", subject)
             print(f"cronoq broker standing by for {subject}", flush=True)
         started = time.monotonic()
-        fd = wait_for_lock(data_dir, lambda: bool(stop), POLL_INTERVAL, pause=held.pause, ready=holding_all)
+        fd = wait_for_lock(data_dir, lambda: bool(stop), POLL_INTERVAL, pause=held.pause, ready=ready)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
