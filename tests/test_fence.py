@@ -81,3 +81,13 @@ def test_an_address_taken_by_another_process_is_reported_and_held_once_free(tmp_
     finally:
         squatter.close()
         held.close()
+
+
+def test_an_address_only_zeromq_can_resolve_is_left_to_the_takeover_not_reported_as_taken():
+    held = HeldAddresses()
+    try:
+        assert held.hold(["tcp://no-such-interface-h6:5555"]) == []
+        assert "does not resolve here" in held.unholdable["tcp://no-such-interface-h6:5555"]
+        assert held.hand_over() == {}
+    finally:
+        held.close()

@@ -36,6 +36,11 @@ class HoldError(OSError):
     """An address cannot be held now; the message names it and says why."""
 
 
+class Unholdable(HoldError):
+    """An address this module cannot bind the way ZeroMQ would (a host that is an interface name, which only
+    ZeroMQ resolves): the broker binds it itself at the takeover, and it is not held meanwhile."""
+
+
 @dataclass
 class HeldAddress:
     """One listening socket held for `endpoint`, with the connections it accepted and keeps silent."""
@@ -84,7 +89,8 @@ def _tcp_listener(rest: str) -> socket.socket:
         try:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as exc:
-            raise HoldError(f"cannot hold tcp://{rest}: cannot resolve {host!r}: {exc.strerror}") from None
+            raise Unholdable(f"cannot hold tcp://{rest} while standing by: {host!r} does not resolve here "
+                             f"({exc.strerror}); if it is an interface name, ZeroMQ binds it at the takeover") from None
         info.sort(key=lambda item: item[0] != socket.AF_INET)  # ZeroMQ prefers IPv4 unless told otherwise
         family, address = info[0][0], info[0][4]
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -137,6 +143,8 @@ class HeldAddresses:
     def __init__(self) -> None:
         self._held: dict[str, HeldAddress] = {}
         self._selector = selectors.DefaultSelector()
+        self.unholdable: dict[str, str] = {}
+        """Endpoints left to the broker's own bind at the takeover, with why (Unholdable)."""
 
     @property
     def endpoints(self) -> list[str]:
@@ -144,15 +152,18 @@ class HeldAddresses:
 
     def hold(self, endpoints: list[str]) -> list[str]:
         """Hold each tcp:// and ipc:// endpoint of `endpoints` not held yet, and let go of held ones no longer in
-        it; returns why each that could not be held was not (empty: all are held)."""
+        it; returns why each that could not be held was not (empty: all are held, or `unholdable`)."""
         for endpoint in [e for e in self._held if e not in endpoints]:
             self._release(endpoint)
         problems = []
         for endpoint in endpoints:
-            if endpoint in self._held or not endpoint.startswith(("tcp://", "ipc://")):
+            if endpoint in self._held or endpoint in self.unholdable or not endpoint.startswith(("tcp://", "ipc://")):
                 continue
             try:
                 listener = listening_socket(endpoint)
+            except Unholdable as exc:
+                self.unholdable[endpoint] = str(exc)
+                continue
             except HoldError as exc:
                 problems.append(str(exc))
                 continue

@@ -118,6 +118,8 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, he
     try:
         holding_all()  # before the line below: once it is out, the addresses are ours (or the log says why not)
         if announce:
+            for why in held.unholdable.values():
+                log.warning("%s", why)
             if (data_dir / LOCK).exists():
                 log.info("standing by for %s: it is in use (pid %s); taking over the moment it is free; holding %s "
                          "meanwhile, silent", subject, holder(data_dir), ", ".join(held.endpoints) or "no address")
