@@ -13,24 +13,10 @@ docs/scaling.md says what this costs and when to run one worker per member inste
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cronoq.cluster import not_from
 from cronoq.errors import InvalidArgument
-
-log = logging.getLogger("cronoq.worker")
-
-
-def speaks_for(value: Any, member: str | None, address: str) -> bool:
-    """Whether a map heard at `address`, which the map followed so far gives as member `member`'s, may be
-    followed (cronoq.cluster.not_from); an impostor's is not, and a WARNING says so. `member` None: the
-    addresses the worker was given, which it trusts."""
-    why = None if member is None else not_from(value, member)
-    if why is not None:
-        log.warning("ignoring a cluster map from %s: %s", address, why)
-    return why is None
 
 
 def wanted_pools(value: Mapping[str, Any], mine: Iterable[str],

@@ -57,12 +57,13 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
+from cronoq.cluster import not_from
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.pool import Pool
 from cronoq.transport import Channel, Item, context, token_bytes, tune
-from cronoq.worker.cluster import speaks_for, split_slots, wanted_pools
+from cronoq.worker.cluster import split_slots, wanted_pools
 
 log = logging.getLogger("cronoq.worker")
 
@@ -439,7 +440,7 @@ class Worker:
     def _take_map(self, value: Any) -> None:
         """The broker's answer to `cluster`: register alone (nil), or serve the cluster through member workers."""
         if self._on_map is not None:  # a member worker: its parent decides
-            if value is not None and speaks_for(value, self._member_name, self.broker):
+            if value is not None and _speaks_for(value, self._member_name, self.broker):
                 self._on_map(value)
             return
         if value is None:
@@ -540,7 +541,7 @@ class Worker:
             return
         finally:
             channel.close()
-        if value is not None and not self._stopping and speaks_for(value, name, address):
+        if value is not None and not self._stopping and _speaks_for(value, name, address):
             self._follow(value)
 
     def _start_member(self, name: str, addresses: list[str], pools: list[Pool], share: int) -> None:
@@ -645,3 +646,13 @@ def _text(exc: Exception) -> str:
         return str(exc)
     except Exception as err:
         return f"<the exception's message could not be made: {type(err).__name__}>"
+
+
+def _speaks_for(value: Any, member: str | None, address: str) -> bool:
+    """Whether a map heard at `address`, which the map followed so far gives as member `member`'s, may be
+    followed (cronoq.cluster.not_from); an impostor's is not, and a WARNING says so. `member` None: the
+    addresses the worker was given, which it trusts as they are."""
+    why = None if member is None else not_from(value, member)
+    if why is not None:
+        log.warning("ignoring a cluster map from %s: %s", address, why)
+    return why is None
