@@ -402,7 +402,7 @@ class Journal:
         self._fd, self.generation = fd, generation
         self._unsynced = False
         if self.housekeeper is not None:  # the next rotation finds its file ready (an empty one is harmless)
-            self._spare = self.housekeeper.submit(create_journal, self.data_dir, generation + 1)
+            self._spare = self.housekeeper.submit(self._create_journal, generation + 1)
 
     def _take_spare(self, generation: int) -> int:
         """The fd of journal `generation`: the one made ahead of time, or a new one."""
@@ -412,6 +412,13 @@ class Journal:
                 return spare.result()  # waits only if it is still being made
             except OSError as exc:
                 log.warning("the next journal file could not be made ahead of time (%s): trying again", exc)
+        return self._create_journal(generation)
+
+    def _create_journal(self, generation: int) -> int:
+        """create_journal, unless a later broker holds data_dir (Fenced): a new file truncates any of its name,
+        and the later broker may have made journal `generation` already."""
+        if self.fence is not None:
+            self.fence.check()
         return create_journal(self.data_dir, generation)
 
     def lost(self) -> str | None:
