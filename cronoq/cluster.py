@@ -31,6 +31,7 @@ __all__ = [
     "cluster_map",
     "map_version",
     "member_of_task",
+    "not_from",
     "rendezvous_owner",
 ]
 
@@ -129,3 +130,19 @@ def member_of_task(task_id: str) -> str | None:
     """The member a task id names (its part before the first colon), or None for an id of a lone broker."""
     name, sep, _ = task_id.partition(TASK_ID_SEPARATOR)
     return name if sep and name else None
+
+
+def not_from(value: Any, member: str) -> str | None:
+    """Why a cluster map heard at member `member`'s addresses is not that member's own (None: it says it is).
+
+    A map tells a client or worker where to send its token and its work, so one is only followed from the
+    member the peer was asked as: a peer at b2's address that claims to be b1 (to take b1's pools away from it)
+    is an impostor, or a member whose config differs from the others'. Without CURVE an address is all a peer
+    can be checked by; with it, only a holder of the cluster's secret key completes a handshake at all.
+    """
+    claimed = value.get("member") if isinstance(value, Mapping) else None
+    if claimed == member:
+        return None
+    return (f"it claims to come from member {claimed!r}, but that is member {member!r}'s address in the map "
+            "followed so far (an impostor, or a config that differs between members)")
+

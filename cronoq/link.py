@@ -131,7 +131,7 @@ class Link:
             return f"{what}; the connection is up: is the broker stalled or overloaded?"
         if self._reached:
             return (f"{what}: the connection was made but its ZeroMQ handshake never completed; "
-                    "is a cronoq broker listening there?")
+                    "is a cronoq broker serving there (not a standby still waiting to take over)?")
         if self.handshakes == 0:
             return f"{what}: no connection could be made; is the address right, and reachable from here?"
         return f"{what}; is it running?"
@@ -166,10 +166,10 @@ class Link:
 class Links:
     """The links of one DEALER connected to every address of one broker: its primary and its standbys.
 
-    Only one of them serves at a time (the one holding data_dir's lock); the others refuse connections
-    until they take over. So the socket is as good as its best link: it is up while any link is up, and
-    waiting is hopeless only when every link is (a standby refusing connections while its primary serves
-    is no trouble at all). Monitor events name the endpoint they concern, sometimes with the host name
+    Only one of them serves at a time (the one holding data_dir's lock); a waiting standby holds its
+    address but completes no handshake until it takes over. So the socket is as good as its best link: it
+    is up while any link is up, and waiting is hopeless only when every link is (a silent standby while its
+    primary serves is no trouble at all). Monitor events name the endpoint they concern, sometimes with the host name
     resolved (``tcp://localhost:5555`` comes back as ``tcp://127.0.0.1:5555``): `observe` matches both.
     """
 

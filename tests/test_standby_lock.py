@@ -71,3 +71,24 @@ def test_a_lock_file_replaced_while_waiting_is_the_one_taken(tmp_path):
     assert taken is not None
     assert os.fstat(taken).st_ino == os.stat(tmp_path / LOCK).st_ino
     os.close(taken)
+
+
+def test_a_free_lock_is_not_taken_while_the_standby_is_not_ready_to_serve(tmp_path):
+    primary, _ = lock(tmp_path)
+    os.close(primary)  # free, but the standby cannot hold its addresses yet
+    ready, pauses = threading.Event(), []
+    stop, out = threading.Event(), []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        stop.wait(seconds)
+
+    thread = threading.Thread(target=lambda: out.append(
+        wait_for_lock(tmp_path, stop.is_set, INTERVAL, pause=pause, ready=ready.is_set)))
+    thread.start()
+    thread.join(0.2)
+    assert thread.is_alive() and pauses, "waits (through `pause`) while not ready"
+    ready.set()
+    thread.join(10)
+    assert not thread.is_alive() and out[0] is not None and held_by_us(out[0])
+    os.close(out[0])

@@ -1,7 +1,7 @@
 """`cronoq-broker [-c cronoq.toml]`: run one broker until SIGINT or SIGTERM; or, with --repair, repair its data_dir.
 
 --clients, --workers and --data-dir replace the file's values (one file serves every host); with --standby
-the broker first waits, binding nothing, until it can take over a data_dir another broker holds
+the broker first waits, holding its addresses silent, until it can take over a data_dir another broker holds
 (cronoq.broker.standby).
 """
 
@@ -23,12 +23,18 @@ import zmq
 from cronoq import logs
 from cronoq.broker.server import Broker
 from cronoq.errors import CronoqError
-from cronoq.broker.standby import stand_by
+from cronoq.broker.held import HeldAddresses
+from cronoq.broker.standby import Complaint, stand_by
 from cronoq.config import BrokerConfig, ConfigError, default_config, load_config, override
 from cronoq.store.journal import DamagedFile, StoreError
 from cronoq.store.repair import repair
 
 log = logging.getLogger("cronoq.broker")
+
+
+RETRY_SERVING = 1.0
+"""Seconds a standby that took the lock but could not serve (its metrics or dashboard address was taken) waits
+before it tries again."""
 
 
 class _StartFailed(Exception):
@@ -52,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "working directory)")
     parser.add_argument("--standby", action="store_true",
                         help="if data_dir is in use by another broker, wait and take over the moment it is free "
-                             "(binding nothing until then), instead of exiting")
+                             "(holding its addresses, silent, until then), instead of exiting")
     parser.add_argument("--repair", action="store_true",
                         help="repair a damaged data_dir instead of serving: copy its files to data_dir/damaged-TIME/, "
                              "rebuild it from every intact frame, report what was lost, and exit")
@@ -115,24 +121,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.repair:
         return _repair(config, args.config)
-    held_lock = None
-    if args.standby:
-        if config.data_dir is None:
-            print('cronoq-broker: --standby takes over a data_dir, but with durability = "none" there is none; '
-                  "a standby needs the primary's data_dir on storage both can reach", file=sys.stderr)
-            return 2
-        taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
-                         if args.config else None)
-        if taken is None:
-            return 0  # stopped while standing by
-        held_lock, config = taken
+    if args.standby and config.data_dir is None:
+        print('cronoq-broker: --standby takes over a data_dir, but with durability = "none" there is none; '
+              "a standby needs the primary's data_dir on storage both can reach", file=sys.stderr)
+        return 2
+    held_addresses = HeldAddresses() if args.standby else None
+    cannot_serve = Complaint()
+    retries = 0
+    while True:
+        held_lock, held_fds = None, {}
+        if held_addresses is not None:
+            taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
+                             if args.config else None, held_addresses, announce=retries == 0,
+                             delay=RETRY_SERVING if retries else 0.0)
+            if taken is None:
+                return 0  # stopped while standing by
+            held_lock, config = taken
+            try:  # the addresses it does not hold while waiting: the primary's own, when on the same host
+                _check_free(config.metrics)
+                _check_free(config.dashboard, "the dashboard")
+            except OSError as exc:
+                # A standby that took the lock but cannot serve lets it go untouched and stands by again (another
+                # standby may serve meanwhile), rather than leave the data_dir with nobody to serve it. It keeps
+                # holding its client and worker addresses meanwhile.
+                os.close(held_lock)
+                cannot_serve(f"cannot serve after taking over {config.data_dir}: {exc}",
+                             f"let go of its lock untouched; standing by again, trying every {RETRY_SERVING:g} s")
+                retries += 1
+                continue
+            held_fds = held_addresses.hand_over()
+        break
     broker = Broker(config, overrides=overridden)
     # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
     # cannot serve must not create the directory, take its lock or replay its journal. (A standby holds
     # the lock by now, but has changed nothing: it lets go of it if it cannot serve.)
     opening = False
     try:
-        broker.bind()
+        broker.bind(held_fds)
         _check_free(config.metrics)
         _check_free(config.dashboard, "the dashboard")
         opening = True  # from here the journal owns the held lock, and closes it if it fails

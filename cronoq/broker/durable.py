@@ -186,6 +186,10 @@ class DataDir:
         journal = self.journal
         return journal is None or not (journal.dirty or journal.writing)
 
+    def lost(self) -> str | None:
+        """Why this broker no longer holds its data_dir (cronoq.store.fence), or None while it does (or has none)."""
+        return None if self.journal is None else self.journal.lost()
+
     def sync(self) -> None:
         """fdatasync the journal, here and now. Raises OSError."""
         if self.journal is not None:

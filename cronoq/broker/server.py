@@ -30,7 +30,7 @@ import os
 import resource
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import msgspec
 import zmq
@@ -77,6 +77,9 @@ DRAIN_BATCH = 512
 # handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
 # with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
 PASS_BUDGET = 0.0008
+# Seconds between checks that data_dir's lock is still this broker's (cronoq.store.fence): a broker that lost it
+# stops within about this long, and at its next journal write if another broker took data_dir over sooner.
+FENCE_CHECK_INTERVAL = 0.5
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
 FRAME_SLACK = 64 * 1024
 # A routed message has the peer's identity, then at most MAX_FRAMES frames; of a longer one we keep
@@ -145,6 +148,7 @@ class Broker:
         self._timer_at: float | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
         self._syncer: asyncio.TimerHandle | None = None
+        self._fence_check: asyncio.TimerHandle | None = None
         # A group commit under way in the journal's writer thread, with the replies sealed until it is done.
         self._writing: tuple[concurrent.futures.Future[float], Outbox, Outbox] | None = None
         self._stopped: asyncio.Event | None = None
@@ -183,8 +187,20 @@ class Broker:
         """Release data_dir: commit and fsync what is left (nothing, after a failure). Idempotent."""
         self._data.close(failed=self.failure is not None)
 
-    def bind(self) -> tuple[str, str]:
-        """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure."""
+    def bind(self, held: Mapping[str, int] | None = None) -> tuple[str, str]:
+        """Bind both ROUTER sockets; returns the endpoints actually bound. Raises OSError on failure.
+
+        `held`: listening sockets' descriptors by endpoint, bound already (a standby's, cronoq.broker.held): the
+        ROUTER of that endpoint adopts it (ZMQ_USE_FD) instead of binding anew, so the address is never free.
+        Every descriptor given is the broker's from here, closed on failure."""
+        held = dict(held or {})
+        try:
+            return self._bind(held)
+        finally:
+            for fd in held.values():
+                os.close(fd)
+
+    def _bind(self, held: dict[str, int]) -> tuple[str, str]:
         ctx = zmq.Context.instance()
         max_frame = self.config.max_payload_bytes + FRAME_SLACK
         secret_key = None
@@ -209,6 +225,8 @@ class Broker:
             conns = Connections(sock, name, max_connections=max_connections, auth_timeout=self.config.auth_timeout,
                                 buffer_bytes=self.config.connection_buffer_bytes, on_closed=on_closed)
             try:
+                if endpoint in held:
+                    sock.setsockopt(zmq.USE_FD, held.pop(endpoint))  # from here the socket's, closed with it
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 conns.close()
@@ -268,12 +286,14 @@ class Broker:
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         if self._data.syncs_in_background:
             self._syncer = loop.call_later(SYNC_INTERVAL, self._on_sync_tick)
+        if self._data.journal is not None:
+            self._fence_check = loop.call_later(FENCE_CHECK_INTERVAL, self._on_fence_tick)
         self._data.watch(loop, self._pump)
         self._pump()
         await self._stopped.wait()
         for sock in self._watched_sockets():
             loop.remove_reader(sock.getsockopt(zmq.FD))
-        for handle in (self._timer, self._heartbeat, self._syncer, self._retry, self._next_pass):
+        for handle in (self._timer, self._heartbeat, self._syncer, self._retry, self._next_pass, self._fence_check):
             if handle is not None:
                 handle.cancel()
         self._client_conns.close()  # type: ignore[union-attr]
@@ -595,6 +615,19 @@ class Broker:
             self._fail(f"cannot fdatasync the journal in {self.config.data_dir}: {error}")
             return
         self._arm_sync()
+
+    def _on_fence_tick(self) -> None:
+        """Stop at once if data_dir's lock is no longer ours (cronoq.store.fence): another broker may be taking
+        it over, and from now on only it may accept, dispatch or write."""
+        self._fence_check = None
+        if self._stopped is None or self._stopped.is_set():
+            return
+        why = self._data.lost()
+        if why is not None:
+            self._fail(f"this broker no longer holds data_dir {self.config.data_dir}: {why}; it stops accepting and "
+                       "dispatching so that only the broker holding the lock serves these tasks")
+            return
+        self._fence_check = asyncio.get_running_loop().call_later(FENCE_CHECK_INTERVAL, self._on_fence_tick)
 
     def _arm_sync(self) -> None:
         if self._stopped is not None and not self._stopped.is_set():

@@ -1,13 +1,22 @@
 """`cronoq-broker --standby`: wait for another broker's data_dir, and take it over the moment it is free.
 
 A standby runs the same config (usually on another host, with data_dir on
-storage both hosts see) and owns nothing until data_dir's lock (a flock,
-cronoq.store.reading) is free: it binds no socket, opens no journal and
-serves no metrics. When the primary stops or dies, the kernel (or the
-shared file system) drops its lock; the standby takes it, and the broker's
-ordinary start follows: bind, replay the journal, serve. The lock is the
-only thing that decides who serves, so two brokers never write the same
-journal, however the hosts see each other.
+storage both hosts see) and serves nothing until data_dir's lock (a flock,
+cronoq.store.reading) is free: it opens no journal and serves no metrics.
+It does hold its client and worker addresses from the start
+(cronoq.broker.held): bound, so that no other process on its host can take
+them and collect the tokens and tasks of clients and workers that list
+them, and silent, so that those clients and workers send it nothing. When
+the primary stops or dies, the kernel (or the shared file system) drops its
+lock; the standby takes it, and the broker's ordinary start follows: its
+ROUTERs adopt the held sockets, it replays the journal and serves. The lock
+is the only thing that decides who serves, so two brokers never write the
+same journal, however the hosts see each other.
+
+A standby that cannot hold an address (another process has bound it) does
+not take the lock while it cannot: a broker that cannot serve must not keep
+another one from serving. It tries again every POLL_INTERVAL and says why,
+at once and then every COMPLAINT_INTERVAL while it lasts.
 
 The wait polls the lock every POLL_INTERVAL seconds rather than blocking in
 flock(2): polling works the same on local disks and network file systems,
@@ -23,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable
 
+from cronoq.broker.held import HeldAddresses
 from cronoq.config import BrokerConfig, ConfigError
 from cronoq.store.reading import LOCK, holder, wait_for_lock
 
@@ -31,6 +41,29 @@ log = logging.getLogger("cronoq.broker")
 POLL_INTERVAL = 0.1
 """Seconds between tries of a held lock: at most this is added to a takeover."""
 
+COMPLAINT_INTERVAL = 60.0
+"""Seconds between repeats of the same ERROR while an address cannot be held."""
+
+
+class Complaint:
+    """An ERROR logged when a trouble starts or changes, repeated every COMPLAINT_INTERVAL while it lasts, and an
+    INFO line when it ends: a standby that retries every 0.1 s must not write ten lines a second."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._said: str | None = None
+        self._said_at = 0.0
+
+    def __call__(self, trouble: str | None, consequence: str, over: str = "that is over") -> None:
+        now = self._clock()
+        if trouble is None:
+            if self._said is not None:
+                log.info("%s (before: %s)", over, self._said)
+            self._said = None
+        elif trouble != self._said or now - self._said_at >= COMPLAINT_INTERVAL:
+            log.error("%s; %s", trouble, consequence)
+            self._said, self._said_at = trouble, now
+
 
 def standing_by_for(config: BrokerConfig) -> str:
     """What a standby waits for, in its log line and on stdout."""
@@ -38,20 +71,40 @@ def standing_by_for(config: BrokerConfig) -> str:
     return f"{member}data_dir {config.data_dir}"
 
 
-def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None = None
-             ) -> tuple[int, BrokerConfig] | None:
-    """Wait for `config`'s data_dir lock; returns its fd once taken, with the config to serve, or None when a
-    signal stopped the wait.
+def endpoints_of(config: BrokerConfig) -> list[str]:
+    """The addresses a standby of `config` holds while it waits."""
+    return [config.clients, config.workers]
+
+
+def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, held: HeldAddresses, *,
+             announce: bool = True, delay: float = 0.0) -> tuple[int, BrokerConfig] | None:
+    """Wait for `config`'s data_dir lock, holding its endpoints in `held` meanwhile; returns the lock's fd once
+    taken, with the config to serve (the caller then hands `held`'s sockets over), or None when a signal stopped
+    the wait (`held` is closed then). The lock is only tried while every endpoint is held.
 
     SIGHUP meanwhile calls `reread` (the config file again, as a running broker's reload does): a valid file
     is the config the standby takes over with; an invalid one is logged and the one it has stays. Prints
-    `cronoq broker standing by ...` to stdout once, when the wait begins.
+    `cronoq broker standing by ...` to stdout once, when the wait begins (unless not `announce`: a standby
+    standing by again after it could not serve), and tries the lock only after `delay` seconds.
     """
     assert config.data_dir is not None, "a standby needs a data_dir"
     data_dir = Path(config.data_dir)
     subject = standing_by_for(config)
     stop: list[str] = []
     current = [config]
+    complain = Complaint()
+    not_before = time.monotonic() + delay
+
+    def ready() -> bool:
+        return holding_all() and time.monotonic() >= not_before
+
+    def holding_all() -> bool:
+        problems = held.hold(endpoints_of(current[0]))
+        complain("; ".join(problems) or None,
+                 "clients and workers given this address may be sending their tokens and tasks to whoever has it. "
+                 "Standing by without taking over until it is free (trying every "
+                 f"{POLL_INTERVAL:g} s): find that process and stop it", over="holding every address now")
+        return not problems
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum != signal.SIGHUP:
@@ -63,19 +116,24 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None = N
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        if (data_dir / LOCK).exists():
-            log.info("standing by for %s: it is in use (pid %s); taking over the moment it is free",
-                     subject, holder(data_dir))
-        else:
-            log.info("standing by for %s: it holds no broker's lock file yet (is the shared storage mounted "
-                     "here, and has a primary used it?); a standby never starts a data_dir afresh", subject)
-        print(f"cronoq broker standing by for {subject}", flush=True)
+        holding_all()  # before the line below: once it is out, the addresses are ours (or the log says why not)
+        if announce:
+            for why in held.unholdable.values():
+                log.warning("%s", why)
+            if (data_dir / LOCK).exists():
+                log.info("standing by for %s: it is in use (pid %s); taking over the moment it is free; holding %s "
+                         "meanwhile, silent", subject, holder(data_dir), ", ".join(held.endpoints) or "no address")
+            else:
+                log.info("standing by for %s: it holds no broker's lock file yet (is the shared storage mounted "
+                         "here, and has a primary used it?); a standby never starts a data_dir afresh", subject)
+            print(f"cronoq broker standing by for {subject}", flush=True)
         started = time.monotonic()
-        fd = wait_for_lock(data_dir, lambda: bool(stop), POLL_INTERVAL)
+        fd = wait_for_lock(data_dir, lambda: bool(stop), POLL_INTERVAL, pause=held.pause, ready=ready)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if fd is None:
+        held.close()
         log.info("%s while standing by: stopped, having taken nothing over", stop[0])
         return None
     log.info("taking over %s after %.1f s standing by", subject, time.monotonic() - started)

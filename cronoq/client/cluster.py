@@ -13,15 +13,18 @@ member's addresses: the first is the primary, the others its standbys.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 
-from cronoq.cluster import member_of_task
+from cronoq.cluster import member_of_task, not_from
 from cronoq.errors import CronoqError, FailedPrecondition, NotFound, Unavailable
 
 if TYPE_CHECKING:
     from cronoq.client.connection import Client
 
 T = TypeVar("T")
+
+log = logging.getLogger("cronoq.client")
 
 STATS_WAIT = 5.0
 """Seconds `stats` waits for each member at most (fewer when the client's request_timeout is shorter)."""
@@ -63,6 +66,16 @@ class ClusterRoutes:
                 self.members[name] = self._connect(clients)
         self._addresses, self._owners = addresses, owners
         self.version = value.get("version")
+
+    def update_from(self, conn: "Client", value: Any) -> None:
+        """Take a `cluster` answer heard on member connection `conn`: only if it is that member's own (a peer at
+        its address claiming to be another member is ignored, with a WARNING: cronoq.cluster.not_from)."""
+        name = next((n for n, c in self.members.items() if c is conn), None)
+        why = None if name is None else not_from(value, name)
+        if why is not None:
+            log.warning("ignoring a cluster map from %s: %s", " or ".join(self._addresses.get(name, ())), why)
+            return
+        self.update(value)
 
     def owner(self, pool: str) -> str | None:
         """The member that owns `pool` by the map, or None for a pool the map does not list."""

@@ -224,7 +224,7 @@ class Client:
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
         # Queue only on connections whose handshake completed: with a primary and standbys listed, only the
-        # broker that serves ever gets a request (the others refuse connections until they take over).
+        # broker that serves ever gets a request (a waiting standby completes no handshake until it takes over).
         sock.setsockopt(zmq.IMMEDIATE, 1)
         monitor = sock.get_monitor_socket(LINK_EVENTS)
         for address in self.addresses:
@@ -397,7 +397,7 @@ class Client:
         assert self._routes is not None
         value = await conn._cluster_map_here()
         if value is not None:
-            self._routes.update(value)
+            self._routes.update_from(conn, value)
 
     def _for_task(self, routes: ClusterRoutes | None, task_id: str) -> "Client":
         """The connection that knows `task_id`: its member's in a cluster, else this one."""

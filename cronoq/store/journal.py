@@ -59,6 +59,7 @@ from typing import Callable, Iterable, Iterator
 from cronoq.book import TaskRecord, stored_form
 from cronoq.store import frames
 from cronoq.store.compaction import BackgroundSnapshot, temporary_of
+from cronoq.store.fence import Fence, Fenced, advance, lost
 from cronoq.store.reading import (
     SNAPSHOT,
     DamagedFile,
@@ -129,6 +130,8 @@ class Journal:
         directory fsync and unlinking big files take milliseconds on a busy disk. None: all of it here and now."""
         self._spare: concurrent.futures.Future[int] | None = None  # journal generation+1, made ahead of time
         self._installing: concurrent.futures.Future[None] | None = None  # a snapshot's install under way
+        self.fence: Fence | None = None
+        """The generation this journal holds data_dir at (cronoq.store.fence); every write checks it first."""
 
     # ----------------------------------------------------------------- opening and recovery
 
@@ -143,7 +146,8 @@ class Journal:
         A torn tail of a journal is reported (file, offset) and cut off.
         Raises StoreError when the directory is in use or unreadable, and
         DamagedFile (a StoreError) when a file is damaged; then nothing in
-        the directory has been changed. `held_lock`: the fd of the lock a
+        the directory has been changed but `fence`, where the next generation
+        is recorded before anything is read (cronoq.store.fence). `held_lock`: the fd of the lock a
         standby already took (cronoq.store.reading.wait_for_lock), used (and
         on failure closed) as one taken here.
         """
@@ -155,6 +159,14 @@ class Journal:
                 lock_fd, created = held_lock, False
         except OSError as exc:
             raise StoreError(f"cannot use data_dir {data_dir}: {exc.strerror or exc}") from None
+        try:
+            # Before anything is read: a broker that held data_dir before us (its lock lost without its knowing)
+            # refuses its next write from here on, so nothing it confirms later is missing from what we read.
+            fence = advance(data_dir)
+        except OSError as exc:
+            release(data_dir, lock_fd, created)
+            raise StoreError(f"cannot write to data_dir {data_dir}: {exc.strerror or exc} ({exc.filename or ''})") \
+                from None
         try:
             state = read_state(data_dir, archived_through())
         except OSError as exc:
@@ -175,6 +187,7 @@ class Journal:
             raise
         journal = cls(data_dir, lock_fd, state.generation, fd, fsync_each_commit=fsync_each_commit,
                       compact_min_bytes=compact_min_bytes, compact_ratio=compact_ratio)
+        journal.fence = fence
         journal.bytes = state.journal_bytes
         journal.records = state.journal_records
         return journal, state.replay
@@ -264,6 +277,8 @@ class Journal:
         return body
 
     def _write(self, fd: int, body: bytes) -> None:
+        if self.fence is not None:
+            self.fence.check()  # raises Fenced (an OSError): a later broker holds data_dir, nothing more is ours
         frames.append(fd, body)
         if self.fsync_each_commit:
             os.fdatasync(fd)
@@ -355,6 +370,8 @@ class Journal:
             self.compacting = None
             raise
         self.compacting = None
+        if self.fence is not None:
+            self.fence.check()  # a deposed broker must not rename its snapshot over the new holder's files
         if self.housekeeper is None:
             _install_snapshot_file(running.temporary, self.data_dir, running.generation)
         else:
@@ -385,7 +402,7 @@ class Journal:
         self._fd, self.generation = fd, generation
         self._unsynced = False
         if self.housekeeper is not None:  # the next rotation finds its file ready (an empty one is harmless)
-            self._spare = self.housekeeper.submit(create_journal, self.data_dir, generation + 1)
+            self._spare = self.housekeeper.submit(self._create_journal, generation + 1)
 
     def _take_spare(self, generation: int) -> int:
         """The fd of journal `generation`: the one made ahead of time, or a new one."""
@@ -395,7 +412,25 @@ class Journal:
                 return spare.result()  # waits only if it is still being made
             except OSError as exc:
                 log.warning("the next journal file could not be made ahead of time (%s): trying again", exc)
+        return self._create_journal(generation)
+
+    def _create_journal(self, generation: int) -> int:
+        """create_journal, unless a later broker holds data_dir (Fenced): a new file truncates any of its name,
+        and the later broker may have made journal `generation` already."""
+        if self.fence is not None:
+            self.fence.check()
         return create_journal(self.data_dir, generation)
+
+    def lost(self) -> str | None:
+        """Why this journal no longer holds data_dir (its lock gone or replaced, a later generation recorded), or
+        None while it does."""
+        why = lost(self.data_dir, self._lock_fd)
+        if why is None and self.fence is not None:
+            try:
+                self.fence.check()
+            except Fenced as exc:
+                why = str(exc)
+        return why
 
     def close(self) -> None:
         """Commit, make everything durable, and release the directory."""

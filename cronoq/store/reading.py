@@ -10,7 +10,8 @@ code. At start-up the policy is:
 - any **damage** to a journal, and any problem at all with a snapshot
   (snapshots are written to a temporary file, fsynced and renamed, so even a
   "torn" one means the disk lost data), is refused: `DamagedFile` names the
-  file, the offset and what is wrong, and nothing in data_dir is changed;
+  file, the offset and what is wrong, and nothing in data_dir is changed
+  (but the generation the start recorded in `fence`, cronoq.store.fence);
 - a frame whose checksum matches but which this version cannot decode, or a
   file of another kind or format, is refused too: guessing could drop tasks.
 """
@@ -90,8 +91,12 @@ def holder(data_dir: Path) -> str:
         return "unknown"
 
 
-def wait_for_lock(data_dir: Path, stopping: Callable[[], bool], interval: float) -> int | None:
+def wait_for_lock(data_dir: Path, stopping: Callable[[], bool], interval: float, *,
+                  pause: Callable[[float], None] = time.sleep, ready: Callable[[], bool] = lambda: True) -> int | None:
     """Wait until data_dir's lock is free and take it (a standby); returns its fd, or None once `stopping()`.
+
+    `pause(interval)` is how it waits between tries (a standby serves its held addresses meanwhile); the lock
+    is only tried while `ready()` (a standby that cannot hold its addresses must not take over).
 
     Tries every `interval` seconds, without blocking, so that a signal stops the wait at once. Only a lock
     file a broker made is taken: a missing one (or a missing data_dir) is waited for, never created, since
@@ -102,6 +107,9 @@ def wait_for_lock(data_dir: Path, stopping: Callable[[], bool], interval: float)
     fd: int | None = None
     try:
         while not stopping():
+            if not ready():
+                pause(interval)
+                continue
             if fd is None:
                 try:
                     fd = os.open(path, os.O_RDWR)
@@ -119,7 +127,7 @@ def wait_for_lock(data_dir: Path, stopping: Callable[[], bool], interval: float)
                     os.close(fd)  # it was unlinked while we waited: the path's new file is the lock now
                     fd = None
                     continue
-            time.sleep(interval)
+            pause(interval)
         return None
     finally:
         if fd is not None:

@@ -58,6 +58,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from cronoq import protocol
+from cronoq.cluster import not_from
 from cronoq.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
 from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
@@ -116,6 +117,7 @@ class Worker:
         self._draining: dict[str, list[str]] = {}
         self._clustered = False
         self._on_map: Callable[[Any], None] | None = None
+        self._member_name: str | None = None  # (a member worker) the member whose addresses it connects to
         self._gate: asyncio.Semaphore | None = None  # at most `concurrency` handlers at once, over every member
         self._beats = 0
         self._map: Any = None  # the latest cluster map heard, and the version whose members were last probed
@@ -450,7 +452,7 @@ class Worker:
     def _take_map(self, value: Any) -> None:
         """The broker's answer to `cluster`: register alone (nil), or serve the cluster through member workers."""
         if self._on_map is not None:  # a member worker: its parent decides
-            if value is not None:
+            if value is not None and _speaks_for(value, self._member_name, self.broker):
                 self._on_map(value)
             return
         if value is None:
@@ -515,13 +517,14 @@ class Worker:
             name, workers = member.get("name"), member.get("workers") or []
             if name in self._members or name == value.get("member") or not workers:
                 continue
-            probe = asyncio.get_running_loop().create_task(self._probe(workers[0]))
+            probe = asyncio.get_running_loop().create_task(self._probe(name, workers[0]))
             self._probes.add(probe)
             probe.add_done_callback(self._probes.discard)
 
-    async def _probe(self, address: str) -> None:
-        """One `cluster` question to the worker endpoint at `address`, on a socket of its own; its answer is
-        followed like a member worker's. No answer within a liveness period: the next probe asks again."""
+    async def _probe(self, name: str, address: str) -> None:
+        """One `cluster` question to member `name`'s worker endpoint at `address`, on a socket of its own; its
+        answer is followed like a member worker's, if it is `name`'s. No answer within a liveness period: the next
+        probe asks again."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
         rid = next(self._rids)
@@ -550,7 +553,7 @@ class Worker:
             return
         finally:
             channel.close()
-        if value is not None and not self._stopping:
+        if value is not None and not self._stopping and _speaks_for(value, name, address):
             self._follow(value)
 
     def _start_member(self, name: str, addresses: list[str], pools: list[Pool], share: int) -> None:
@@ -563,6 +566,7 @@ class Worker:
         member._executor = self._executor
         member._gate = self._gate
         member._on_map = self._follow
+        member._member_name = name
         self._members[name] = member
         run = asyncio.get_running_loop().create_task(member.run())
         self._member_runs[name] = run
@@ -676,3 +680,13 @@ def _text(exc: Exception) -> str:
         return str(exc)
     except Exception as err:
         return f"<the exception's message could not be made: {type(err).__name__}>"
+
+
+def _speaks_for(value: Any, member: str | None, address: str) -> bool:
+    """Whether a map heard at `address`, which the map followed so far gives as member `member`'s, may be
+    followed (cronoq.cluster.not_from); an impostor's is not, and a WARNING says so. `member` None: the
+    addresses the worker was given, which it trusts as they are."""
+    why = None if member is None else not_from(value, member)
+    if why is not None:
+        log.warning("ignoring a cluster map from %s: %s", address, why)
+    return why is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import signal
 import socket
 import subprocess
@@ -54,6 +55,32 @@ def refused(endpoint: str) -> bool:
     except ConnectionRefusedError:
         return True
     return False
+
+
+def taken(endpoint: str) -> bool:
+    """Whether another process has bound a tcp:// endpoint: binding it here fails."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    try:
+        socket.create_server((host, int(port))).close()
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE
+    return False
+
+
+ZMTP_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03"  # signature and major version: a ZeroMQ peer says this first
+
+
+def held_silently(endpoint: str) -> bool:
+    """Whether a tcp:// endpoint takes a connection but answers nothing to a ZeroMQ peer's greeting (a standby's
+    held address: no handshake, so no ZeroMQ peer sends it a message)."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(ZMTP_GREETING)
+        conn.settimeout(0.5)
+        try:
+            return conn.recv(64) == b""  # closed without a word is silent too
+        except TimeoutError:
+            return True
 
 
 def runs_of(path: Path) -> collections.Counter[int]:
@@ -117,16 +144,21 @@ def test_a_standby_without_a_data_dir_is_refused(tmp_path):
 # --------------------------------------------------------------------- standing by
 
 
-def test_a_standby_binds_nothing_while_the_primary_serves_and_stops_at_once_on_sigterm(brokers, tmp_path):
+def test_a_standby_holds_its_addresses_silently_while_the_primary_serves_and_stops_at_once_on_sigterm(
+        brokers, tmp_path):
     _, primary, standby = primary_and_standby(brokers, tmp_path)
     assert f"data_dir {tmp_path / 'cronoq-data'}: it is in use (pid {primary.proc.pid})" in standby.log.read_text()
-    assert refused(standby.clients) and refused(standby.workers)
+    # No other process can take the standby's addresses while it waits, and they answer nobody.
+    assert taken(standby.clients) and taken(standby.workers)
+    assert held_silently(standby.clients) and held_silently(standby.workers)
+    assert not held_silently(primary.clients), "a serving broker answers the greeting"
     assert standby.proc.poll() is None and not refused(primary.clients)
     # SIGTERM stops the wait at once, cleanly, having taken nothing over: the primary serves on.
     standby.proc.send_signal(signal.SIGTERM)
     assert standby.proc.wait(timeout=10) == 0
     assert "SIGTERM while standing by: stopped" in standby.log.read_text()
     assert primary.proc.poll() is None and not refused(primary.clients)
+    assert refused(standby.clients) and refused(standby.workers), "a stopped standby lets its addresses go"
 
 
 def test_a_standby_never_starts_a_data_dir_afresh(brokers, tmp_path):
@@ -134,7 +166,7 @@ def test_a_standby_never_starts_a_data_dir_afresh(brokers, tmp_path):
     standby = standby_of(config, tmp_path)
     brokers.append(standby)
     assert "holds no broker's lock file yet" in standby.log.read_text()
-    assert not (tmp_path / "cronoq-data").exists() and refused(standby.clients)
+    assert not (tmp_path / "cronoq-data").exists() and held_silently(standby.clients)
     # Once a primary has used the directory (and gone), the standby takes it over.
     primary = BrokerProcess(config).start()
     brokers.append(primary)
@@ -209,7 +241,7 @@ def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp
     with cronoq.connect_sync([standby.clients, primary.clients], request_timeout=WAIT) as client:
         task = client.submit({"n": 1, "runs": str(tmp_path / "runs")}, pool="counted")
         assert client.status(task.id).state == "queued"
-    # The standby's address comes first and refuses connections: the command is not put off by it.
+    # The standby's address comes first and never completes a handshake: the command is not put off by it.
     result = run_command(["-m", "cronoq.cli", "status", "--broker", standby.clients, "--broker", primary.clients])
     assert result.returncode == 0, result.stderr
     assert "counted" in result.stdout
@@ -224,8 +256,66 @@ async def test_sighup_while_standing_by_rereads_the_config_it_takes_over_with(br
     config.write_text(good + '[[pools]]\nname = "added"\n')
     standby.proc.send_signal(signal.SIGHUP)
     wait_for_line(standby.proc, standby.log, "while standing by: it applies at takeover")
-    assert standby.proc.poll() is None and refused(standby.clients)
+    assert standby.proc.poll() is None and held_silently(standby.clients)
     primary.kill()
     await asyncio.to_thread(standby.wait_ready)
     async with cronoq.connect(standby.clients, request_timeout=WAIT) as client:
         assert set((await client.stats())["pools"]) == {"counted", "added"}
+
+
+async def test_a_standby_whose_address_a_squatter_holds_waits_says_why_and_takes_over_once_it_is_free(
+        brokers, tmp_path):
+    config, primary, _ = primary_and_standby(brokers, tmp_path)
+    # A plain process (here, this test) binds the address a second standby is told to serve workers on.
+    workers_port, clients = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    squatter = socket.create_server(("127.0.0.1", workers_port))
+    try:
+        standby = BrokerProcess(config, args=["--log-level", "INFO", "--standby", "--clients", clients,
+                                              "--workers", f"tcp://127.0.0.1:{workers_port}"])
+        standby.start(wait=False, log=tmp_path / "squatted.log")
+        brokers.append(standby)
+        wait_for_line(standby.proc, standby.log, f"cannot hold tcp://127.0.0.1:{workers_port}: another process has bound it")
+        assert "sending their tokens and tasks to whoever has it" in standby.log.read_text()
+        assert taken(clients), "the address it could take it holds"
+        # The primary goes: a standby that cannot serve must not take over (another standby here does).
+        primary.kill()
+        first_standby = brokers[1]
+        await asyncio.to_thread(first_standby.wait_ready)
+        assert standby.proc.poll() is None, "it keeps trying instead of exiting"
+        first_standby.kill()
+    finally:
+        squatter.close()
+    # The address is free again: the standby holds it, takes the lock and serves.
+    await asyncio.to_thread(standby.wait_ready)
+    errors = [line for line in standby.log.read_text().splitlines() if "level=error" in line]
+    assert len(errors) == 1 and "cannot hold" in errors[0], "said once while it lasted, not every try"
+    assert "holding every address now" in standby.log.read_text()
+    async with cronoq.connect(clients, request_timeout=WAIT) as client:
+        assert "counted" in (await client.stats())["pools"]
+
+
+async def test_a_standby_that_cannot_serve_after_taking_the_lock_lets_it_go_and_tries_again(brokers, tmp_path):
+    _, primary, _ = primary_and_standby(brokers, tmp_path)
+    # A second standby, on the same data_dir, whose metrics address a squatter holds (it holds only its client and
+    # worker addresses while it waits: the metrics address may be the primary's own on the same host).
+    metrics_port = free_port()
+    other = write_config(tmp_path / "other.toml", POOLS, broker_extra=f'metrics = "127.0.0.1:{metrics_port}"')
+    clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    squatter = socket.create_server(("127.0.0.1", metrics_port))
+    try:
+        standby = BrokerProcess(other, args=["--log-level", "INFO", "--standby", "--clients", clients, "--workers",
+                                             workers, "--data-dir", str(tmp_path / "cronoq-data")])
+        standby.start(wait=False, log=tmp_path / "other.log")
+        brokers.append(standby)
+        wait_for_line(standby.proc, standby.log, "cronoq broker standing by")
+        brokers[1].kill()  # the first standby: this one is the only one left
+        primary.kill()
+        wait_for_line(standby.proc, standby.log, "let go of its lock untouched; standing by again")
+        assert f"cannot serve metrics at 127.0.0.1:{metrics_port}" in standby.log.read_text()
+        assert standby.proc.poll() is None, "it keeps trying instead of exiting"
+        assert taken(clients) and taken(workers), "it holds its addresses again meanwhile"
+    finally:
+        squatter.close()
+    await asyncio.to_thread(standby.wait_ready)
+    async with cronoq.connect(clients, request_timeout=WAIT) as client:
+        assert "counted" in (await client.stats())["pools"]
