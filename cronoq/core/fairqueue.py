@@ -63,7 +63,7 @@ _NO_CAPS: frozenset[str | None] = frozenset()
 
 
 class Flow(Chain):
-    """One node of the tenant tree inside one fair class: its tags, its share accounting, and
+    """One node of the tenant tree inside one fair class: its tags, and
     either its FIFO of tasks (a leaf) or the group of its children (`sub`).
 
     While a leaf is backlogged its `head` is always a live task.
@@ -77,10 +77,6 @@ class Flow(Chain):
         "last",  # start tag of its last dispatched task, None before the first
         "finish",  # F: S of its last dispatch + 1/w (0 before the first); kept while idle
         "gen",  # bumped whenever the flow's heap entry is replaced; older entries are stale
-        # Lag over the current backlogged period, in dispatches (see docs/scheduling.md):
-        "rmark",  # parent's rsum when the period (or the current weight, or eligibility) started
-        "share",  # weighted share earned in the period before `rmark`
-        "got",  # dispatches in the period
         # The tree:
         "parent",  # the FairQueue (group) it is a child of
         "sub",  # the FairQueue of its children, once it has any (None for a leaf)
@@ -100,9 +96,6 @@ class Flow(Chain):
         self.last: Tag | None = None
         self.finish: Tag = 0
         self.gen = 0
-        self.rmark = 0.0
-        self.share = 0.0
-        self.got = 0
         self.parent = parent
         self.sub: FairQueue | None = None
         self.nq = 0
@@ -113,14 +106,25 @@ class Flow(Chain):
 
 
 def flow_lag(flow: Flow) -> float:
-    """Dispatches the node trails (+) or leads (-) its weighted share among its siblings, over its current
-    backlogged period (0 while it has nothing queued)."""
+    """Dispatches the node trails (+) or leads (-) its weighted share among its siblings: `w * (V - S)`,
+    the service its group's virtual time has entitled it to minus the service its tag has taken (0 while it
+    has nothing queued). See docs/scheduling.md, "Lag".
+
+    SFQ keeps `V <= S <= V + 1/w` for every child in the heap, so this lies in [-1, 0]: a node just served
+    leads by up to one of its own dispatches, and none can trail unless the fair order itself is broken. A
+    node out of the heap while backlogged (capped, or all of its children are) has the lag it would rejoin
+    with, `w * (V - max(V, F))`: its lead is kept, its trailing is not banked, as the scheduler does.
+    """
     if not (flow.live or flow.nq):
         return 0.0
-    lag = flow.share - flow.got
+    group = flow.parent
+    vtime = group.vtime
     if flow.on:
-        lag += flow.weight * (flow.parent.rsum - flow.rmark)
-    return lag
+        start = flow.tag
+    else:
+        start = flow.finish if flow.finish > vtime else vtime
+    # w * (V - S) in dispatches is (V - S) / (1/w): exact in integer tags up to the one division.
+    return (vtime - start) / flow.step
 
 
 def flow_share(flow: Flow) -> float:
@@ -144,7 +148,6 @@ class FairQueue:
         "vtime",
         "nback",
         "wsum",
-        "rsum",
         "sweep_at",
         "owner",
         "capped",
@@ -162,9 +165,6 @@ class FairQueue:
         self.vtime: Tag = 0 if weights.scale is not None else 0.0  # V: start tag of the last dispatch
         self.nback = 0  # children with a live heap entry (backlogged and not capped)
         self.wsum = 0.0  # sum of their weights
-        # Sum over dispatches of 1/wsum: a child of weight w earns a share of
-        # w * (increase of rsum) dispatches while it is in the heap; this makes lag O(1).
-        self.rsum = 0.0
         self.sweep_at = _MIN_SWEEP
         self.owner = owner
         # Names of the capped nodes of the pool (shared, kept up to date by the pool).
@@ -230,8 +230,6 @@ class FairQueue:
             task._next = None  # type: ignore[union-attr]
             self.vtime = tag
             flow.last = tag
-            self.rsum += 1.0 / self.wsum
-            flow.got += 1
             flow.live -= 1
             # F[t] = S + 1/w; while the flow stays backlogged V is now S, so
             # max(V, F) is simply F and the next head's tag is F.
@@ -276,8 +274,8 @@ class FairQueue:
         return out
 
     def lag(self, tenant: str | None) -> float:
-        """Dispatches node `tenant` trails (+) or leads (-) its weighted share among its siblings,
-        over its current backlogged period."""
+        """Dispatches node `tenant` trails (+) or leads (-) its weighted share among its siblings
+        (flow_lag: in [-1, 0] in this class)."""
         flow = self.find(tenant_path(tenant))
         return 0.0 if flow is None else flow_lag(flow)
 
@@ -356,13 +354,10 @@ class FairQueue:
             flow.last = None
             flow.finish = 0
             flow.served = False
-        flow.share = 0.0
-        flow.got = 0
         if flow.capped:
             return
         flow.gen += 1
         heappush(self.heap, (flow.tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
-        flow.rmark = self.rsum
         flow.on = True
         self.nback += 1
         self.wsum += flow.weight
@@ -396,15 +391,13 @@ class FairQueue:
         seq = flow.head._seq if sub is None else sub._top()[1]  # type: ignore[union-attr]
         flow.hseq = seq
         heappush(self.heap, (flow.tag, seq, flow.gen, flow))
-        flow.rmark = self.rsum
         flow.on = True
         self.nback += 1
         self.wsum += flow.weight
 
     def _off(self, flow: Flow) -> None:
-        """A child still backlogged (or just idle) leaves the heap; its lag sub-period closes."""
+        """A child still backlogged (or just idle) leaves the heap."""
         self._drop_entry(flow)
-        flow.share += flow.weight * (self.rsum - flow.rmark)
         flow.on = False
         self.nback -= 1
         self.wsum = self.wsum - flow.weight if self.nback else 0.0
@@ -498,8 +491,6 @@ class FairQueue:
             flow.finish = 0
             flow.served = False
             flow.sub = None  # every node below is idle too: a fresh node is the same
-        flow.share = 0.0
-        flow.got = 0
 
     def _split(self, flow: Flow) -> None:
         """A leaf gets its first sub-tenant: its chain becomes its own child, of weight 1.
@@ -546,8 +537,6 @@ class FairQueue:
         tag = flow.tag
         group.vtime = tag
         flow.last = tag
-        group.rsum += 1.0 / group.wsum
-        flow.got += 1
         flow.finish = tag = tag + flow.step
         if flow.live:
             if flow.stale:
@@ -567,8 +556,6 @@ class FairQueue:
             tag = flow.tag
             group.vtime = tag
             flow.last = tag
-            group.rsum += 1.0 / group.wsum
-            flow.got += 1
             flow.finish = tag = tag + flow.step
             flow.nq -= 1
             if sub.nback:
@@ -581,7 +568,6 @@ class FairQueue:
             else:
                 # Out of work, or what is left is capped: out of the heap either way.
                 heappop(group.heap)
-                flow.share += flow.weight * (group.rsum - flow.rmark)
                 flow.on = False
                 group.nback -= 1
                 group.wsum = group.wsum - flow.weight if group.nback else 0.0
@@ -647,7 +633,6 @@ class FairQueue:
     def _retag(self, weights: Weights) -> None:
         """New weights for every node of this group and below; heaps rebuilt bottom-up."""
         self.weights = weights
-        rsum = self.rsum
         vtime = self.vtime
         owner = self.owner
         wsum = 0.0
@@ -661,9 +646,6 @@ class FairQueue:
             else:
                 weight, step = weights.weight(key), weights.step(key)
             if flow.on:
-                # Close the lag sub-period at the old weight.
-                flow.share += flow.weight * (rsum - flow.rmark)
-                flow.rmark = rsum
                 wsum += weight
             flow.weight = weight
             flow.step = step

@@ -171,6 +171,27 @@ class Model:
             if t.pool == name and t.priority == cls and t.state == QUEUED and t.deadline is None
         }
 
+    def lag(self, name: str, node: str | None) -> Fraction:
+        """The lag of docs/scheduling.md, from the rules' own state: in each class where the node has queued
+        work, w * (V - max(V, F)) with V its parent's virtual time (its start tag while it can be dispatched
+        from, the tag it would rejoin with while it cannot), summed over the classes."""
+        p = self.pools.get(name)
+        if p is None or not p.settings.fair:
+            return Fraction(0)
+        total = Fraction(0)
+        for cls in range(4):
+            if node not in p.backlogged[cls]:
+                continue
+            vtime = p.vtime[cls].get(parent_of(node), Fraction(0))
+            start = max(vtime, p.finish[cls].get(node, Fraction(0)))
+            total += (vtime - start) / _inverse(p.settings, node)
+        return total
+
+    def backlogged_classes(self, name: str, node: str | None) -> int:
+        """In how many classes the node has queued work its fair queue orders."""
+        p = self.pools.get(name)
+        return 0 if p is None else sum(1 for cls in range(4) if node in p.backlogged[cls])
+
     def accepting(self) -> list[str]:
         return [n for n, p in self.pools.items() if not p.draining]
 

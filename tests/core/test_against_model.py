@@ -30,7 +30,7 @@ from cronoq.core import (
     Task,
 )
 from cronoq.errors import InvalidArgument, NotFound
-from tests.core.model import MTask, Model
+from tests.core.model import MTask, Model, prefixes
 
 POOL_NAMES = ["fair", "plain", "share"]
 TENANTS = [None, "a", "b", "c"]
@@ -317,6 +317,17 @@ class CoreVersusModel(RuleBasedStateMachine):
                 )
                 assert self.core.tenant_backlog(name, tenant) == count(QUEUED, mine) + count(DELAYED, mine)
                 assert math.isfinite(ts["lag"])
+
+    @invariant()
+    def lag_is_the_rules_own_and_bounded(self) -> None:
+        # The bound of docs/scheduling.md: in every class where a node has queued work its lag lies in [-1, 0]
+        # (SFQ keeps V <= S <= V + 1/w), whatever happened before: ceilings, pauses, reloads, workers lost.
+        for name, mp in self.model.pools.items():
+            nodes = {node for t in self.model.tasks.values() if t.pool == name for node in prefixes(t.tenant)}
+            for node in nodes:
+                lag = self.core.lag(name, node)
+                assert lag == pytest.approx(float(self.model.lag(name, node)), abs=1e-9), (name, node)
+                assert -self.model.backlogged_classes(name, node) - 1e-9 <= lag <= 1e-9, (name, node, lag)
 
     @invariant()
     def dispatched_once_per_attempt(self) -> None:
