@@ -148,6 +148,8 @@ class FairQueue:
         "vtime",
         "nback",
         "wsum",
+        "nbusy",
+        "bsum",
         "sweep_at",
         "owner",
         "capped",
@@ -165,6 +167,10 @@ class FairQueue:
         self.vtime: Tag = 0 if weights.scale is not None else 0.0  # V: start tag of the last dispatch
         self.nback = 0  # children with a live heap entry (backlogged and not capped)
         self.wsum = 0.0  # sum of their weights
+        # Children with queued tasks in their subtree, capped or not, and their weights' sum: what the
+        # weighted share divides by (a ceiling holds a node back; it does not shrink what it is promised).
+        self.nbusy = 0
+        self.bsum = 0.0
         self.sweep_at = _MIN_SWEEP
         self.owner = owner
         # Names of the capped nodes of the pool (shared, kept up to date by the pool).
@@ -279,6 +285,37 @@ class FairQueue:
         flow = self.find(tenant_path(tenant))
         return 0.0 if flow is None else flow_lag(flow)
 
+    def weighted_share(self, path: tuple[str | None, ...]) -> tuple[float, float]:
+        """(node, its own tasks): the fraction of this class's fair dispatches the weights promise the node at
+        the end of `path` (its whole subtree) and its own tasks, while the ceilings do not bind: the product,
+        down the path, of each node's weight over the weights of its siblings with tasks queued, capped or not
+        (a node's own tasks, beside its children, weigh 1). (0, 0) for a node with nothing queued; O(depth)."""
+        group: FairQueue | None = self
+        share = 1.0
+        flow: Flow | None = None
+        for name in path:
+            flow = None if group is None else group.flows.get(name)
+            if flow is None or not (flow.live or flow.nq):
+                return 0.0, 0.0
+            share *= flow.weight / group.bsum  # type: ignore[union-attr]
+            group = flow.sub
+        if flow is None or flow.sub is None:
+            return share, share  # a leaf: its own tasks are the node
+        own = flow.sub.flows.get(flow.tenant)
+        if own is None or not own.live:
+            return share, 0.0
+        return share, share * own.weight / flow.sub.bsum
+
+    def own_lag(self, tenant: str | None) -> float:
+        """The lag of node `tenant`'s own tasks among its children (its own lag when it has none)."""
+        flow = self.find(tenant_path(tenant))
+        if flow is None:
+            return 0.0
+        if flow.sub is not None:
+            own = flow.sub.flows.get(flow.tenant)
+            return 0.0 if own is None else flow_lag(own)
+        return flow_lag(flow)
+
     def virtual_time(self) -> float:
         """V of this group in dispatches of a weight-1 tenant."""
         return self.weights.to_dispatches(self.vtime)
@@ -341,7 +378,8 @@ class FairQueue:
         return flow
 
     def _activate(self, flow: Flow) -> None:
-        """A leaf became backlogged: forget its past if it banked nothing, start a lag period, join."""
+        """A leaf became backlogged: forget its past if it banked nothing, and join."""
+        self._busy(flow)
         finish = flow.finish
         vtime = self.vtime
         if finish > vtime:
@@ -373,6 +411,17 @@ class FairQueue:
         self.nback -= 1
         # Reset exactly at zero so float drift in the running sum cannot build up.
         self.wsum = self.wsum - flow.weight if self.nback else 0.0
+        self._idle(flow)
+
+    def _busy(self, flow: Flow) -> None:
+        """A child got queued tasks in its subtree after having none."""
+        self.nbusy += 1
+        self.bsum += flow.weight
+
+    def _idle(self, flow: Flow) -> None:
+        """A child has no queued task left in its subtree."""
+        self.nbusy -= 1
+        self.bsum = self.bsum - flow.weight if self.nbusy else 0.0
 
     def _on(self, flow: Flow) -> None:
         """A backlogged child that can be dispatched from (again) joins the heap at max(V, F)."""
@@ -486,6 +535,7 @@ class FairQueue:
 
     def _wake(self, flow: Flow) -> None:
         """An idle child gets work: if it banked nothing, forget its whole past (and its subtree's)."""
+        self._busy(flow)
         if flow.finish <= self.vtime:
             flow.last = None
             flow.finish = 0
@@ -511,6 +561,7 @@ class FairQueue:
         if not flow.live:
             return
         own.head, own.tail, own.live, own.stale = flow.head, flow.tail, flow.live, flow.stale
+        sub._busy(own)
         flow.nq = flow.live
         flow.head = flow.tail = None
         flow.live = flow.stale = 0
@@ -558,6 +609,8 @@ class FairQueue:
             flow.last = tag
             flow.finish = tag = tag + flow.step
             flow.nq -= 1
+            if not flow.nq:
+                group._idle(flow)
             if sub.nback:
                 entry = sub.heap[0]
                 if entry[2] != entry[3].gen:
@@ -583,6 +636,8 @@ class FairQueue:
             if flow.sub is None:
                 break
             flow.nq -= 1
+            if not flow.nq:
+                group._idle(flow)
             group = flow.sub
             if depth == last:
                 flow = group.flows[name]
@@ -599,6 +654,7 @@ class FairQueue:
             else:
                 flow.compact()  # capped: only cancelled tasks are left
                 flow.head = flow.tail = None
+                self._idle(flow)
         elif flow.head is task:
             # The successor inherits the head's tag (the cancelled task is not
             # charged); only the tie-break seq changes, so the entry is replaced.
@@ -635,7 +691,7 @@ class FairQueue:
         self.weights = weights
         vtime = self.vtime
         owner = self.owner
-        wsum = 0.0
+        wsum = bsum = 0.0
         entries: list[HeapEntry] = []
         for key, flow in self.flows.items():
             sub = flow.sub
@@ -650,6 +706,7 @@ class FairQueue:
             flow.weight = weight
             flow.step = step
             if flow.live or flow.nq:
+                bsum += weight
                 if flow.last is not None:
                     flow.finish = flow.last + step
                 if flow.on:
@@ -662,6 +719,7 @@ class FairQueue:
         self.heap = entries
         self.heap_stale = 0
         self.wsum = wsum
+        self.bsum = bsum
 
     def _rescale(self, weights: Weights) -> None:
         """Convert every stored tag of this group and below to the units of `weights`
@@ -730,4 +788,8 @@ class FifoQueue(Chain):
 
     def lag(self, tenant: str | None) -> float:
         """Always 0: without fair sharing no tenant has a share to trail."""
+        return 0.0
+
+    def own_lag(self, tenant: str | None) -> float:
+        """Always 0, as `lag`."""
         return 0.0

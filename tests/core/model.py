@@ -187,10 +187,47 @@ class Model:
             total += (vtime - start) / _inverse(p.settings, node)
         return total
 
-    def backlogged_classes(self, name: str, node: str | None) -> int:
-        """In how many classes the node has queued work its fair queue orders."""
+    def weighted_share(self, name: str, node: str | None) -> tuple[Fraction, Fraction]:
+        """(node, its own tasks): in the class the pool's fair dispatches serve now (the highest that can
+        dispatch, else the highest with queued work), the product down the node's path of its weight over the
+        weights of its siblings with queued work, capped or not (own tasks weigh 1 among a node's children)."""
         p = self.pools.get(name)
-        return 0 if p is None else sum(1 for cls in range(4) if node in p.backlogged[cls])
+        zero = (Fraction(0), Fraction(0))
+        if p is None or not p.settings.fair:
+            return zero
+        classes = [c for c in range(4) if any(parent_of(k) == ROOT for k in p.eligible[c])]
+        classes += [c for c in range(4) if p.backlogged[c]]
+        if not classes:
+            return zero
+        backlogged = p.backlogged[classes[0]]
+
+        def part(key) -> Fraction:
+            siblings = [k for k in backlogged if parent_of(k) == parent_of(key)]
+            return (1 / _inverse(p.settings, key)) / sum(1 / _inverse(p.settings, k) for k in siblings)
+
+        if node not in backlogged:
+            return zero
+        share = Fraction(1)
+        for key in prefixes(node):
+            share *= part(key)
+        mine = own(node)
+        return share, (share * part(mine) if mine in backlogged else Fraction(0))
+
+    def lag_bound(self, name: str, node: str | None) -> Fraction:
+        """How far below 0 the node's lag may be (docs/scheduling.md, "Lag"): one of its dispatches in each
+        class where it has queued work, or, where it came back after a reload re-weighted it while it was
+        idle, one dispatch at the weight its F was computed with: w_now / w_then of its current dispatches."""
+        p = self.pools.get(name)
+        if p is None:
+            return Fraction(0)
+        bound = Fraction(0)
+        for cls in range(4):
+            if node not in p.backlogged[cls]:
+                continue
+            last = p.last[cls].get(node)
+            then = Fraction(1) if last is None else (p.finish[cls][node] - last) / _inverse(p.settings, node)
+            bound += max(Fraction(1), then)
+        return bound
 
     def accepting(self) -> list[str]:
         return [n for n, p in self.pools.items() if not p.draining]
