@@ -707,7 +707,11 @@ def test_counts_and_stats_are_plain_json():
         "running": 1,
         "dispatched": 1,
         "lag": 0.0,
+        "weighted_share": 1.0,  # alone in the normal class, the one served now
+        "own_weighted_share": 1.0,
+        "own_lag": 0.0,
     }
+    assert p["tree_nodes"] == {}
     assert p["tenants"][""]["delayed"] == 1
     assert stats["q"]["max_in_flight"] == 3 and stats["q"]["fair"] is False
     assert len(core) == 3 and "a" in core and "zz" not in core
