@@ -33,6 +33,11 @@ Two interchangeable queues hold a class's tasks without a deadline:
   `max(V, F[c])`, banking nothing for the time it was capped. A group whose
   children are all capped or idle leaves its own parent's heap the same way.
 
+  What users watch is read off the same state, in O(1) or O(depth): a
+  node's lag is `w * (V - S)` (flow_lag; SFQ keeps it in [-1, 0]), and its
+  weighted share the product down its path of `w` over the weights of the
+  siblings with tasks queued, capped or not (`bsum`, kept per group).
+
 - `FifoQueue` (pools without fairness): one FIFO, submission order.
 
 Tags are exact integers (see weights.py), so a tie between tags is a true
