@@ -79,7 +79,7 @@ def tenant_tree(pool: dict[str, Any], previous: dict[str, Any] | None) -> list[T
             queued, running, dispatched, recent = totals[node]
             weight = 1.0 if node == "" else number(entry, "weight")
             rows.append(TenantRow(
-                node, "  " * depth + (_tenant_name(node).rpartition("/")[2] if node else "(none)"), False,
+                node, "  " * depth + (node.rpartition("/")[2] if depth else _tenant_name(node)), False,
                 weight if weight is not None else 1.0, queued, running, dispatched, recent,
                 recent / total if total else 0.0, number(entry, "weighted_share") if fair else None,
                 number(entry, "lag")))
