@@ -187,31 +187,32 @@ class Model:
             total += (vtime - start) / _inverse(p.settings, node)
         return total
 
-    def weighted_share(self, name: str, node: str | None) -> tuple[Fraction, Fraction]:
-        """(node, its own tasks): in the class the pool's fair dispatches serve now (the highest that can
-        dispatch, else the highest with queued work), the product down the node's path of its weight over the
-        weights of its siblings with queued work, capped or not (own tasks weigh 1 among a node's children)."""
+    def weighted_shares(self, name: str) -> dict:
+        """node -> (node, its own tasks), for every node with queued work: in the class the pool's fair
+        dispatches serve now (the highest that can dispatch, else the highest with queued work), the product
+        down the node's path of its weight over the weights of its siblings with queued work, capped or not
+        (own tasks weigh 1 among a node's children). Nodes not listed are promised (0, 0)."""
         p = self.pools.get(name)
-        zero = (Fraction(0), Fraction(0))
         if p is None or not p.settings.fair:
-            return zero
+            return {}
         classes = [c for c in range(4) if any(parent_of(k) == ROOT for k in p.eligible[c])]
         classes += [c for c in range(4) if p.backlogged[c]]
         if not classes:
-            return zero
+            return {}
         backlogged = p.backlogged[classes[0]]
-
-        def part(key) -> Fraction:
-            siblings = [k for k in backlogged if parent_of(k) == parent_of(key)]
-            return (1 / _inverse(p.settings, key)) / sum(1 / _inverse(p.settings, k) for k in siblings)
-
-        if node not in backlogged:
-            return zero
-        share = Fraction(1)
-        for key in prefixes(node):
-            share *= part(key)
-        mine = own(node)
-        return share, (share * part(mine) if mine in backlogged else Fraction(0))
+        weight = {k: 1 / _inverse(p.settings, k) for k in backlogged}
+        siblings: dict = {}
+        for k in backlogged:
+            siblings[parent_of(k)] = siblings.get(parent_of(k), 0) + weight[k]
+        part = {k: weight[k] / siblings[parent_of(k)] for k in backlogged}
+        out = {}
+        for node in (k for k in backlogged if not isinstance(k, tuple)):
+            share = Fraction(1)
+            for key in prefixes(node):
+                share *= part[key]
+            mine = own(node)
+            out[node] = (share, share * part[mine] if mine in part else Fraction(0))
+        return out
 
     def lag_bound(self, name: str, node: str | None) -> Fraction:
         """How far below 0 the node's lag may be (docs/scheduling.md, "Lag"): one of its dispatches in each
