@@ -279,3 +279,15 @@ def test_two_tenants_backlogged_together_stay_within_one_dispatch_of_their_share
         run.dispatch()
         for tenant in ("a", "b"):
             assert abs(run.core.lag("p", tenant)) <= 1 + EPS
+
+
+@FAST
+@given(steps=st.lists(STEP, max_size=40))
+def test_lag_stays_in_its_bound_with_float_tags(steps):
+    # Weights whose exact scale would pass 2^40 fall back to float tags (weights.py): the bound holds within rounding.
+    settings_ = PoolSettings("p", tenant_weights={"a": 0.123456789, "b": 0.987654321, "c": 3.3})
+    run = OneSlot(settings_)
+    assert run.core._pools["p"].weights.scale is None
+    for _task, _before in run.play(steps):
+        for t in ["a", "b", "c", None]:
+            assert -1 - 1e-9 <= run.core.lag("p", t) <= 1e-9
