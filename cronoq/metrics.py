@@ -154,8 +154,13 @@ class BrokerCollector:
         yield _gauge("cronoq_tenant_weight", "The tenant's weight in the pool's fair share.", ["pool", "tenant"],
                      [([pool, tenant], t["weight"]) for pool, tenant, t in tenants])
         yield _gauge("cronoq_tenant_lag_dispatches",
-                     "Dispatches the tenant trails (+) or leads (-) its weighted share; see docs/scheduling.md.",
+                     "Dispatches the tenant trails (+) or leads (-) its place in the fair order, w*(V-S) summed over "
+                     "the classes: between -1 and 0 per class on a correct broker; see docs/scheduling.md.",
                      ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_tenant_weighted_share",
+                     "The fraction of the pool's fair dispatches the weights promise the tenant's own tasks now "
+                     "(the tenant tree's share; compare with cronoq_dispatches_total).", ["pool", "tenant"],
+                     [([pool, tenant], t.get("own_weighted_share", 0.0)) for pool, tenant, t in tenants])
         ceilings = [(name, node, c) for name, p in pools.items() for node, c in (p.get("ceilings") or {}).items()]
         yield _gauge("cronoq_tenant_ceiling", "The most tasks of the tenant's subtree that may run at once "
                      "(tenant_limits).", ["pool", "tenant"], [([pool, node], c["limit"]) for pool, node, c in ceilings])

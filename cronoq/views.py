@@ -7,9 +7,11 @@ frame can be printed once, refreshed live, or compared in a test.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from cronoq.book import KEPT_ATTEMPT_ENDS
+from cronoq.core.settings import tenant_path
 
 BAR_WIDTH = 20
 CLASSES = ("critical", "high", "normal", "low")
@@ -19,28 +21,85 @@ def _tenant_name(tenant: str) -> str:
     return tenant if tenant else "(none)"
 
 
-def tenant_shares(pool: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, tuple[float, float]]:
-    """Per tenant: (actual share of dispatches, weighted share among the tenants that want work).
+@dataclass
+class TenantRow:
+    """One row of a pool's tenant tree: a node (its whole subtree counted), or a node's own tasks beside its
+    sub-tenants (`own`). `fair` is the weighted share the broker computes (None when it sent none, or the pool
+    is not fair); `share` the row's part of the dispatches counted."""
 
-    Actual shares count the dispatches since `previous` (the last frame) when
-    given, else all dispatches so far. A tenant wants work when it has tasks
-    queued or running, or was dispatched to in the window.
-    """
-    tenants = pool.get("tenants", {})
+    name: str  # the node's full name ("" for the untenanted tasks)
+    label: str  # what the row shows: the last segment, indented by depth
+    own: bool
+    weight: float
+    queued: int = 0
+    running: int = 0
+    dispatched: int = 0
+    recent: int = 0
+    share: float = 0.0
+    fair: float | None = None
+    lag: float | None = None
+
+
+def _path(name: str) -> list[str]:
+    """The nodes from the top down to tenant `name`, as the broker builds its tree (`tenant_path`)."""
+    return [node or "" for node in tenant_path(name or None)]  # type: ignore[misc]
+
+
+def tenant_tree(pool: dict[str, Any], previous: dict[str, Any] | None) -> list[TenantRow]:
+    """A pool's tenants as the broker shares them: parents above their children (by name), a parent's own
+    tasks as a row of their own (`own`) above its children, each row with its dispatches since `previous`
+    (the last frame; else all so far) as a share of the pool's, and the broker's weighted share and lag."""
+    tenants: dict[str, dict[str, Any]] = pool.get("tenants", {})
+    ancestors: dict[str, dict[str, Any]] = pool.get("tree_nodes", {})
     before = (previous or {}).get("tenants", {})
-    dispatched = {
-        name: t["dispatched"] - before.get(name, {}).get("dispatched", 0) for name, t in tenants.items()
-    }
-    total = sum(dispatched.values())
-    wanting = {
-        name: t["weight"] for name, t in tenants.items()
-        if t["queued"] or t["running"] or dispatched[name] > 0
-    }
-    weight_sum = sum(wanting.values())
-    return {
-        name: (dispatched[name] / total if total else 0.0, wanting.get(name, 0.0) / weight_sum if weight_sum else 0.0)
-        for name in tenants
-    }
+    fair = bool(pool.get("fair"))
+    children: dict[str | None, set[str]] = {}
+    totals: dict[str, list[int]] = {}  # node -> [queued, running, dispatched, recent] of its subtree
+    for name, t in tenants.items():
+        recent = t["dispatched"] - before.get(name, {}).get("dispatched", 0)
+        if recent < 0:  # the broker forgot an idle tenant and counts from 0 again
+            recent = t["dispatched"]
+        path = _path(name)
+        for depth, node in enumerate(path):
+            children.setdefault(path[depth - 1] if depth else None, set()).add(node)
+            sums = totals.setdefault(node, [0, 0, 0, 0])
+            for i, n in enumerate((t["queued"], t["running"], t["dispatched"], recent)):
+                sums[i] += n
+    total = sum(totals[node][3] for node in children.get(None, ()))
+    rows: list[TenantRow] = []
+
+    def number(entry: dict[str, Any] | None, key: str) -> float | None:
+        value = None if entry is None else entry.get(key)
+        return None if value is None else float(value)
+
+    def visit(parent: str | None, depth: int) -> None:
+        for node in sorted(children.get(parent, ())):
+            listed = tenants.get(node)
+            entry = listed if listed is not None else ancestors.get(node)
+            queued, running, dispatched, recent = totals[node]
+            weight = 1.0 if node == "" else number(entry, "weight")
+            rows.append(TenantRow(
+                node, "  " * depth + (node.rpartition("/")[2] if depth else _tenant_name(node)), False,
+                weight if weight is not None else 1.0, queued, running, dispatched, recent,
+                recent / total if total else 0.0, number(entry, "weighted_share") if fair else None,
+                number(entry, "lag")))
+            below = children.get(node)
+            if below and listed is not None:
+                rows.append(TenantRow(
+                    node, "  " * (depth + 1) + node.rpartition("/")[2] + " (own)", True, 1.0, listed["queued"],
+                    listed["running"], listed["dispatched"], recent - sum(totals[c][3] for c in below),
+                    0.0, number(listed, "own_weighted_share") if fair else None, number(listed, "own_lag")))
+                own = rows[-1]
+                own.share = own.recent / total if total else 0.0
+            if below:
+                visit(node, depth + 1)
+
+    visit(None, 0)
+    return rows
+
+
+def _percent(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.1%}"
 
 
 def cluster_lines(stats: dict[str, Any]) -> list[str]:
@@ -86,15 +145,16 @@ def status_text(stats: dict[str, Any]) -> str:
         backlog = ", ".join(f"{cls} {classes[cls]['queued']}" for cls in CLASSES
                             if classes.get(cls, {}).get("queued")) if classes else "not shown to a pinned token"
         lines.append(f"  queued by class: {backlog or 'none'}")
-        shares = tenant_shares(pool, None)
-        if pool.get("tenants"):
-            lines.append(f"  {'tenant':<16} {'weight':>6} {'queued':>7} {'running':>7} {'dispatched':>10} {'share':>6} {'fair':>6} {'lag':>6}")
-        for tenant, t in sorted(pool.get("tenants", {}).items()):
-            actual, fair = shares[tenant]
-            fair_text = f"{fair:>6.0%}" if pool.get("fair") else f"{'-':>6}"
+        rows = tenant_tree(pool, None)
+        width = max([16] + [len(row.label) for row in rows])
+        if rows:
+            lines.append(f"  {'tenant':<{width}} {'weight':>6} {'queued':>7} {'running':>7} {'dispatched':>10} "
+                         f"{'share':>6} {'fair':>6} {'lag':>5}")
+        for row in rows:
+            lag = f"{'-':>5}" if row.lag is None else f"{row.lag:>+5.1f}"
             lines.append(
-                f"  {_tenant_name(tenant):<16} {t['weight']:>6g} {t['queued']:>7} {t['running']:>7} "
-                f"{t['dispatched']:>10} {actual:>6.0%} {fair_text} {t.get('lag', 0.0):>6.1f}"
+                f"  {row.label:<{width}} {row.weight:>6g} {row.queued:>7} {row.running:>7} {row.dispatched:>10} "
+                f"{row.share:>6.1%} {_percent(row.fair, 6)} {lag}"
             )
         lines += _more_tenants(pool, "  ")
         lines += _ceiling_lines(pool, capped_only=False)
@@ -177,13 +237,17 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
             f"{name}{state}: queued {pool['queued']}, delayed {pool['delayed']}, running {pool['running']}, "
             f"workers {pool.get('workers', 0)}{rate}"
         )
-        shares = tenant_shares(pool, before)
-        for tenant, t in sorted(pool.get("tenants", {}).items()):
-            actual, fair = shares[tenant]
-            target = f"fair {fair:>4.0%} (weight {t['weight']:g})" if pool.get("fair") else "first come, first served"
+        rows = tenant_tree(pool, before)
+        width = max([14] + [len(row.label) for row in rows])
+        for row in rows:
+            if not pool.get("fair"):
+                target = "first come, first served"
+            else:
+                target = f"fair {_percent(row.fair, 6).strip()} (weight {row.weight:g})"
+            lag = "" if row.lag is None else f", lag {row.lag:+.1f}"
             lines.append(
-                f"  {_tenant_name(tenant):<14} {_bar(actual)} {actual:>5.0%} of dispatches, "
-                f"{target}, queued {t['queued']}, lag {t.get('lag', 0.0):+.1f}"
+                f"  {row.label:<{width}} {_bar(row.share)} {row.share:>6.1%} of dispatches, "
+                f"{target}, queued {row.queued}{lag}"
             )
         lines += _more_tenants(pool, "  ")
         lines += _ceiling_lines(pool, capped_only=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from cronoq.core import PoolSettings, SchedulerCore, Task
 from cronoq.views import status_text, top_frame
 
@@ -43,3 +45,60 @@ def test_stats_list_at_most_limit_ceilings_the_capped_first():
     assert pool["ceilings"]["tenant49"]["capped_for"] == 1.0
     text = status_text({"pools": {"llm": pool}})
     assert "... and 40 more ceilings (the capped ones are shown first)" in text
+
+
+def tree_core() -> SchedulerCore:
+    """Issue #23's tree: acme 3 with its own tasks, search 2 and ads 1 beside them, against globex 1."""
+    core = SchedulerCore([PoolSettings("llm", tenant_weights={"acme": 3, "acme/search": 2, "acme/ads": 1,
+                                                              "globex": 1})])
+    for tenant in ("acme", "acme/search", "acme/ads", "globex"):
+        for i in range(50):
+            core.submit(Task(f"{tenant}-{i}", "llm", tenant=tenant), 0.0)
+    core.add_worker("w", ["llm"], 16)
+    core.dispatch(1.0)
+    return core
+
+
+def _label(line: str) -> str:
+    """The tenant column of a table row, its indentation kept."""
+    return re.match(r"  (\s*\S+(?: \(own\))?)", line).group(1)  # type: ignore[union-attr]
+
+
+def _fair_column(text: str) -> dict[str, str]:
+    """tenant label -> its `fair` column, from the tenant table of `cronoq status`."""
+    lines = text.split("\n")
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("tenant "))
+    out = {}
+    for line in lines[header + 1:]:
+        if not line.startswith("  ") or line.startswith("  ceilings"):
+            break
+        out[_label(line).strip()] = line.split()[-2]
+    return out
+
+
+def test_status_shows_the_tree_with_the_tree_s_weighted_shares():
+    text = status_text({"pools": tree_core().stats(), "workers": 1})
+    table = text.split("queued by class: normal 184\n")[1]
+    labels = [_label(line) for line in table.splitlines()[1:]]
+    # Parents above their children, the parent's own tasks a row of their own, indented under it.
+    assert labels == ["acme", "  acme (own)", "  ads", "  search", "globex"]
+    assert _fair_column(text) == {"acme": "75.0%", "acme (own)": "18.8%", "ads": "18.8%", "search": "37.5%",
+                                  "globex": "25.0%"}
+
+
+def test_top_shows_the_same_tree_and_shares_as_status():
+    frame = top_frame({"pools": tree_core().stats(), "workers": 1}, None, 0.0)
+    fair = {line.split()[0] + (" (own)" if "(own)" in line else ""): line.split("fair ")[1].split()[0]
+            for line in frame.splitlines() if "of dispatches" in line}
+    assert fair == {"acme": "75.0%", "acme (own)": "18.8%", "ads": "18.8%", "search": "37.5%", "globex": "25.0%"}
+    assert "    acme (own)" in frame and "    search" in frame  # indented under acme
+
+
+def test_an_ancestor_without_tasks_of_its_own_gets_a_row_with_its_share_and_lag():
+    core = SchedulerCore([PoolSettings("llm", tenant_weights={"acme": 3})])
+    for i in range(10):
+        core.submit(Task(f"s{i}", "llm", tenant="acme/search"), 0.0)
+        core.submit(Task(f"g{i}", "llm", tenant="globex"), 0.0)
+    text = status_text({"pools": core.stats(), "workers": 0})
+    assert _fair_column(text) == {"acme": "75.0%", "search": "75.0%", "globex": "25.0%"}
+    assert "acme (own)" not in text

@@ -683,7 +683,8 @@ class SchedulerCore:
         return self._pool(pool).tree_backlog.get(tenant_path(tenant or None)[0], 0)
 
     def lag(self, pool: str, tenant: str | None) -> float:
-        """Dispatches `tenant` trails (+) or leads (-) its weighted share in `pool` (docs/scheduling.md)."""
+        """Dispatches `tenant`'s node trails (+) or leads (-) its place in `pool`'s fair order: w * (V - S) among
+        its siblings, summed over the classes; in [-1, 0] per class (docs/scheduling.md, "Lag")."""
         return self._pool(pool).lag(tenant)
 
     def stats(self, tenants: Mapping[str, Collection[str | None]] | None = None,
@@ -694,15 +695,19 @@ class SchedulerCore:
         "queued", "delayed", "dispatched", "workers", "ready_workers",
         "classes": {"critical": {"queued", "delayed", "running", "dispatched"
         [, "virtual_time"]}, ...}, "tenants": {tenant or "": {"weight",
-        "queued", "delayed", "running", "dispatched", "lag"}},
-        "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since",
+        "queued", "delayed", "running", "dispatched", "lag", "weighted_share",
+        "own_weighted_share", "own_lag"}}, "tree_nodes": {node: {"weight", "lag",
+        "weighted_share"}}, "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since",
         "capped_for"}}, "ceiling_count"}}
 
         `tenants` names, for some pools, the only tenants to list (None in
         it stands for the untenanted); the other pools list all of theirs,
         or their first `limit` when given ("tenant_count" tells how many
         there are in all). A tenant's weight and lag are its node's (the lag
-        among its siblings); "ceilings" lists every node with a ceiling the
+        among its siblings); its weighted share is its node's whole subtree's,
+        the own_ figures those of its own tasks beside its sub-tenants
+        (docs/scheduling.md, "Weighted share"); "tree_nodes" gives the
+        ancestors of listed tenants that are not listed themselves; "ceilings" lists every node with a ceiling the
         pool has met (with `limit`, at most that many, the capped ones first;
         "ceiling_count" counts them all), with the running tasks of its
         subtree and, while it is capped, since when (on the caller's clock)

@@ -33,6 +33,11 @@ Two interchangeable queues hold a class's tasks without a deadline:
   `max(V, F[c])`, banking nothing for the time it was capped. A group whose
   children are all capped or idle leaves its own parent's heap the same way.
 
+  What users watch is read off the same state, in O(1) or O(depth): a
+  node's lag is `w * (V - S)` (flow_lag; SFQ keeps it in [-1, 0]), and its
+  weighted share the product down its path of `w` over the weights of the
+  siblings with tasks queued, capped or not (`bsum`, kept per group).
+
 - `FifoQueue` (pools without fairness): one FIFO, submission order.
 
 Tags are exact integers (see weights.py), so a tie between tags is a true
@@ -63,7 +68,7 @@ _NO_CAPS: frozenset[str | None] = frozenset()
 
 
 class Flow(Chain):
-    """One node of the tenant tree inside one fair class: its tags, its share accounting, and
+    """One node of the tenant tree inside one fair class: its tags, and
     either its FIFO of tasks (a leaf) or the group of its children (`sub`).
 
     While a leaf is backlogged its `head` is always a live task.
@@ -77,10 +82,6 @@ class Flow(Chain):
         "last",  # start tag of its last dispatched task, None before the first
         "finish",  # F: S of its last dispatch + 1/w (0 before the first); kept while idle
         "gen",  # bumped whenever the flow's heap entry is replaced; older entries are stale
-        # Lag over the current backlogged period, in dispatches (see docs/scheduling.md):
-        "rmark",  # parent's rsum when the period (or the current weight, or eligibility) started
-        "share",  # weighted share earned in the period before `rmark`
-        "got",  # dispatches in the period
         # The tree:
         "parent",  # the FairQueue (group) it is a child of
         "sub",  # the FairQueue of its children, once it has any (None for a leaf)
@@ -100,9 +101,6 @@ class Flow(Chain):
         self.last: Tag | None = None
         self.finish: Tag = 0
         self.gen = 0
-        self.rmark = 0.0
-        self.share = 0.0
-        self.got = 0
         self.parent = parent
         self.sub: FairQueue | None = None
         self.nq = 0
@@ -113,14 +111,25 @@ class Flow(Chain):
 
 
 def flow_lag(flow: Flow) -> float:
-    """Dispatches the node trails (+) or leads (-) its weighted share among its siblings, over its current
-    backlogged period (0 while it has nothing queued)."""
+    """Dispatches the node trails (+) or leads (-) its weighted share among its siblings: `w * (V - S)`,
+    the service its group's virtual time has entitled it to minus the service its tag has taken (0 while it
+    has nothing queued). See docs/scheduling.md, "Lag".
+
+    SFQ keeps `V <= S <= V + 1/w` for every child in the heap, so this lies in [-1, 0]: a node just served
+    leads by up to one of its own dispatches, and none can trail unless the fair order itself is broken. A
+    node out of the heap while backlogged (capped, or all of its children are) has the lag it would rejoin
+    with, `w * (V - max(V, F))`: its lead is kept, its trailing is not banked, as the scheduler does.
+    """
     if not (flow.live or flow.nq):
         return 0.0
-    lag = flow.share - flow.got
+    group = flow.parent
+    vtime = group.vtime
     if flow.on:
-        lag += flow.weight * (flow.parent.rsum - flow.rmark)
-    return lag
+        start = flow.tag
+    else:
+        start = flow.finish if flow.finish > vtime else vtime
+    # w * (V - S) in dispatches is (V - S) / (1/w): exact in integer tags up to the one division.
+    return (vtime - start) / flow.step
 
 
 def flow_share(flow: Flow) -> float:
@@ -144,7 +153,8 @@ class FairQueue:
         "vtime",
         "nback",
         "wsum",
-        "rsum",
+        "nbusy",
+        "bsum",
         "sweep_at",
         "owner",
         "capped",
@@ -162,9 +172,10 @@ class FairQueue:
         self.vtime: Tag = 0 if weights.scale is not None else 0.0  # V: start tag of the last dispatch
         self.nback = 0  # children with a live heap entry (backlogged and not capped)
         self.wsum = 0.0  # sum of their weights
-        # Sum over dispatches of 1/wsum: a child of weight w earns a share of
-        # w * (increase of rsum) dispatches while it is in the heap; this makes lag O(1).
-        self.rsum = 0.0
+        # Children with queued tasks in their subtree, capped or not, and their weights' sum: what the
+        # weighted share divides by (a ceiling holds a node back; it does not shrink what it is promised).
+        self.nbusy = 0
+        self.bsum = 0.0
         self.sweep_at = _MIN_SWEEP
         self.owner = owner
         # Names of the capped nodes of the pool (shared, kept up to date by the pool).
@@ -230,8 +241,6 @@ class FairQueue:
             task._next = None  # type: ignore[union-attr]
             self.vtime = tag
             flow.last = tag
-            self.rsum += 1.0 / self.wsum
-            flow.got += 1
             flow.live -= 1
             # F[t] = S + 1/w; while the flow stays backlogged V is now S, so
             # max(V, F) is simply F and the next head's tag is F.
@@ -276,10 +285,41 @@ class FairQueue:
         return out
 
     def lag(self, tenant: str | None) -> float:
-        """Dispatches node `tenant` trails (+) or leads (-) its weighted share among its siblings,
-        over its current backlogged period."""
+        """Dispatches node `tenant` trails (+) or leads (-) its weighted share among its siblings
+        (flow_lag: in [-1, 0] in this class)."""
         flow = self.find(tenant_path(tenant))
         return 0.0 if flow is None else flow_lag(flow)
+
+    def weighted_share(self, path: tuple[str | None, ...]) -> tuple[float, float]:
+        """(node, its own tasks): the fraction of this class's fair dispatches the weights promise the node at
+        the end of `path` (its whole subtree) and its own tasks, while the ceilings do not bind: the product,
+        down the path, of each node's weight over the weights of its siblings with tasks queued, capped or not
+        (a node's own tasks, beside its children, weigh 1). (0, 0) for a node with nothing queued; O(depth)."""
+        group: FairQueue | None = self
+        share = 1.0
+        flow: Flow | None = None
+        for name in path:
+            flow = None if group is None else group.flows.get(name)
+            if flow is None or not (flow.live or flow.nq):
+                return 0.0, 0.0
+            share *= flow.weight / group.bsum  # type: ignore[union-attr]
+            group = flow.sub
+        if flow is None or flow.sub is None:
+            return share, share  # a leaf: its own tasks are the node
+        own = flow.sub.flows.get(flow.tenant)
+        if own is None or not own.live:
+            return share, 0.0
+        return share, share * own.weight / flow.sub.bsum
+
+    def own_lag(self, tenant: str | None) -> float:
+        """The lag of node `tenant`'s own tasks among its children (its own lag when it has none)."""
+        flow = self.find(tenant_path(tenant))
+        if flow is None:
+            return 0.0
+        if flow.sub is not None:
+            own = flow.sub.flows.get(flow.tenant)
+            return 0.0 if own is None else flow_lag(own)
+        return flow_lag(flow)
 
     def virtual_time(self) -> float:
         """V of this group in dispatches of a weight-1 tenant."""
@@ -343,7 +383,8 @@ class FairQueue:
         return flow
 
     def _activate(self, flow: Flow) -> None:
-        """A leaf became backlogged: forget its past if it banked nothing, start a lag period, join."""
+        """A leaf became backlogged: forget its past if it banked nothing, and join."""
+        self._busy(flow)
         finish = flow.finish
         vtime = self.vtime
         if finish > vtime:
@@ -356,13 +397,10 @@ class FairQueue:
             flow.last = None
             flow.finish = 0
             flow.served = False
-        flow.share = 0.0
-        flow.got = 0
         if flow.capped:
             return
         flow.gen += 1
         heappush(self.heap, (flow.tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
-        flow.rmark = self.rsum
         flow.on = True
         self.nback += 1
         self.wsum += flow.weight
@@ -378,6 +416,17 @@ class FairQueue:
         self.nback -= 1
         # Reset exactly at zero so float drift in the running sum cannot build up.
         self.wsum = self.wsum - flow.weight if self.nback else 0.0
+        self._idle(flow)
+
+    def _busy(self, flow: Flow) -> None:
+        """A child got queued tasks in its subtree after having none."""
+        self.nbusy += 1
+        self.bsum += flow.weight
+
+    def _idle(self, flow: Flow) -> None:
+        """A child has no queued task left in its subtree."""
+        self.nbusy -= 1
+        self.bsum = self.bsum - flow.weight if self.nbusy else 0.0
 
     def _on(self, flow: Flow) -> None:
         """A backlogged child that can be dispatched from (again) joins the heap at max(V, F)."""
@@ -396,15 +445,13 @@ class FairQueue:
         seq = flow.head._seq if sub is None else sub._top()[1]  # type: ignore[union-attr]
         flow.hseq = seq
         heappush(self.heap, (flow.tag, seq, flow.gen, flow))
-        flow.rmark = self.rsum
         flow.on = True
         self.nback += 1
         self.wsum += flow.weight
 
     def _off(self, flow: Flow) -> None:
-        """A child still backlogged (or just idle) leaves the heap; its lag sub-period closes."""
+        """A child still backlogged (or just idle) leaves the heap."""
         self._drop_entry(flow)
-        flow.share += flow.weight * (self.rsum - flow.rmark)
         flow.on = False
         self.nback -= 1
         self.wsum = self.wsum - flow.weight if self.nback else 0.0
@@ -493,13 +540,12 @@ class FairQueue:
 
     def _wake(self, flow: Flow) -> None:
         """An idle child gets work: if it banked nothing, forget its whole past (and its subtree's)."""
+        self._busy(flow)
         if flow.finish <= self.vtime:
             flow.last = None
             flow.finish = 0
             flow.served = False
             flow.sub = None  # every node below is idle too: a fresh node is the same
-        flow.share = 0.0
-        flow.got = 0
 
     def _split(self, flow: Flow) -> None:
         """A leaf gets its first sub-tenant: its chain becomes its own child, of weight 1.
@@ -520,6 +566,7 @@ class FairQueue:
         if not flow.live:
             return
         own.head, own.tail, own.live, own.stale = flow.head, flow.tail, flow.live, flow.stale
+        sub._busy(own)
         flow.nq = flow.live
         flow.head = flow.tail = None
         flow.live = flow.stale = 0
@@ -546,8 +593,6 @@ class FairQueue:
         tag = flow.tag
         group.vtime = tag
         flow.last = tag
-        group.rsum += 1.0 / group.wsum
-        flow.got += 1
         flow.finish = tag = tag + flow.step
         if flow.live:
             if flow.stale:
@@ -567,10 +612,10 @@ class FairQueue:
             tag = flow.tag
             group.vtime = tag
             flow.last = tag
-            group.rsum += 1.0 / group.wsum
-            flow.got += 1
             flow.finish = tag = tag + flow.step
             flow.nq -= 1
+            if not flow.nq:
+                group._idle(flow)
             if sub.nback:
                 entry = sub.heap[0]
                 if entry[2] != entry[3].gen:
@@ -581,7 +626,6 @@ class FairQueue:
             else:
                 # Out of work, or what is left is capped: out of the heap either way.
                 heappop(group.heap)
-                flow.share += flow.weight * (group.rsum - flow.rmark)
                 flow.on = False
                 group.nback -= 1
                 group.wsum = group.wsum - flow.weight if group.nback else 0.0
@@ -597,6 +641,8 @@ class FairQueue:
             if flow.sub is None:
                 break
             flow.nq -= 1
+            if not flow.nq:
+                group._idle(flow)
             group = flow.sub
             if depth == last:
                 flow = group.flows[name]
@@ -613,6 +659,7 @@ class FairQueue:
             else:
                 flow.compact()  # capped: only cancelled tasks are left
                 flow.head = flow.tail = None
+                self._idle(flow)
         elif flow.head is task:
             # The successor inherits the head's tag (the cancelled task is not
             # charged); only the tie-break seq changes, so the entry is replaced.
@@ -647,10 +694,9 @@ class FairQueue:
     def _retag(self, weights: Weights) -> None:
         """New weights for every node of this group and below; heaps rebuilt bottom-up."""
         self.weights = weights
-        rsum = self.rsum
         vtime = self.vtime
         owner = self.owner
-        wsum = 0.0
+        wsum = bsum = 0.0
         entries: list[HeapEntry] = []
         for key, flow in self.flows.items():
             sub = flow.sub
@@ -661,13 +707,11 @@ class FairQueue:
             else:
                 weight, step = weights.weight(key), weights.step(key)
             if flow.on:
-                # Close the lag sub-period at the old weight.
-                flow.share += flow.weight * (rsum - flow.rmark)
-                flow.rmark = rsum
                 wsum += weight
             flow.weight = weight
             flow.step = step
             if flow.live or flow.nq:
+                bsum += weight
                 if flow.last is not None:
                     flow.finish = flow.last + step
                 if flow.on:
@@ -680,6 +724,7 @@ class FairQueue:
         self.heap = entries
         self.heap_stale = 0
         self.wsum = wsum
+        self.bsum = bsum
 
     def _rescale(self, weights: Weights) -> None:
         """Convert every stored tag of this group and below to the units of `weights`
@@ -748,4 +793,8 @@ class FifoQueue(Chain):
 
     def lag(self, tenant: str | None) -> float:
         """Always 0: without fair sharing no tenant has a share to trail."""
+        return 0.0
+
+    def own_lag(self, tenant: str | None) -> float:
+        """Always 0, as `lag`."""
         return 0.0

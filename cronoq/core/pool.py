@@ -307,6 +307,32 @@ class Pool:
         """The node's lag among its siblings, summed over the classes (see docs/scheduling.md)."""
         return sum(cls.rest.lag(tenant) for cls in self.classes)
 
+    def own_lag(self, tenant: str | None) -> float:
+        """The lag of the node's own tasks among its children (its lag when it has none), summed over the
+        classes."""
+        return sum(cls.rest.own_lag(tenant) for cls in self.classes)
+
+    def served_class(self) -> FairQueue | None:
+        """The fair queue whose order the pool's fair dispatches follow now: that of the highest class that
+        can dispatch (classes are strict), else of the highest class with tasks queued (all capped), else
+        None (nothing queued, or the pool is not fair)."""
+        waiting = None
+        for cls in self.classes:
+            rest = cls.rest
+            if isinstance(rest, FairQueue):
+                if rest:
+                    return rest
+                if waiting is None and rest.nbusy:
+                    waiting = rest
+        return waiting
+
+    def weighted_share(self, tenant: str | None, served: FairQueue | None = None) -> tuple[float, float]:
+        """(node, its own tasks): the weighted share of the pool's fair dispatches node `tenant` is promised
+        now, in the served class (see `served_class`; pass it to save the look-up). (0, 0) in a pool without
+        fairness."""
+        rest = self.served_class() if served is None else served
+        return (0.0, 0.0) if rest is None else rest.weighted_share(tenant_path(tenant))
+
     def busiest_tenants(self, limit: int, step: int) -> Iterator[list[str | None] | None]:
         """The `limit` tenants with the most tasks queued, delayed and running (ties: the most dispatched,
         then the first seen), busiest first, found `step` tenants at a time: yields None after each step
@@ -347,15 +373,9 @@ class Pool:
             if isinstance(cls.rest, FairQueue):
                 entry["virtual_time"] = cls.rest.virtual_time()
             classes[name] = entry
+        served = self.served_class()
         tenant_entries = {
-            "" if tenant is None else tenant: {
-                "weight": self.weight(tenant),
-                "queued": ts.queued,
-                "delayed": ts.delayed,
-                "running": ts.running,
-                "dispatched": ts.dispatched,
-                "lag": self.lag(tenant),
-            }
+            "" if tenant is None else tenant: self._tenant_entry(tenant, ts, served)
             for tenant, ts in (self.tenants.items() if tenants is None else
                                ((t, self.tenants[t]) for t in tenants if t in self.tenants))
         }
@@ -382,10 +402,41 @@ class Pool:
             "ready_workers": self.ready_workers,
             "classes": classes,
             "tenants": tenant_entries,
+            "tree_nodes": self._tree_nodes(tenant_entries, served),
             "tenant_count": len(self.tenants),
             "ceilings": ceilings,
             "ceiling_count": len(self.ceilings),
         }
+
+    def _tenant_entry(self, tenant: str | None, ts: TenantStats, served: FairQueue | None) -> dict[str, object]:
+        share, own_share = (0.0, 0.0) if served is None else served.weighted_share(tenant_path(tenant))
+        return {
+            "weight": self.weight(tenant),
+            "queued": ts.queued,
+            "delayed": ts.delayed,
+            "running": ts.running,
+            "dispatched": ts.dispatched,
+            "lag": self.lag(tenant),
+            # The node's whole subtree, then its own tasks alone (the same for a node without sub-tenants).
+            "weighted_share": share,
+            "own_weighted_share": own_share,
+            "own_lag": self.own_lag(tenant),
+        }
+
+    def _tree_nodes(self, listed: dict[str, object], served: FairQueue | None) -> dict[str, dict[str, object]]:
+        """The ancestors of the listed tenants that are not listed themselves (they have no tasks of their
+        own), with what a tree view needs of them: weight, lag and weighted share."""
+        out: dict[str, dict[str, object]] = {}
+        for name in listed:
+            path = tenant_path(name or None)
+            for depth in range(len(path) - 1):
+                node = path[depth]
+                if node in listed or node in out:
+                    continue
+                share = 0.0 if served is None else served.weighted_share(path[: depth + 1])[0]
+                out[node] = {"weight": self.weight(node), "lag": self.lag(node),  # type: ignore[index]
+                             "weighted_share": share}
+        return out
 
     def _ceilings_to_list(self, limit: int | None) -> list[Ceiling]:
         """Every ceiling met, or with `limit`, at most that many: the capped ones first (a default ceiling per

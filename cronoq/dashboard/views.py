@@ -11,12 +11,10 @@ Shares, per row of the tenant tree:
 
 - `share`: the row's part of the pool's dispatches over the recent window
   (`DispatchHistory`), its whole subtree counted;
-- `weighted_share`: what the weights promise it while the same tenants
-  want work, by the rule of every level (docs/scheduling.md, "Tenant
-  trees"): among the siblings that want work (tasks queued or running, or
-  dispatched in the window), each gets its parent's share times its weight
-  over their weights' sum; a node's own tasks, beside its children, are one
-  more child of weight 1. None in a pool without fair sharing.
+- `weighted_share`: what the weights promise it now, as the broker's core
+  computes it for every view (the stats' `weighted_share`, or `tree_nodes`
+  for an ancestor with no tasks of its own; docs/scheduling.md, "Weighted
+  share"). None in a pool without fair sharing.
 """
 
 from __future__ import annotations
@@ -86,7 +84,6 @@ class _Node:
     running: int = 0
     dispatched: int = 0
     recent: int = 0
-    own_wants: bool = False  # its own tasks (not its children's) want work
 
     @property
     def wants(self) -> bool:
@@ -113,7 +110,6 @@ def tenant_rows(pool: dict[str, Any], recent: dict[str, int], weight_of: Callabl
     children: dict[str | None, list[str]] = {}
     for name, t in tenants.items():
         got = recent.get(name, 0)
-        leaf = True
         node_name: str | None = name
         while node_name is not None:
             node = nodes.get(node_name)
@@ -125,18 +121,17 @@ def tenant_rows(pool: dict[str, Any], recent: dict[str, int], weight_of: Callabl
             node.running += t["running"]
             node.dispatched += t["dispatched"]
             node.recent += got
-            if leaf:
-                node.own_wants = bool(t["queued"] or t["running"] or got)
-                leaf = False
             node_name = _parent(node_name)
 
     def weight(name: str) -> float:
         listed = tenants.get(name)
         return 1.0 if name == NO_TENANT else float(listed["weight"]) if listed is not None else weight_of(name)
 
-    promised: dict[str, float] = {}
-    if pool.get("fair"):
-        _share_out(None, 1.0, nodes, children, tenants, weight, promised)
+    ancestors: dict[str, dict[str, Any]] = pool.get("tree_nodes", {})
+
+    def promised(name: str) -> float:
+        entry = tenants.get(name) or ancestors.get(name) or {}
+        return float(entry.get("weighted_share", 0.0))
     total_recent = sum(node.recent for name, node in nodes.items() if _parent(name) is None)
     shown = sorted(tenants, key=lambda name: (-nodes[name].activity, -nodes[name].dispatched, name))[:limit]
     keep: set[str] = set()
@@ -164,7 +159,7 @@ def tenant_rows(pool: dict[str, Any], recent: dict[str, int], weight_of: Callabl
                 "dispatched": node.dispatched,
                 "recent_dispatches": node.recent,
                 "share": node.recent / total_recent if total_recent else 0.0,
-                "weighted_share": promised.get(name, 0.0) if pool.get("fair") else None,
+                "weighted_share": promised(name) if pool.get("fair") else None,
                 "lag": float(listed["lag"]) if listed is not None else lag_of(name),
                 "ceiling": None if ceiling is None else {
                     "limit": ceiling["limit"], "running": ceiling["running"], "capped": ceiling["capped"]},
@@ -174,18 +169,6 @@ def tenant_rows(pool: dict[str, Any], recent: dict[str, int], weight_of: Callabl
 
     visit(None, 0)
     return rows
-
-
-def _share_out(parent: str | None, share: float, nodes: dict[str, _Node], children: dict[str | None, list[str]],
-               tenants: dict[str, Any], weight: Callable[[str], float], out: dict[str, float]) -> None:
-    """Give `share` (the parent's) to the parent's children that want work, by weight, and on down."""
-    wanting = [name for name in children.get(parent, ()) if nodes[name].wants]
-    own = 1.0 if parent is not None and parent in tenants and nodes[parent].own_wants and wanting else 0.0
-    total = sum(weight(name) for name in wanting) + own
-    for name in wanting:
-        out[name] = share * weight(name) / total
-        if name != NO_TENANT:
-            _share_out(name, out[name], nodes, children, tenants, weight, out)
 
 
 def pool_view(name: str, pool: dict[str, Any], recent: dict[str, int], weight_of: Callable[[str], float],

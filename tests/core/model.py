@@ -171,6 +171,65 @@ class Model:
             if t.pool == name and t.priority == cls and t.state == QUEUED and t.deadline is None
         }
 
+    def lag(self, name: str, node: str | None) -> Fraction:
+        """The lag of docs/scheduling.md, from the rules' own state: in each class where the node has queued
+        work, w * (V - max(V, F)) with V its parent's virtual time (its start tag while it can be dispatched
+        from, the tag it would rejoin with while it cannot), summed over the classes."""
+        p = self.pools.get(name)
+        if p is None or not p.settings.fair:
+            return Fraction(0)
+        total = Fraction(0)
+        for cls in range(4):
+            if node not in p.backlogged[cls]:
+                continue
+            vtime = p.vtime[cls].get(parent_of(node), Fraction(0))
+            start = max(vtime, p.finish[cls].get(node, Fraction(0)))
+            total += (vtime - start) / _inverse(p.settings, node)
+        return total
+
+    def weighted_shares(self, name: str) -> dict:
+        """node -> (node, its own tasks), for every node with queued work: in the class the pool's fair
+        dispatches serve now (the highest that can dispatch, else the highest with queued work), the product
+        down the node's path of its weight over the weights of its siblings with queued work, capped or not
+        (own tasks weigh 1 among a node's children). Nodes not listed are promised (0, 0)."""
+        p = self.pools.get(name)
+        if p is None or not p.settings.fair:
+            return {}
+        classes = [c for c in range(4) if any(parent_of(k) == ROOT for k in p.eligible[c])]
+        classes += [c for c in range(4) if p.backlogged[c]]
+        if not classes:
+            return {}
+        backlogged = p.backlogged[classes[0]]
+        weight = {k: 1 / _inverse(p.settings, k) for k in backlogged}
+        siblings: dict = {}
+        for k in backlogged:
+            siblings[parent_of(k)] = siblings.get(parent_of(k), 0) + weight[k]
+        part = {k: weight[k] / siblings[parent_of(k)] for k in backlogged}
+        out = {}
+        for node in (k for k in backlogged if not isinstance(k, tuple)):
+            share = Fraction(1)
+            for key in prefixes(node):
+                share *= part[key]
+            mine = own(node)
+            out[node] = (share, share * part[mine] if mine in part else Fraction(0))
+        return out
+
+    def lag_bound(self, name: str, node: str | None) -> Fraction:
+        """How far below 0 the node's lag may be (docs/scheduling.md, "Lag"): one of its dispatches in each
+        class where it has queued work, or, where it came back after a reload re-weighted it while it was
+        idle, one dispatch at the weight its F was computed with: w_now / w_then of its current dispatches."""
+        p = self.pools.get(name)
+        if p is None:
+            return Fraction(0)
+        bound = Fraction(0)
+        for cls in range(4):
+            if node not in p.backlogged[cls]:
+                continue
+            last = p.last[cls].get(node)
+            then = Fraction(1) if last is None else (p.finish[cls][node] - last) / _inverse(p.settings, node)
+            bound += max(Fraction(1), then)
+        return bound
+
     def accepting(self) -> list[str]:
         return [n for n, p in self.pools.items() if not p.draining]
 

@@ -355,16 +355,18 @@ def test_lag_follows_the_weighted_share():
     core = make_core(WEIGHTED)
     submit_many(core, 0.0, "p", [(f"g{i}", {"tenant": "globex"}) for i in range(10)])
     submit_many(core, 0.0, "p", [(f"a{i}", {"tenant": "acme"}) for i in range(30)])
+    assert core.lag("p", "acme") == core.lag("p", "globex") == 0.0  # both at V: nothing taken, nothing owed
     core.add_worker("w", ["p"], 4)
     assert tenants(t for _, t in core.dispatch(0.0)) == "gaaa"
-    # After a full round each has had exactly its share.
-    assert core.lag("p", "acme") == pytest.approx(0.0)
-    assert core.lag("p", "globex") == pytest.approx(0.0)
+    # V is the start tag of the last dispatch (acme's third, at 2/3): globex's next tag is 1, acme's 1 as
+    # well; each leads by what V has yet to catch up, in its own dispatches: globex 1/3 of one, acme one.
+    assert core.lag("p", "globex") == pytest.approx(-1 / 3)
+    assert core.lag("p", "acme") == pytest.approx(-1.0)
     core.grant("w", 1)
-    core.dispatch(0.0)  # globex again: it leads by 3/4, acme trails by 3/4
-    assert core.lag("p", "globex") == pytest.approx(-0.75)
-    assert core.lag("p", "acme") == pytest.approx(0.75)
-    assert core.stats()["p"]["tenants"]["acme"]["lag"] == pytest.approx(0.75)
+    core.dispatch(0.0)  # globex again, at V = 1: acme is due at 1 too (lag 0), globex next at 2 (lag -1)
+    assert core.lag("p", "globex") == pytest.approx(-1.0)
+    assert core.lag("p", "acme") == pytest.approx(0.0)
+    assert core.stats()["p"]["tenants"]["globex"]["lag"] == pytest.approx(-1.0)
     assert core.lag("p", "nobody") == 0.0
 
 
@@ -705,7 +707,11 @@ def test_counts_and_stats_are_plain_json():
         "running": 1,
         "dispatched": 1,
         "lag": 0.0,
+        "weighted_share": 1.0,  # alone in the normal class, the one served now
+        "own_weighted_share": 1.0,
+        "own_lag": 0.0,
     }
+    assert p["tree_nodes"] == {}
     assert p["tenants"][""]["delayed"] == 1
     assert stats["q"]["max_in_flight"] == 3 and stats["q"]["fair"] is False
     assert len(core) == 3 and "a" in core and "zz" not in core

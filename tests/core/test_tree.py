@@ -97,6 +97,52 @@ def test_a_parent_s_own_tasks_share_with_its_children_as_one_more_child_of_weigh
         assert Counter(order[k : k + 3]) == {"acme/search": 2, "acme": 1}, k
 
 
+def test_the_weighted_share_is_the_tree_s_and_matches_what_the_tree_gives():
+    """Issue #23's tree: acme 3 (its own tasks, search 2, ads 1) against globex 1. The stats promise acme 3/4,
+    its own tasks 3/4 * 1/4, search 3/4 * 2/4, ads 3/4 * 1/4, globex 1/4 (not 3/7, 2/7, 1/7, 1/7 as if
+    the tree were flat), and that is what the dispatches give."""
+    run = OneSlot(EXAMPLE)
+    for tenant in ("acme", "acme/search", "acme/ads", "globex"):
+        run.submit(tenant, 400)
+    promised = {name: (t["weighted_share"], t["own_weighted_share"])
+                for name, t in run.core.stats()["p"]["tenants"].items()}
+    assert promised == {"acme": (0.75, 0.1875), "acme/search": (0.375, 0.375), "acme/ads": (0.1875, 0.1875),
+                        "globex": (0.25, 0.25)}
+    got = Counter(run.order(800))
+    assert {tenant: n / 800 for tenant, n in got.items()} == {name: own for name, (_, own) in promised.items()}
+
+
+def test_a_capped_node_keeps_its_weighted_share_and_an_idle_one_has_none():
+    core = SchedulerCore([PoolSettings("p", tenant_weights={"acme": 3}, tenant_limits={"globex": 1})])
+    for n in range(4):
+        core.submit(Task(f"g{n}", "p", tenant="globex/x"), 0.0)
+        core.submit(Task(f"a{n}", "p", tenant="acme"), 0.0)
+    core.add_worker("w", ["p"], 1)
+    core.dispatch(0.0)  # globex first (the earlier arrival at the same tag): now at its ceiling
+    stats = core.stats()["p"]
+    assert core._pools["p"].capped  # the ceiling binds, and yet the weights still promise it its quarter
+    assert stats["tenants"]["globex/x"]["weighted_share"] == 0.25
+    assert stats["tree_nodes"] == {"globex": {"weight": 1.0, "lag": stats["tree_nodes"]["globex"]["lag"],
+                                              "weighted_share": 0.25}}
+    assert stats["tenants"]["acme"]["weighted_share"] == 0.75
+    for n in range(1, 4):
+        core.cancel(f"g{n}", 0.0)
+    assert core.stats()["p"]["tenants"]["globex/x"]["weighted_share"] == 0.0
+    assert core.stats()["p"]["tenants"]["acme"]["weighted_share"] == 1.0
+
+
+def test_the_weighted_share_follows_the_class_being_served():
+    core = SchedulerCore([PoolSettings("p", fair_share=True)])
+    core.submit(Task("low", "p", tenant="acme", priority=3), 0.0)
+    core.submit(Task("n1", "p", tenant="globex", priority=2), 0.0)
+    core.submit(Task("n2", "p", tenant="initech", priority=2), 0.0)
+    shares = {name: t["weighted_share"] for name, t in core.stats()["p"]["tenants"].items()}
+    assert shares == {"acme": 0.0, "globex": 0.5, "initech": 0.5}  # normal goes first: acme's low task waits
+    core.cancel("n1", 0.0)
+    core.cancel("n2", 0.0)
+    assert core.stats()["p"]["tenants"]["acme"]["weighted_share"] == 1.0
+
+
 def test_priority_classes_and_deadlines_come_before_the_tree():
     run = OneSlot(EXAMPLE)
     run.submit("acme/search", 3)

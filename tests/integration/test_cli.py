@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +43,8 @@ def test_status_and_top_show_a_known_backlog_of_two_tenants(broker_factory):
     for tenant, count in (("acme", 3), ("globex", 5)):
         for _ in range(count):
             assert cli(broker, "submit", '{"n": 1}', "--pool", "llm", "--tenant", tenant).returncode == 0
-    assert cli(broker, "submit", '"x"', "--pool", "llm", "--tenant", "acme", "--priority", "critical").returncode == 0
+    urgent = cli(broker, "submit", '"x"', "--pool", "llm", "--tenant", "acme", "--priority", "critical")
+    assert urgent.returncode == 0
 
     result = cli(broker, "status", "--json")
     assert result.returncode == 0, result.stderr
@@ -54,11 +56,60 @@ def test_status_and_top_show_a_known_backlog_of_two_tenants(broker_factory):
 
     text = cli(broker, "status").stdout
     assert "pool llm [paused, fair]: queued 9" in text and "(0.0/s over the last 10 s)" in text
-    assert "75%" in text and "25%" in text  # the weighted shares of acme and globex
+    # Classes are strict: while acme's critical task waits, the fair order served next is the critical class's.
+    assert fair_shares(text) == {"acme": "100.0%", "globex": "0.0%"}
+    assert cli(broker, "cancel", urgent.stdout.strip()).returncode == 0
+    text = cli(broker, "status").stdout
+    assert fair_shares(text) == {"acme": "75.0%", "globex": "25.0%"}  # then the weights' shares in normal
 
     frame = cli(broker, "top", "--once").stdout
-    assert "llm (paused): queued 9" in frame
-    assert "acme" in frame and "fair  75% (weight 3)" in frame and "fair  25% (weight 1)" in frame
+    assert "llm (paused): queued 8" in frame
+    assert "acme" in frame and "fair 75.0% (weight 3)" in frame and "fair 25.0% (weight 1)" in frame
+
+
+def fair_shares(status: str) -> dict[str, str]:
+    """tenant row (its label, indentation dropped) -> its `fair` column, from `cronoq status`."""
+    lines = status.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["tenant", "weight"])
+    rows = {}
+    for line in lines[header + 1:]:
+        row = re.match(r"  \s*(\S+(?: \(own\))?) .*\s(\S+%)\s+\S+$", line)
+        if row is None:
+            break
+        rows[row.group(1)] = row.group(2)
+    return rows
+
+
+TREE = """
+[[pools]]
+name = "llm"
+[pools.tenant_weights]
+acme = 3
+"acme/search" = 2
+"acme/ads" = 1
+globex = 1
+"""
+
+
+def test_status_and_top_show_the_tenant_tree_with_its_weighted_shares(broker_factory):
+    """Issue #23: with tasks for acme itself, search, ads and globex, status said 43 / 29 / 14 / 14 % as if
+    the tree were flat; the tree gives acme's own tasks 3/4 * 1/4, search 3/4 * 2/4, ads 3/4 * 1/4, globex 1/4."""
+    broker = broker_factory(TREE)
+    plain = {"CRONOQ_TOKEN": ""}
+    assert cli(broker, "pause", "llm", env=plain).returncode == 0
+    for tenant in ("acme", "acme/search", "acme/ads", "globex"):
+        for _ in range(3):
+            assert cli(broker, "submit", "1", "--pool", "llm", "--tenant", tenant, env=plain).returncode == 0
+    text = cli(broker, "status", env=plain).stdout
+    assert fair_shares(text) == {"acme": "75.0%", "acme (own)": "18.8%", "ads": "18.8%", "search": "37.5%",
+                                 "globex": "25.0%"}, text
+    rows = [line for line in text.splitlines() if line.startswith("  ") and "%" in line]
+    assert [row.split()[0] for row in rows] == ["acme", "acme", "ads", "search", "globex"]  # parents first
+    pool = json.loads(cli(broker, "status", "--json", env=plain).stdout)["pools"]["llm"]
+    assert pool["tenants"]["acme"]["weighted_share"] == 0.75
+    assert pool["tenants"]["acme"]["own_weighted_share"] == 0.1875
+    frame = cli(broker, "top", "--once", env=plain).stdout
+    assert "acme (own)" in frame and "fair 37.5% (weight 2)" in frame and "fair 18.8% (weight 1)" in frame
 
 
 def test_submit_inspect_cancel_and_resume(broker_factory):
