@@ -52,8 +52,9 @@ def test_submission_ids_are_scoped_by_tenant():
     acme, _ = book.submit(SubmitRequest(b"1", pool="a", tenant="acme", submission="abc-1"), 0.0)
     globex, dup = book.submit(SubmitRequest(b"2", pool="b", tenant="globex", submission="abc-1"), 0.0)
     assert not dup and globex.id != acme.id and globex.pool == "b"
-    assert book.submit(SubmitRequest(b"1", pool="a", tenant="acme", submission="abc-1"), 0.0) == (acme, True)
-    assert book.submit(SubmitRequest(b"2", pool="b", tenant="globex", submission="abc-1"), 0.0) == (globex, True)
+    # A repeated submission id is the caller's own re-send: its first task, not reported as a duplicate.
+    assert book.submit(SubmitRequest(b"1", pool="a", tenant="acme", submission="abc-1"), 0.0) == (acme, False)
+    assert book.submit(SubmitRequest(b"2", pool="b", tenant="globex", submission="abc-1"), 0.0) == (globex, False)
 
 
 def test_forgetting_a_record_frees_its_key_in_its_own_tenant_only():
@@ -66,7 +67,7 @@ def test_forgetting_a_record_frees_its_key_in_its_own_tenant_only():
     again, dup = book.submit(SubmitRequest(b"3", pool="a", tenant="acme", key="k"), 21.0)
     assert not dup and again.id != acme.id
     assert book.submit(SubmitRequest(b"x", pool="a", tenant="globex", key="k"), 21.0) == (globex, True)
-    assert book.submit(SubmitRequest(b"x", pool="a", tenant="globex", submission="s"), 21.0) == (globex, True)
+    assert book.submit(SubmitRequest(b"x", pool="a", tenant="globex", submission="s"), 21.0) == (globex, False)
 
 
 def test_recovery_rebuilds_keys_and_submission_ids_per_tenant(tmp_path):
@@ -78,9 +79,9 @@ def test_recovery_rebuilds_keys_and_submission_ids_per_tenant(tmp_path):
     after = World(tmp_path, now=world.now + 1)
     book = after.book
     for tenant, first in (("acme", acme), ("globex", globex)):
-        for dedup in ({"key": "k"}, {"submission": "s"}):
+        for dedup, duplicate in (({"key": "k"}, True), ({"submission": "s"}, False)):
             again, dup = book.submit(SubmitRequest(b"x", pool="a", tenant=tenant, **dedup), after.now)
-            assert dup and again.id == first.id
+            assert dup is duplicate and again.id == first.id
     fresh, dup = book.submit(SubmitRequest(b"3", pool="a", tenant="initech", key="k", submission="s"), after.now)
     assert not dup and fresh.id not in (acme.id, globex.id)
 
@@ -103,7 +104,7 @@ def test_recovery_indexes_every_tenants_submission_ids_however_many_tenants(tmp_
     book = World(tmp_path, now=world.now + 1).book
     for (tenant, submission), task_id in first.items():
         again, dup = book.submit(SubmitRequest(b"x", pool="a", tenant=tenant, submission=submission), world.now)
-        assert dup and again.id == task_id
+        assert not dup and again.id == task_id  # the re-send finds its task; `duplicate` is for keys
     fresh, dup = book.submit(SubmitRequest(b"x", pool="a", tenant="initech", submission="s0"), world.now)
     assert not dup and fresh.id not in first.values()
 

@@ -33,15 +33,20 @@ pub enum Kind {
     Float,
     /// A msgpack str.
     Str,
+    /// A task id: a str of at most [`MAX_TASK_ID_CHARS`] characters.
+    TaskId,
+    /// A pool's name: a str of at most [`MAX_NAME_CHARS`] characters.
+    Name,
     /// A str or nil.
     OptStr,
     /// A float (or integer) or nil.
     OptFloat,
     /// An integer or nil.
     OptInt,
-    /// An array of str.
+    /// An array of at most [`MAX_READY_POOLS`] pool names.
     StrList,
-    /// A map of str to maps with str keys (a worker's pool settings).
+    /// A map of at most [`MAX_READY_POOLS`] pool names to maps of at most [`MAX_POOL_SETTINGS`]
+    /// entries keyed by names (a worker's pool settings).
     Settings,
     /// Any msgpack value.
     Any,
@@ -124,13 +129,13 @@ pub static CLIENT_REQUESTS: &[Schema] = &[
             f("watch", K::Bool, D::Bool(false)),
         ],
     },
-    Schema { tag: "wait", fields: &[req("rid", K::Int), req("id", K::Str)] },
-    Schema { tag: "unwait", fields: &[req("rid", K::Int), req("id", K::Str)] },
-    Schema { tag: "status", fields: &[req("rid", K::Int), req("id", K::Str)] },
-    Schema { tag: "explain", fields: &[req("rid", K::Int), req("id", K::Str)] },
-    Schema { tag: "cancel", fields: &[req("rid", K::Int), req("id", K::Str)] },
-    Schema { tag: "pause", fields: &[req("rid", K::Int), req("pool", K::Str)] },
-    Schema { tag: "resume", fields: &[req("rid", K::Int), req("pool", K::Str)] },
+    Schema { tag: "wait", fields: &[req("rid", K::Int), req("id", K::TaskId)] },
+    Schema { tag: "unwait", fields: &[req("rid", K::Int), req("id", K::TaskId)] },
+    Schema { tag: "status", fields: &[req("rid", K::Int), req("id", K::TaskId)] },
+    Schema { tag: "explain", fields: &[req("rid", K::Int), req("id", K::TaskId)] },
+    Schema { tag: "cancel", fields: &[req("rid", K::Int), req("id", K::TaskId)] },
+    Schema { tag: "pause", fields: &[req("rid", K::Int), req("pool", K::Name)] },
+    Schema { tag: "resume", fields: &[req("rid", K::Int), req("pool", K::Name)] },
     Schema { tag: "stats", fields: &[req("rid", K::Int)] },
     Schema { tag: "reload", fields: &[req("rid", K::Int)] },
     Schema { tag: "ping", fields: &[req("rid", K::Int)] },
@@ -197,7 +202,7 @@ pub static WORKER_MESSAGES: &[Schema] = &[
     Schema {
         tag: "done",
         fields: &[
-            req("id", K::Str),
+            req("id", K::TaskId),
             req("attempt", K::Int),
             req("ok", K::Bool),
             f("error_type", K::Str, D::Str("")),
@@ -423,17 +428,28 @@ fn describe(kind: Kind) -> &'static str {
         Kind::Bool => "a bool",
         Kind::Float => "a float",
         Kind::Str => "a str",
+        Kind::TaskId => "a str of at most 256 characters",
+        Kind::Name => "a str of at most 200 characters",
         Kind::OptStr => "a str or nil",
         Kind::OptFloat => "a float or nil",
         Kind::OptInt => "an int or nil",
-        Kind::StrList => "an array of str",
-        Kind::Settings => "a map of pool names to maps",
+        Kind::StrList => "an array of at most 1024 names (str of at most 200 characters)",
+        Kind::Settings => "a map of at most 1024 names to maps of at most 16 entries keyed by names",
         Kind::Any => "a msgpack value",
     }
 }
 
 fn is_str(v: &Value) -> bool {
     matches!(v, Value::String(s) if s.is_str())
+}
+
+/// A str of at most `limit` characters (Unicode scalar values, as the broker counts them).
+fn is_str_within(v: &Value, limit: usize) -> bool {
+    matches!(v, Value::String(s) if s.as_str().is_some_and(|text| text.chars().count() <= limit))
+}
+
+fn is_name(v: &Value) -> bool {
+    is_str_within(v, MAX_NAME_CHARS)
 }
 
 /// The value as the field holds it, or None when it has the wrong type.
@@ -449,6 +465,8 @@ fn check(field: &Field, v: &Value) -> Option<Value> {
         Kind::Bool => matches!(v, Value::Boolean(_)).then(|| v.clone()),
         Kind::Float => float(v),
         Kind::Str => is_str(v).then(|| v.clone()),
+        Kind::TaskId => is_str_within(v, MAX_TASK_ID_CHARS).then(|| v.clone()),
+        Kind::Name => is_name(v).then(|| v.clone()),
         Kind::OptStr => (v.is_nil() || is_str(v)).then(|| v.clone()),
         Kind::OptFloat => {
             if v.is_nil() {
@@ -459,14 +477,17 @@ fn check(field: &Field, v: &Value) -> Option<Value> {
         }
         Kind::OptInt => matches!(v, Value::Nil | Value::Integer(_)).then(|| v.clone()),
         Kind::StrList => match v {
-            Value::Array(items) if items.iter().all(is_str) => Some(v.clone()),
+            Value::Array(items) if items.len() <= MAX_READY_POOLS && items.iter().all(is_name) => Some(v.clone()),
             _ => None,
         },
         Kind::Settings => match v {
             Value::Map(entries)
-                if entries.iter().all(|(k, inner)| {
-                    is_str(k) && matches!(inner, Value::Map(m) if m.iter().all(|(k2, _)| is_str(k2)))
-                }) =>
+                if entries.len() <= MAX_READY_POOLS
+                    && entries.iter().all(|(k, inner)| {
+                        is_name(k)
+                            && matches!(inner, Value::Map(m)
+                                if m.len() <= MAX_POOL_SETTINGS && m.iter().all(|(k2, _)| is_name(k2)))
+                    }) =>
             {
                 Some(v.clone())
             }
@@ -654,10 +675,20 @@ pub fn clip(text: &str, limit: usize) -> String {
 
 /// Longest error type, message and traceback a `done` carries (UTF-8 bytes).
 pub const MAX_ERROR_TYPE_BYTES: usize = 256;
+
 /// See [`MAX_ERROR_TYPE_BYTES`].
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 8 * 1024;
 /// See [`MAX_ERROR_TYPE_BYTES`].
 pub const MAX_TRACEBACK_BYTES: usize = 32 * 1024;
+
+/// The longest task id, in characters, a peer may send (`wait`, `status`, `done`, ...): longer is refused.
+pub const MAX_TASK_ID_CHARS: usize = 256;
+/// The longest pool name (or settings key), in characters, in `pause`, `resume` and `ready`: longer is refused.
+pub const MAX_NAME_CHARS: usize = 200;
+/// The most pools one `ready` may name (and entries its settings may hold).
+pub const MAX_READY_POOLS: usize = 1024;
+/// The most settings one pool's entry in a `ready` may hold.
+pub const MAX_POOL_SETTINGS: usize = 16;
 
 #[cfg(test)]
 mod tests {
