@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import socket
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -289,8 +290,10 @@ def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics,
     return registry
 
 
-async def serve_metrics(address: str, registry: CollectorRegistry) -> asyncio.base_events.Server:
-    """Serve GET /metrics at "host:port" on the running loop; returns the asyncio server."""
+async def serve_metrics(address: str, registry: CollectorRegistry,
+                        sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
+    """Serve GET /metrics at "host:port" on the running loop (on `sockets` when given: listening at it already);
+    returns the asyncio servers."""
     host, _, port = address.rpartition(":")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -312,4 +315,6 @@ async def serve_metrics(address: str, registry: CollectorRegistry) -> asyncio.ba
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host.strip("[]") or "127.0.0.1", int(port))
+    if sockets:
+        return [await asyncio.start_server(handle, sock=sock) for sock in sockets]
+    return [await asyncio.start_server(handle, host.strip("[]") or "127.0.0.1", int(port))]
