@@ -114,6 +114,9 @@ class BrokerConfig:
     metrics: str | None = None
     dashboard: str | None = None
     """Where the web dashboard listens ("HOST:PORT", see cronoq.dashboard), or None: off."""
+    dashboard_hosts: tuple[str, ...] = ()
+    """Names (each "NAME" or "NAME:PORT") the dashboard answers to besides its IP addresses, `localhost` and the
+    host of `dashboard`: the names users reach it by through a proxy or DNS (cronoq.dashboard.hosts)."""
     heartbeat_interval: float = 1.0
     liveness: int = 3
     max_payload_bytes: int = 1048576
@@ -228,8 +231,8 @@ def override(config: BrokerConfig, *, clients: str | None = None, workers: str |
 # --- sections -----------------------------------------------------------------
 
 _BROKER_KEYS = (
-    "clients", "workers", "data_dir", "durability", "metrics", "dashboard", "heartbeat_interval", "liveness",
-    "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "curve_secret_key_file",
+    "clients", "workers", "data_dir", "durability", "metrics", "dashboard", "dashboard_hosts", "heartbeat_interval",
+    "liveness", "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "curve_secret_key_file",
     "auth_timeout", "max_connections", "connection_buffer_bytes", "member",
 )  # fmt: skip
 _POOL_KEYS = (
@@ -250,6 +253,7 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "durability": s.get("durability", _choice(DURABILITIES), "sync"),
         "metrics": s.get("metrics", _host_port, None),
         "dashboard": s.get("dashboard", _host_port, None),
+        "dashboard_hosts": s.get("dashboard_hosts", _dashboard_hosts, ()),
         "heartbeat_interval": s.get("heartbeat_interval", _positive_number, 1.0),
         "liveness": s.get("liveness", _positive_int, 3),
         "max_payload_bytes": s.get("max_payload_bytes", _positive_int, 1048576),
@@ -687,6 +691,36 @@ def _host_port(value: Any) -> str:
         if sep and host and _port(port, allow_zero=False) is not None:
             return value
     raise _Invalid(f"expected 'HOST:PORT' with PORT 1-65535, e.g. '127.0.0.1:9464', got {_show(value)}")
+
+
+# A DNS name (labels of letters, digits and '-', dots between) or an IP address; an IPv6 one in brackets with a port.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
+MAX_DASHBOARD_HOSTS = 64
+
+
+def _dashboard_hosts(value: Any) -> tuple[str, ...]:
+    """The names the dashboard answers to: a list of "NAME" or "NAME:PORT" (the Host header a browser sends)."""
+    expected = "a list of names such as 'cronoq.internal' or 'cronoq.internal:8080'"
+    if not isinstance(value, list) or len(value) > MAX_DASHBOARD_HOSTS:
+        raise _Invalid(f"expected {expected} (at most {MAX_DASHBOARD_HOSTS}), got {_show(value)}")
+    out = []
+    for item in value:
+        if not isinstance(item, str):
+            raise _Invalid(f"expected {expected}, got {_show(item)} in the list")
+        name, port = item, None
+        if item.startswith("["):
+            name, _, rest = item[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else (None if not rest else "")
+            valid = bool(name) and ":" in name
+        else:
+            if item.count(":") == 1:
+                name, _, port = item.partition(":")
+            valid = _HOST_NAME.fullmatch(name) is not None
+        if not valid or (port is not None and _port(port, allow_zero=False) is None):
+            raise _Invalid(f"expected {expected}, got {_show(item)} in the list")
+        out.append(item.lower())
+    return tuple(out)
 
 
 def _port(text: str, *, allow_zero: bool) -> int | None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import socket
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,6 +26,7 @@ log = logging.getLogger("cronoq.metrics")
 TASK_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 COMMIT_SECONDS_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 GC_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+DROP_REASONS = ("timeout", "evicted", "refused")
 PASS_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 1, 5)
 
 
@@ -49,6 +52,18 @@ class Histogram:
         return out
 
 
+@dataclass
+class DashboardConnections:
+    """How many dashboard connections ended early, and why: counted by its HTTP server, served as metrics."""
+
+    reset: int = 0
+    """The peer reset or closed the connection in the middle of a request (or of our answer)."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Ended by the server, by reason: `timeout` (a request too slow to arrive, an answer not taken), `evicted`
+    (an unauthenticated connection waiting for its request, closed to make room for a new one), `refused` (no
+    room could be made)."""
+
+
 class BrokerMetrics:
     """What the broker counts as it goes; the rest is read from its statistics at scrape time."""
 
@@ -66,6 +81,7 @@ class BrokerMetrics:
         self.gc_seconds = [Histogram(GC_SECONDS_BUCKETS) for _ in range(3)]
         self.snapshot_start_seconds = Histogram(GC_SECONDS_BUCKETS)
         self.snapshot_spawn_seconds = Histogram(GC_SECONDS_BUCKETS)
+        self.dashboard = DashboardConnections()
 
     def task_finished(self, pool: str, outcome: str, submitted_at: float, started_at: float | None,
                       finished_at: float | None) -> None:
@@ -185,6 +201,16 @@ class BrokerCollector:
                                    "the broker took their task back from it (the worker was lost); dropped.")
         late.add_metric([], stats.get("late_results", 0))
         yield late
+        resets = CounterMetricFamily("cronoq_dashboard_connections_reset", "Dashboard connections the peer reset "
+                                     "or closed in the middle of a request or its answer.")
+        resets.add_metric([], self._metrics.dashboard.reset)
+        yield resets
+        dropped = CounterMetricFamily("cronoq_dashboard_connections_dropped", "Dashboard connections the broker "
+                                      "ended early, by reason: timeout, evicted (an unauthenticated one waiting, to "
+                                      "make room), refused (no room).", labels=["reason"])
+        for reason in DROP_REASONS:
+            dropped.add_metric([reason], self._metrics.dashboard.dropped[reason])
+        yield dropped
         yield _histogram_family("cronoq_queue_wait_seconds", "Time from submission to (last) dispatch.",
                                 self._metrics.queue_wait)
         yield _histogram_family("cronoq_run_time_seconds", "Time from (last) dispatch to the outcome.",
@@ -264,8 +290,10 @@ def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics,
     return registry
 
 
-async def serve_metrics(address: str, registry: CollectorRegistry) -> asyncio.base_events.Server:
-    """Serve GET /metrics at "host:port" on the running loop; returns the asyncio server."""
+async def serve_metrics(address: str, registry: CollectorRegistry,
+                        sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
+    """Serve GET /metrics at "host:port" on the running loop (on `sockets` when given: listening at it already);
+    returns the asyncio servers."""
     host, _, port = address.rpartition(":")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -287,4 +315,6 @@ async def serve_metrics(address: str, registry: CollectorRegistry) -> asyncio.ba
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host.strip("[]") or "127.0.0.1", int(port))
+    if sockets:
+        return [await asyncio.start_server(handle, sock=sock) for sock in sockets]
+    return [await asyncio.start_server(handle, host.strip("[]") or "127.0.0.1", int(port))]

@@ -24,7 +24,7 @@ from cronoq import logs
 from cronoq.broker.server import Broker
 from cronoq.errors import CronoqError
 from cronoq.broker.held import HeldAddresses
-from cronoq.broker.standby import Complaint, stand_by
+from cronoq.broker.standby import Complaint, servers_of, stand_by
 from cronoq.config import BrokerConfig, ConfigError, default_config, load_config, override
 from cronoq.store.journal import DamagedFile, StoreError
 from cronoq.store.repair import repair
@@ -33,8 +33,8 @@ log = logging.getLogger("cronoq.broker")
 
 
 RETRY_SERVING = 1.0
-"""Seconds a standby that took the lock but could not serve (its metrics or dashboard address was taken) waits
-before it tries again."""
+"""Seconds a standby that took the lock but could not serve (its metrics or dashboard address was taken, by the
+primary on its host while it ran, or by another process) waits before it tries again."""
 
 
 class _StartFailed(Exception):
@@ -85,17 +85,18 @@ def _reload(broker: Broker) -> None:
         pass  # already logged with the reason
 
 
-async def _serve(broker: Broker) -> None:
+async def _serve(broker: Broker, held_servers: dict[str, list[socket.socket]]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, broker.stop, sig.name)
     loop.add_signal_handler(signal.SIGHUP, _reload, broker)
     try:
-        await broker.start_metrics()
+        await broker.start_metrics(held_servers.pop(broker.config.metrics, None) if broker.config.metrics else None)
     except OSError as exc:
         raise _StartFailed(f"cannot serve metrics at {broker.config.metrics}: {exc}") from None
     try:
-        await broker.start_dashboard()
+        await broker.start_dashboard(held_servers.pop(broker.config.dashboard, None)
+                                     if broker.config.dashboard else None)
     except OSError as exc:
         raise _StartFailed(f"cannot serve the dashboard at {broker.config.dashboard}: {exc}") from None
     clients, workers = broker.endpoints
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot_serve = Complaint()
     retries = 0
     while True:
-        held_lock, held_fds = None, {}
+        held_lock, held_fds, held_servers = None, {}, {}
         if held_addresses is not None:
             taken = stand_by(config, (lambda: overridden(load_config(args.config, member=args.member)))
                              if args.config else None, held_addresses, announce=retries == 0,
@@ -137,19 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if taken is None:
                 return 0  # stopped while standing by
             held_lock, config = taken
-            try:  # the addresses it does not hold while waiting: the primary's own, when on the same host
-                _check_free(config.metrics)
-                _check_free(config.dashboard, "the dashboard")
-            except OSError as exc:
+            # The HTTP addresses it could not hold while waiting (the primary's own, when on the same host) are
+            # held now, or it cannot serve.
+            if problems := held_addresses.hold_servers(servers_of(config)):
                 # A standby that took the lock but cannot serve lets it go untouched and stands by again (another
                 # standby may serve meanwhile), rather than leave the data_dir with nobody to serve it. It keeps
                 # holding its client and worker addresses meanwhile.
                 os.close(held_lock)
-                cannot_serve(f"cannot serve after taking over {config.data_dir}: {exc}",
+                cannot_serve(f"cannot serve after taking over {config.data_dir}: {'; '.join(problems)}",
                              f"let go of its lock untouched; standing by again, trying every {RETRY_SERVING:g} s")
                 retries += 1
                 continue
             held_fds = held_addresses.hand_over()
+            held_servers = held_addresses.hand_over_servers()
         break
     broker = Broker(config, overrides=overridden)
     # Bind (and make sure the metrics address is free) before touching data_dir: a broker that
@@ -158,8 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     opening = False
     try:
         broker.bind(held_fds)
-        _check_free(config.metrics)
-        _check_free(config.dashboard, "the dashboard")
+        if config.metrics not in held_servers:
+            _check_free(config.metrics)
+        if config.dashboard not in held_servers:
+            _check_free(config.dashboard, "the dashboard")
         opening = True  # from here the journal owns the held lock, and closes it if it fails
         recovered = broker.open(held_lock)
     except (OSError, StoreError) as exc:
@@ -175,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvloop
 
     try:
-        uvloop.run(_serve(broker))
+        uvloop.run(_serve(broker, held_servers))
     except _StartFailed as exc:
         broker.close()
         print(f"cronoq-broker: {exc}", file=sys.stderr)

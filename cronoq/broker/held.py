@@ -16,6 +16,12 @@ A silent connection is closed as soon as its peer closes it, and at most HELD_CO
 (the oldest goes first), so peers cannot exhaust the standby's file descriptors.
 
 inproc:// endpoints are not held: no other process can reach them.
+
+Its HTTP addresses, `metrics` and `dashboard` ("HOST:PORT"), are held too (`hold_servers`): bound as the
+broker's asyncio servers would bind them (every address the host resolves to), listening, and handed to
+those servers at the takeover (`hand_over_servers`). Meanwhile a connection there is accepted and closed at
+once, unanswered: a browser or a scraper learns at once that nothing serves there, and nobody else can bind
+the address to collect the admin tokens a browser would send it.
 """
 
 from __future__ import annotations
@@ -136,12 +142,51 @@ def _stale_unix_socket(path: str) -> bool:
     return False
 
 
+SERVER_BACKLOG = 100
+"""The listen backlog of an HTTP address, as asyncio's servers have it."""
+
+
+def server_sockets(address: str) -> list[socket.socket]:
+    """Sockets bound and listening at "HOST:PORT" for an HTTP server, one for each address HOST resolves to, as
+    asyncio.start_server binds them (an empty HOST is 127.0.0.1, as the broker's servers read it). Raises
+    HoldError naming the address."""
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise HoldError(f"cannot hold {address}: {host!r} does not resolve here ({exc.strerror})") from None
+    sockets: list[socket.socket] = []
+    seen = set()
+    try:
+        for family, kind, proto, _, sockaddr in infos:
+            if (family, sockaddr) in seen:
+                continue
+            seen.add((family, sockaddr))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers; never SO_REUSEPORT
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(sockaddr)
+            sock.listen(SERVER_BACKLOG)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise HoldError(f"cannot hold {address}: another process has bound it") from None
+        raise HoldError(f"cannot hold {address}: {exc.strerror or exc}") from None
+    return sockets
+
+
 class HeldAddresses:
     """The endpoints a standby holds: `hold` binds those it lacks, `pause` keeps their connections silent,
     `hand_over` gives the listening sockets to the broker that takes over."""
 
     def __init__(self) -> None:
         self._held: dict[str, HeldAddress] = {}
+        self._servers: dict[str, list[socket.socket]] = {}
         self._selector = selectors.DefaultSelector()
         self.unholdable: dict[str, str] = {}
         """Endpoints left to the broker's own bind at the takeover, with why (Unholdable)."""
@@ -172,6 +217,43 @@ class HeldAddresses:
             self._selector.register(listener, selectors.EVENT_READ, held)
         return problems
 
+    @property
+    def servers(self) -> list[str]:
+        return list(self._servers)
+
+    def hold_servers(self, addresses: list[str]) -> list[str]:
+        """Hold each HTTP address ("HOST:PORT") of `addresses` not held yet, and let go of held ones no longer in it;
+        returns why each that could not be held was not."""
+        for address in [a for a in self._servers if a not in addresses]:
+            self._release_server(address)
+        problems = []
+        for address in addresses:
+            if address in self._servers:
+                continue
+            try:
+                sockets = server_sockets(address)
+            except HoldError as exc:
+                problems.append(str(exc))
+                continue
+            self._servers[address] = sockets
+            for sock in sockets:
+                self._selector.register(sock, selectors.EVENT_READ, address)
+        return problems
+
+    def hand_over_servers(self) -> dict[str, list[socket.socket]]:
+        """Stop holding the HTTP addresses: their listening sockets by address, for the broker's servers."""
+        servers = self._servers
+        for sockets in servers.values():
+            for sock in sockets:
+                self._selector.unregister(sock)
+        self._servers = {}
+        return servers
+
+    def _release_server(self, address: str) -> None:
+        for sock in self._servers.pop(address):
+            self._selector.unregister(sock)
+            sock.close()
+
     def pause(self, seconds: float) -> None:
         """Wait `seconds`, meanwhile taking new connections (and keeping them silent) and closing those whose
         peers left."""
@@ -185,7 +267,9 @@ class HeldAddresses:
             except InterruptedError:
                 continue
             for key, _ in ready:
-                if isinstance(key.data, HeldAddress):
+                if isinstance(key.data, str):
+                    _turn_away(key.fileobj)  # type: ignore[arg-type]
+                elif isinstance(key.data, HeldAddress):
                     self._accept(key.data)
                 else:
                     self._check_peer(*key.data)
@@ -236,6 +320,8 @@ class HeldAddresses:
         """Let go of every address (a standby that stops without taking over)."""
         for endpoint in list(self._held):
             self._release(endpoint)
+        for address in list(self._servers):
+            self._release_server(address)
         self._selector.close()
 
     def _release(self, endpoint: str) -> None:
@@ -249,3 +335,13 @@ class HeldAddresses:
                 os.unlink(endpoint.removeprefix("ipc://"))
             except OSError:
                 pass
+
+
+def _turn_away(listener: socket.socket) -> None:
+    """Accept what waits at a held HTTP address and close it unanswered: nothing serves there yet."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # nothing more waits (or no descriptor is free: it stays queued and is tried again)
+            return
+        conn.close()

@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import resource
+import socket
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -160,7 +161,7 @@ class Broker:
         self._busy = False
         """Whether clients asked anything or tasks were dispatched since the last heartbeat."""
         self._data = DataDir(config, self._book, self.metrics)
-        self._metrics_server: asyncio.base_events.Server | None = None
+        self._metrics_servers: list[asyncio.base_events.Server] = []
         self._dashboard: Dashboard | None = None
         self.failures = RecentFailures()
         """The last tasks that failed, for the dashboard (a bounded ring)."""
@@ -241,23 +242,26 @@ class Broker:
         self.endpoints = tuple(s.getsockopt_string(zmq.LAST_ENDPOINT) for s in sockets_only)  # type: ignore[assignment]
         return self.endpoints
 
-    async def start_metrics(self) -> None:
-        """Serve /metrics when the config asks for it. Raises OSError when the address cannot be bound."""
+    async def start_metrics(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve /metrics when the config asks for it (on `sockets`, when a standby held its address). Raises OSError
+        when the address cannot be bound."""
         if self.config.metrics is not None:
             registry = registry_for(self.stats, self.metrics, self.config.member)
-            self._metrics_server = await serve_metrics(self.config.metrics, registry)
+            self._metrics_servers = await serve_metrics(self.config.metrics, registry, sockets)
 
-    async def start_dashboard(self) -> None:
-        """Serve the web dashboard when the config asks for it. Raises OSError when the address cannot be bound."""
+    async def start_dashboard(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve the web dashboard when the config asks for it (on `sockets`, when a standby held its address).
+        Raises OSError when the address cannot be bound."""
         if self.config.dashboard is not None:
             from cronoq.dashboard import BrokerParts, Dashboard  # only a broker that serves it loads it
 
             self._dashboard = Dashboard(BrokerParts(
                 stats=self.stats, identify=self._identify, pools=lambda: self.config.pools, core=self._core,
                 book=self._book, workers=self._workers.describe, failures=self.failures, act=self.act,
-                clock=self._clock, explain=self.explain,
+                clock=self._clock, explain=self.explain, hosts=lambda: self.config.dashboard_hosts,
+                connections=self.metrics.dashboard,
             ))
-            await self._dashboard.start(self.config.dashboard)
+            await self._dashboard.start(self.config.dashboard, sockets)
 
     def act(self, action: Callable[[float], Any]) -> Any:
         """Do an admin action that did not come through a socket (the dashboard's), given the time, then one pass
@@ -300,8 +304,8 @@ class Broker:
         self._worker_conns.close()  # type: ignore[union-attr]
         self._clients.close(linger=0)
         self._workers_sock.close(linger=0)
-        if self._metrics_server is not None:
-            self._metrics_server.close()
+        for server in self._metrics_servers:
+            server.close()
         if self._dashboard is not None:
             self._dashboard.close()
         self._collector.stop()

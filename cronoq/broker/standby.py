@@ -6,17 +6,22 @@ cronoq.store.reading) is free: it opens no journal and serves no metrics.
 It does hold its client and worker addresses from the start
 (cronoq.broker.held): bound, so that no other process on its host can take
 them and collect the tokens and tasks of clients and workers that list
-them, and silent, so that those clients and workers send it nothing. When
+them, and silent, so that those clients and workers send it nothing. Its
+metrics and dashboard addresses are held as well, turning every connection
+away unanswered, so that nobody can bind them to collect the tokens of the
+browsers and scrapers sent there. When
 the primary stops or dies, the kernel (or the shared file system) drops its
 lock; the standby takes it, and the broker's ordinary start follows: its
 ROUTERs adopt the held sockets, it replays the journal and serves. The lock
 is the only thing that decides who serves, so two brokers never write the
 same journal, however the hosts see each other.
 
-A standby that cannot hold an address (another process has bound it) does
-not take the lock while it cannot: a broker that cannot serve must not keep
+A standby that cannot hold a client or worker address (another process has
+bound it) does not take the lock while it cannot: a broker that cannot serve must not keep
 another one from serving. It tries again every POLL_INTERVAL and says why,
-at once and then every COMPLAINT_INTERVAL while it lasts.
+at once and then every COMPLAINT_INTERVAL while it lasts. A metrics or
+dashboard address it cannot hold is only warned of: on the primary's host,
+with one config file for both, it is the primary's own until it stops.
 
 The wait polls the lock every POLL_INTERVAL seconds rather than blocking in
 flock(2): polling works the same on local disks and network file systems,
@@ -49,8 +54,9 @@ class Complaint:
     """An ERROR logged when a trouble starts or changes, repeated every COMPLAINT_INTERVAL while it lasts, and an
     INFO line when it ends: a standby that retries every 0.1 s must not write ten lines a second."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, level: int = logging.ERROR) -> None:
         self._clock = clock
+        self._level = level
         self._said: str | None = None
         self._said_at = 0.0
 
@@ -61,7 +67,7 @@ class Complaint:
                 log.info("%s (before: %s)", over, self._said)
             self._said = None
         elif trouble != self._said or now - self._said_at >= COMPLAINT_INTERVAL:
-            log.error("%s; %s", trouble, consequence)
+            log.log(self._level, "%s; %s", trouble, consequence)
             self._said, self._said_at = trouble, now
 
 
@@ -74,6 +80,11 @@ def standing_by_for(config: BrokerConfig) -> str:
 def endpoints_of(config: BrokerConfig) -> list[str]:
     """The addresses a standby of `config` holds while it waits."""
     return [config.clients, config.workers]
+
+
+def servers_of(config: BrokerConfig) -> list[str]:
+    """The HTTP addresses ("HOST:PORT") a standby of `config` holds while it waits: its metrics and dashboard."""
+    return [address for address in (config.metrics, config.dashboard) if address is not None]
 
 
 def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, held: HeldAddresses, *,
@@ -93,12 +104,21 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, he
     stop: list[str] = []
     current = [config]
     complain = Complaint()
+    complain_of_servers = Complaint(level=logging.WARNING)
     not_before = time.monotonic() + delay
 
     def ready() -> bool:
         return holding_all() and time.monotonic() >= not_before
 
     def holding_all() -> bool:
+        # An HTTP address another process has bound does not keep the standby from taking over: on the primary's
+        # host, with one config file for both, it is the primary's own, freed when it stops. It is held the moment
+        # it is free, and the takeover makes sure of it (cronoq.broker.cli).
+        server_problems = held.hold_servers(servers_of(current[0]))
+        complain_of_servers("; ".join(server_problems) or None,
+                            "if the primary does not run on this host with the same address, whoever has it may be "
+                            "collecting the tokens of the browsers and scrapers sent there: find that process. "
+                            "Holding it the moment it is free", over="holding the metrics and dashboard addresses now")
         problems = held.hold(endpoints_of(current[0]))
         complain("; ".join(problems) or None,
                  "clients and workers given this address may be sending their tokens and tasks to whoever has it. "
@@ -122,7 +142,8 @@ def stand_by(config: BrokerConfig, reread: Callable[[], BrokerConfig] | None, he
                 log.warning("%s", why)
             if (data_dir / LOCK).exists():
                 log.info("standing by for %s: it is in use (pid %s); taking over the moment it is free; holding %s "
-                         "meanwhile, silent", subject, holder(data_dir), ", ".join(held.endpoints) or "no address")
+                         "meanwhile, silent", subject, holder(data_dir),
+                         ", ".join(held.endpoints + held.servers) or "no address")
             else:
                 log.info("standing by for %s: it holds no broker's lock file yet (is the shared storage mounted "
                          "here, and has a primary used it?); a standby never starts a data_dir afresh", subject)

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import re
+import socket
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -38,9 +39,11 @@ from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut
 from cronoq.broker.statistics import visible_stats
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.dashboard.history import SAMPLE_INTERVAL, ShareHistory
+from cronoq.dashboard.hosts import host_problem, origin_problem
 from cronoq.dashboard.http import HttpServer, Request, Response, plain
 from cronoq.dashboard.views import DispatchHistory, dispatch_counts, failure_row, pool_view, worker_rows
 from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from cronoq.metrics import DashboardConnections
 from cronoq.views import explain_text
 
 log = logging.getLogger("cronoq.dashboard")
@@ -90,6 +93,11 @@ class BrokerParts:
     explain: Callable[[str, str | None], Any] | None = None
     """The broker's `explain(task_id, scope)` (why it waits, how its attempts ended; `scope` the tenant the viewer
     is pinned to, if any); the task view includes it."""
+    hosts: Callable[[], Iterable[str]] = lambda: ()
+    """The names the dashboard answers to besides its addresses and localhost (`[broker] dashboard_hosts`, as the
+    running config has them)."""
+    connections: DashboardConnections = dataclasses.field(default_factory=DashboardConnections)
+    """Where the HTTP server counts the connections it ends early (the broker's metrics)."""
 
 
 def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
@@ -130,11 +138,14 @@ class Dashboard:
         self._sampler: asyncio.TimerHandle | None = None
         self._snapshot: tuple[float, _Reading, bytes] | None = None
         self._static = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
-        self.server = HttpServer(self.handle)
+        self._served_host: str | None = None
+        self.server = HttpServer(self.handle, counts=parts.connections)
 
-    async def start(self, address: str) -> tuple[str, int]:
-        """Listen on "host:port"; returns the address bound. Raises OSError when it cannot be bound."""
-        bound = await self.server.start(address)
+    async def start(self, address: str, sockets: list[socket.socket] | None = None) -> tuple[str, int]:
+        """Listen on "host:port" (on `sockets` when given: bound to it already, by a standby that held them);
+        returns the address bound. Raises OSError when it cannot be bound."""
+        self._served_host = address.rpartition(":")[0].strip("[]") or None
+        bound = await self.server.start(address, sockets)
         log.info("dashboard at http://%s:%d/", *bound)
         self.sample()
         return bound
@@ -161,7 +172,11 @@ class Dashboard:
     # ----------------------------------------------------------------- routing
 
     def handle(self, request: Request) -> Response:
-        """Answer one request (see docs/dashboard.md)."""
+        """Answer one request (see docs/dashboard.md). The answer says whether the request carried a token of a
+        viewer or admin (`authenticated`): the server keeps room for such connections."""
+        problem = host_problem(request.headers.get("host"), self._served_host, self._parts.hosts())
+        if problem is not None:
+            return Response(421, _json({"error": {"code": "PERMISSION_DENIED", "message": problem}}))
         path, method = request.path, request.method
         if not path.startswith("/api/"):
             static = self._static.get(path)
@@ -171,19 +186,25 @@ class Dashboard:
                 return _method_not_allowed("GET")
             return Response(200, static[0], static[1])
         try:
-            return self._api(request)
+            principal = self._principal(request)
+            principal.require("dashboard")
         except CronoqError as exc:
-            headers = [("WWW-Authenticate", 'Bearer realm="cronoq"')] if isinstance(exc, Unauthenticated) else []
-            return Response(_HTTP_STATUS.get(exc.code, 400),
-                            _json({"error": {"code": exc.code, "message": exc.message}}), headers=headers)
+            return _refusal(exc)
+        try:
+            response = self._api(request, principal)
+        except CronoqError as exc:
+            response = _refusal(exc)
+        # An open broker has no tokens to tell its users by: nobody's connection is kept room for.
+        return response if principal is OPEN else dataclasses.replace(response, authenticated=True)
 
-    def _api(self, request: Request) -> Response:
-        principal = self._principal(request)
-        principal.require("dashboard")
+    def _api(self, request: Request, principal: Principal) -> Response:
         path = request.path
         if request.method == "POST":
             if ACTION_HEADER not in request.headers:
                 raise PermissionDenied(f"an action must carry the header {ACTION_HEADER}: 1 (the page sends it)")
+            problem = origin_problem(request.headers.get("origin"), self._served_host, self._parts.hosts())
+            if problem is not None:
+                raise PermissionDenied(problem)
             if (match := _POOL_ACTION.fullmatch(path)) is not None:
                 return self._pool_action(principal, match["pool"], match["action"])
             if (match := _TASK_CANCEL.fullmatch(path)) is not None:
@@ -328,6 +349,12 @@ def _task_id(text: str) -> str:
     if not text or len(text) > MAX_ID_LENGTH or not text.isprintable():
         raise InvalidArgument(f"a task id is 1 to {MAX_ID_LENGTH} printable characters")
     return text
+
+
+def _refusal(exc: CronoqError) -> Response:
+    headers = [("WWW-Authenticate", 'Bearer realm="cronoq"')] if isinstance(exc, Unauthenticated) else []
+    return Response(_HTTP_STATUS.get(exc.code, 400), _json({"error": {"code": exc.code, "message": exc.message}}),
+                    headers=headers)
 
 
 def _method_not_allowed(allowed: str) -> Response:

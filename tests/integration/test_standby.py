@@ -296,8 +296,8 @@ async def test_a_standby_whose_address_a_squatter_holds_waits_says_why_and_takes
 
 async def test_a_standby_that_cannot_serve_after_taking_the_lock_lets_it_go_and_tries_again(brokers, tmp_path):
     _, primary, _ = primary_and_standby(brokers, tmp_path)
-    # A second standby, on the same data_dir, whose metrics address a squatter holds (it holds only its client and
-    # worker addresses while it waits: the metrics address may be the primary's own on the same host).
+    # A second standby, on the same data_dir, whose metrics address a squatter holds (that does not keep it from
+    # taking the lock: the metrics address may be the primary's own on the same host).
     metrics_port = free_port()
     other = write_config(tmp_path / "other.toml", POOLS, broker_extra=f'metrics = "127.0.0.1:{metrics_port}"')
     clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
@@ -311,7 +311,9 @@ async def test_a_standby_that_cannot_serve_after_taking_the_lock_lets_it_go_and_
         brokers[1].kill()  # the first standby: this one is the only one left
         primary.kill()
         wait_for_line(standby.proc, standby.log, "let go of its lock untouched; standing by again")
-        assert f"cannot serve metrics at 127.0.0.1:{metrics_port}" in standby.log.read_text()
+        said = standby.log.read_text()
+        assert f"cannot hold 127.0.0.1:{metrics_port}: another process has bound it" in said
+        assert "level=warning" in said and "collecting the tokens of the browsers" in said
         assert standby.proc.poll() is None, "it keeps trying instead of exiting"
         assert taken(clients) and taken(workers), "it holds its addresses again meanwhile"
     finally:
@@ -319,3 +321,42 @@ async def test_a_standby_that_cannot_serve_after_taking_the_lock_lets_it_go_and_
     await asyncio.to_thread(standby.wait_ready)
     async with cronoq.connect(clients, request_timeout=WAIT) as client:
         assert "counted" in (await client.stats())["pools"]
+
+
+async def test_a_standby_holds_its_dashboard_and_metrics_addresses_and_serves_them_after_the_takeover(
+        brokers, tmp_path):
+    config, primary, _ = primary_and_standby(brokers, tmp_path)
+    brokers[1].kill()  # the plain standby: the one below takes over
+    dashboard, metrics = free_port(), free_port()
+    own = write_config(tmp_path / "own.toml", POOLS, broker_extra=f'dashboard = "127.0.0.1:{dashboard}"\n'
+                                                                   f'metrics = "127.0.0.1:{metrics}"')
+    clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    standby = BrokerProcess(own, args=["--log-level", "INFO", "--standby", "--clients", clients, "--workers",
+                                       workers, "--data-dir", str(tmp_path / "cronoq-data")])
+    standby.start(wait=False, log=tmp_path / "own.log")
+    brokers.append(standby)
+    wait_for_line(standby.proc, standby.log, "cronoq broker standing by")
+    # While it waits nobody else may bind them (to collect the admin tokens browsers send), and it answers nothing.
+    assert taken(f"tcp://127.0.0.1:{dashboard}") and taken(f"tcp://127.0.0.1:{metrics}")
+    for port in (dashboard, metrics):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(b"GET /api/session HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            conn.settimeout(10)
+            try:
+                assert conn.recv(100) == b"", "a waiting standby answered HTTP"
+            except ConnectionResetError:
+                pass
+    primary.kill()
+    await asyncio.to_thread(standby.wait_ready)
+
+    def get(port: int, path: str) -> tuple[int, bytes]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+        return int(data.split()[1]), data
+
+    assert (await asyncio.to_thread(get, dashboard, "/api/session"))[0] == 200
+    status, body = await asyncio.to_thread(get, metrics, "/metrics")
+    assert status == 200 and b"cronoq_workers_connected" in body
