@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from typing import Awaitable, Callable
 
 import cronoq
 from tests.support import start_worker_process, until
@@ -17,21 +18,36 @@ from tests.support import start_worker_process, until
 POOLS = '[[pools]]\nname = "default"\n'
 
 
+async def frozen_until(pid: int, condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Cut process `pid` off (SIGSTOP) until `condition` holds, then let it go on (SIGCONT), whatever happens."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await until(condition, what)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def started(client: cronoq.Client, handle: cronoq.TaskHandle) -> None:
+    async def running() -> bool:
+        return (await client.status(handle.id)).state == "running"
+    await until(running, "the task runs")
+
+
 async def test_the_librarys_own_resend_of_a_submit_is_no_duplicate(broker_factory):
     broker = broker_factory(POOLS)
     async with cronoq.connect(broker.clients, request_timeout=60) as client:
         await client.ping()
-        os.kill(broker.proc.pid, signal.SIGSTOP)
-        try:
-            # The submit waits in the broker's socket buffer; the client gives up on the frozen connection
-            # (ZeroMQ's heartbeat), makes a new one and re-sends the submit once the broker answers again.
-            submitting = asyncio.ensure_future(client.submit("once", pool="default"))
+        submitting: asyncio.Future | None = None
 
-            async def link_down() -> bool:
-                return not client._link.up  # what the client's socket monitor saw: the connection was dropped
-            await until(link_down, "the client gives up on the frozen broker's connection")
-        finally:
-            os.kill(broker.proc.pid, signal.SIGCONT)
+        async def link_down() -> bool:
+            nonlocal submitting
+            if submitting is None:
+                # The submit waits in the broker's socket buffer; the client gives up on the frozen connection
+                # (ZeroMQ's heartbeat), makes a new one and re-sends the submit once the broker answers again.
+                submitting = asyncio.ensure_future(client.submit("once", pool="default"))
+            return not client._link.up  # what the client's socket monitor saw: the connection was dropped
+        await frozen_until(broker.proc.pid, link_down, "the client gives up on the frozen broker's connection")
+        assert submitting is not None
         handle = await asyncio.wait_for(submitting, 60)
         assert client.reconnects >= 1, "the submit must have been re-sent on a new connection"
         assert not handle.duplicate, "the client submitted once: no earlier task with its key was returned"
@@ -53,19 +69,13 @@ async def test_a_worker_given_its_own_running_task_again_runs_it_once_and_the_la
         async with cronoq.connect(broker.clients) as client:
             handle = await client.submit({"n": 1, "sleep": 5.0, "runs": str(runs)}, pool="counted")
             # (Long enough that the worker has registered again, and been given attempt 2, before attempt 1 ends.)
+            await started(client, handle)
 
-            async def running() -> bool:
-                return (await client.status(handle.id)).state == "running"
-            await until(running, "the task runs")
             # A cut the worker does not outlast (liveness: 3 x 0.2 s): the broker takes the task back, and gives
             # it, as attempt 2, to the only worker there is -- the one still running attempt 1.
-            os.kill(worker.pid, signal.SIGSTOP)
-            try:
-                async def taken_back() -> bool:
-                    return (await client.stats())["workers"] == 0
-                await until(taken_back, "the broker loses the frozen worker")
-            finally:
-                os.kill(worker.pid, signal.SIGCONT)
+            async def taken_back() -> bool:
+                return (await client.stats())["workers"] == 0
+            await frozen_until(worker.pid, taken_back, "the broker loses the frozen worker")
             assert await handle.result(timeout=60) == 1
             info = await client.status(handle.id)
             assert info.attempts == 2
@@ -116,17 +126,11 @@ async def test_a_result_that_comes_after_its_worker_was_lost_but_before_the_task
     try:
         async with cronoq.connect(broker.clients) as client:
             handle = await client.submit({"n": 7, "sleep": 3.0, "runs": str(runs)}, pool="counted")
+            await started(client, handle)
 
-            async def running() -> bool:
-                return (await client.status(handle.id)).state == "running"
-            await until(running, "the task runs")
-            os.kill(worker.pid, signal.SIGSTOP)
-            try:
-                async def taken_back() -> bool:
-                    return (await client.status(handle.id)).state == "queued"
-                await until(taken_back, "the broker takes the task back from the frozen worker")
-            finally:
-                os.kill(worker.pid, signal.SIGCONT)
+            async def taken_back() -> bool:
+                return (await client.status(handle.id)).state == "queued"
+            await frozen_until(worker.pid, taken_back, "the broker takes the task back from the frozen worker")
             assert await handle.result(timeout=60) == 7
             info = await client.status(handle.id)
             assert (info.state, info.attempts) == ("succeeded", 1), "the late result ended the task"
