@@ -33,6 +33,7 @@ import selectors
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 HELD_CONNECTIONS_MAX = 256
 """Silent connections one held address keeps at most (per address); older ones are closed first."""
@@ -99,22 +100,17 @@ def _tcp_listener(rest: str) -> socket.socket:
                              f"({exc.strerror}); if it is an interface name, ZeroMQ binds it at the takeover") from None
         info.sort(key=lambda item: item[0] != socket.AF_INET)  # ZeroMQ prefers IPv4 unless told otherwise
         family, address = info[0][0], info[0][4]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
+
+    def bind(sock: socket.socket) -> None:
         # As ZeroMQ's own listener: a restart may rebind while old connections linger in TIME_WAIT. Never
         # SO_REUSEPORT, which would let another process bind the same port beside us.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return _listening(socket.socket(family, socket.SOCK_STREAM), bind)
 
 
 def _ipc_listener(path: str) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    def bind(sock: socket.socket) -> None:
         try:
             sock.bind(path)
         except OSError as exc:
@@ -122,6 +118,13 @@ def _ipc_listener(path: str) -> socket.socket:
                 raise
             os.unlink(path)  # a socket file nobody listens on: what a killed broker leaves behind
             sock.bind(path)
+    return _listening(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), bind)
+
+
+def _listening(sock: socket.socket, bind: Callable[[socket.socket], None]) -> socket.socket:
+    """`sock` bound by `bind` and listening; closed, and the error raised, if either fails."""
+    try:
+        bind(sock)
         sock.listen(socket.SOMAXCONN)
     except OSError:
         sock.close()
