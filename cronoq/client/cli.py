@@ -20,7 +20,7 @@ import msgspec
 from cronoq.wire import curve
 
 from cronoq.client import text as views
-from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, Client
+from cronoq.client.client import DEFAULT_CLIENT_ADDRESS, Client
 from cronoq.errors import CronoqError, Unauthenticated
 
 DEFAULT_TIMEOUT = 5.0

@@ -467,4 +467,4 @@ async def test_a_cancelled_request_is_forgotten_even_if_no_reply_ever_comes():
         results = await asyncio.gather(*pings, return_exceptions=True)
         assert isinstance(results[0], asyncio.CancelledError)
         assert all(isinstance(r, cronoq.Unavailable) for r in results[1:]), "the others time out as usual"
-        assert not client._pending, "nothing is kept for a request whose caller is gone"
+        assert not client._connection._pending, "nothing is kept for a request whose caller is gone"
