@@ -1,5 +1,5 @@
 """The cronoq worker: runs handlers for the pools it serves."""
 
-from cronoq.worker.runner import Worker
+from cronoq.worker.worker import Worker
 
 __all__ = ["Worker"]

@@ -20,7 +20,7 @@ from cronoq.wire import logs
 from cronoq.client.cli import unset_token_hint
 from cronoq.errors import CronoqError, Unauthenticated
 from cronoq.pool import Pool
-from cronoq.worker.runner import Worker
+from cronoq.worker.worker import Worker
 
 DEFAULT_WORKER_ADDRESS = "tcp://127.0.0.1:5556"
 
