@@ -95,12 +95,14 @@ class Client:
         takes, is refused here with InvalidArgument, and nothing is sent. In a cluster it goes to the
         member that owns `pool`.
         """
-        if self._router is None or await self._router.routing() is None:
+        router = self._router
+        # (`lone` first: submit is the hot path, and a lone broker's needs no coroutine of the router's.)
+        if router is None or router.lone or await router.routing() is None:
             return await self._connection.submit(payload, pool=pool, tenant=tenant, priority=priority,
                                                  deadline=deadline, delay=delay, key=key, max_retries=max_retries)
         now = time.time()  # a deadline or delay given as a datetime counts from here, not from a retry
         deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
-        return await self._router.at_owner(pool, lambda conn: conn.submit(
+        return await router.at_owner(pool, lambda conn: conn.submit(
             payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
             max_retries=max_retries))
 

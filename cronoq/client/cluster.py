@@ -124,12 +124,17 @@ class Router:
         if self.routes is None:
             self.seed.ask_cluster()
 
+    @property
+    def lone(self) -> bool:
+        """The seed's broker is known to be a lone broker: every request is the seed's, without waiting."""
+        return self.seed.heard_hello and self.seed.member is None
+
     async def routing(self) -> ClusterRoutes | None:
         """The cluster's routes, learning them first if need be (the seed's `hello`, then its map); None for a
         lone broker. Raises what the seed's `hello` met if it could not tell (see `Connection.rules`)."""
         seed = self.seed
-        if seed.heard_hello and seed.member is None:
-            return None  # a lone broker, known as one: no waiting at all
+        if self.lone:
+            return None
         if await seed.rules() is None:
             return None
         if self.routes is None:

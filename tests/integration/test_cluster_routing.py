@@ -4,19 +4,29 @@ on loopback, as in test_cluster.py."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 
 import cronoq
-from tests.integration.test_cluster import cluster  # noqa: F401  (the fixture)
-
-POOLS = '[[pools]]\nname = "mine"\nmember = "b1"\n[[pools]]\nname = "theirs"\nmember = "b2"\n'
+from tests.integration.test_cluster import Cluster
 
 
-async def test_a_task_id_s_requests_reach_its_member_from_a_client_given_another_member(cluster):  # noqa: F811
-    c = cluster(["b1", "b2"])
-    c.write(POOLS)
-    c.start("b1")
-    c.start("b2")
+@pytest.fixture
+def two_members(tmp_path) -> Iterator[Cluster]:
+    """b1 owns pool `mine`, b2 pool `theirs`."""
+    c = Cluster(tmp_path, ["b1", "b2"])
+    c.write('[[pools]]\nname = "mine"\nmember = "b1"\n[[pools]]\nname = "theirs"\nmember = "b2"\n')
+    try:
+        c.start("b1")
+        c.start("b2")
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_a_task_id_s_requests_reach_its_member_from_a_client_given_another_member(two_members):
+    c = two_members
     async with cronoq.connect(c.clients("b2")) as submitter:
         await submitter.pause("mine")  # no worker either: the tasks stay queued on b1
         kept = await submitter.submit("kept", pool="mine")
@@ -38,11 +48,8 @@ async def test_a_task_id_s_requests_reach_its_member_from_a_client_given_another
             await asker.status("b9:0123456789abcdef")
 
 
-async def test_requests_about_a_down_member_s_task_fail_while_the_others_are_answered(cluster):  # noqa: F811
-    c = cluster(["b1", "b2"])
-    c.write(POOLS)
-    c.start("b1")
-    c.start("b2")
+async def test_requests_about_a_down_member_s_task_fail_while_the_others_are_answered(two_members):
+    c = two_members
     async with cronoq.connect(c.clients("b2"), request_timeout=5) as client:
         await client.pause("mine")
         stranded = await client.submit("stranded", pool="mine")
