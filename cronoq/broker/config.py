@@ -34,6 +34,7 @@ from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
 from cronoq.book.retention import DEFAULT_RETENTION_BYTES
 from cronoq.broker.schedules import Schedule, ScheduleError
+from cronoq.errors import ConfigError
 
 __all__ = [
     "BrokerConfig",
@@ -62,10 +63,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A line whose key is a tenant path written bare (acme/search = 2): TOML's bare keys cannot hold "/".
 _BARE_TENANT_PATH = re.compile(r"^\s*(?P<key>[A-Za-z0-9_-]+(?:\s*/\s*[A-Za-z0-9_.-]+)+)\s*=")
 _TOML_POSITION = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
-
-
-class ConfigError(Exception):
-    """The config file is unreadable or invalid; the message says where and why."""
 
 
 @dataclass(frozen=True)
