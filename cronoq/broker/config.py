@@ -28,7 +28,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from cronoq.book.submission import MAX_NAME_LENGTH
+from cronoq.wire.protocol import MAX_NAME_CHARS
 from cronoq.wire.clustermap import Cluster, Member
 from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
@@ -558,8 +558,8 @@ def _tenant(value: Any) -> str:
     problem = tenant_problem(value)
     if problem is not None:
         raise _Invalid(problem)
-    if len(value) > MAX_NAME_LENGTH:
-        raise _Invalid(f"a tenant has at most {MAX_NAME_LENGTH} characters, got one of {len(value)}")
+    if len(value) > MAX_NAME_CHARS:
+        raise _Invalid(f"a tenant has at most {MAX_NAME_CHARS} characters, got one of {len(value)}")
     return value
 
 
