@@ -35,7 +35,8 @@ journals before g+1. The broker has the snapshot written by a child process
 (`start_compaction`, cronoq.store.journal.compaction: a forked one walking its
 memory, or, for a big broker, one reading back the files before g+1) and
 renames it once the child succeeded (`poll_compaction`); `compact` does it
-all at once. A crash at any point leaves an old snapshot with all the
+all at once. Either way the snapshot's frames are made by
+cronoq.store.journal.snapshot. A crash at any point leaves an old snapshot with all the
 journals after it, or the new snapshot with the new journal; recovery
 replays whichever it finds.
 
