@@ -14,9 +14,15 @@ checker (`if TYPE_CHECKING:`): a type named from a layer above is a dependency u
     worker      cronoq.worker                        errors, answers, wire, vocabulary
     book        cronoq.book                          errors, answers, core, wire
     embedded    cronoq.embedded                      errors, answers, core, wire, vocabulary, book
-    store       cronoq.store                         errors, answers, core, book
-    broker      cronoq.broker, its dashboard too     errors, answers, core, wire, vocabulary, book, store
+    store       cronoq.store (its helpers' lifeline) errors
+    journal     cronoq.store.journal                 errors, answers, core, book, store
+    results     cronoq.store.results                 errors, answers, core, book, store
+    broker      cronoq.broker, its dashboard too     errors, answers, core, wire, vocabulary, book, store,
+                                                     journal, results
     package     cronoq (its __init__)                errors, answers, vocabulary, client, worker, embedded
+
+The store's two halves, the journal (what the broker must not lose) and the results store (finished tasks,
+kept by a helper process), know nothing of each other: only the broker drives both.
 
 Read as processes: a program that submits tasks or serves a pool (client, worker, and the public vocabulary
 they share: Pool, TaskHandle, the answers and the errors) stands on the wire and never loads the task book,
@@ -30,7 +36,7 @@ pool know each other's types: that is their data structure, not an order of load
 function runs when the function does, and counts.
 
 Every exception a user can catch derives from `cronoq.errors.CronoqError` and is defined in cronoq/errors.py;
-the few that never leave the process part that raises them are listed in INTERNAL_EXCEPTIONS, with why.
+the few that never leave the part of the broker that raises them are listed in INTERNAL_EXCEPTIONS, with why.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "book": ("cronoq.book",),
     "embedded": ("cronoq.embedded",),
     "store": ("cronoq.store",),
+    "journal": ("cronoq.store.journal",),
+    "results": ("cronoq.store.results",),
     "broker": ("cronoq.broker",),
     "package": ("cronoq",),
 }
@@ -76,8 +84,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "worker": frozenset({"errors", "answers", "wire", "vocabulary"}),
     "book": frozenset({"errors", "answers", "core", "wire"}),
     "embedded": frozenset({"errors", "answers", "core", "wire", "vocabulary", "book"}),
-    "store": frozenset({"errors", "answers", "core", "book"}),
-    "broker": frozenset({"errors", "answers", "core", "wire", "vocabulary", "book", "store"}),
+    "store": frozenset({"errors"}),
+    "journal": frozenset({"errors", "answers", "core", "book", "store"}),
+    "results": frozenset({"errors", "answers", "core", "book", "store"}),
+    "broker": frozenset({"errors", "answers", "core", "wire", "vocabulary", "book", "store", "journal", "results"}),
     "package": frozenset({"errors", "answers", "vocabulary", "client", "worker", "embedded"}),
 }
 """The layers each layer may import besides its own: the table of this module's docstring."""
