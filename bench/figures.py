@@ -1,12 +1,12 @@
-"""Rewrite the latest-figures tables of bench/README.md from the result files in bench/results/.
+"""Rewrite the latest-figures tables of bench/README.md (and README.md) from the result files in bench/results/.
 
-    python bench/figures.py            # rewrite the tables in bench/README.md
-    python bench/figures.py --check    # exit 1, saying which table, if the README is not what this would write
+    python bench/figures.py            # rewrite the tables
+    python bench/figures.py --check    # exit 1, saying which table, if a page is not what this would write
 
-Each table stands between `<!-- figures:start NAME -->` and `<!-- figures:end NAME -->`, NAME one of
-TABLES below, and is built from the newest result file of its kind (the UTC stamp in the file name orders
-them). So a benchmark run is quoted by committing its file (`git add -f`: bench/results/ is ignored) and
-running this, never by copying numbers by hand. Only what a result file records is written: where a file
+Each table stands between `<!-- figures:start NAME -->` and `<!-- figures:end NAME -->`, NAME one of the
+kinds `tables` builds (bench/README.md has every one, README.md some), and is built from the newest result
+file of its kind (the UTC stamp in the file name orders them). So a benchmark run is quoted by committing its
+file (`git add -f`: bench/results/ is ignored) and running this, never by copying numbers by hand. Only what a result file records is written: where a file
 does not say which commit or CPU it ran on, neither does its table. Standard library only.
 """
 
@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 README = BENCH / "README.md"
+# Every page with generated tables, and the path from its folder to bench/ (its links to result files go there).
+PAGES = {README: "", ROOT / "README.md": "bench/"}
 
 STAMP = re.compile(r"(\d{8}T\d{6}Z)")
 BLOCK = re.compile(r"(<!-- figures:start (\w+) -->\n).*?(<!-- figures:end \2 -->)", re.S)
@@ -311,6 +314,13 @@ def tables(names: Iterable[str], results: Path = RESULTS) -> dict[str, list[str]
     return out
 
 
+def for_page(built: dict[str, list[str]], bench: str) -> dict[str, list[str]]:
+    """The tables as a page in another folder links them: `bench` is the path from that page to bench/."""
+    if not bench:
+        return built
+    return {name: [line.replace("results/", bench + "results/") for line in lines] for name, lines in built.items()}
+
+
 def rewrite(text: str, built: dict[str, list[str]]) -> str:
     """`text` with every marked block that has a table replaced by it; blocks without one are left as they are."""
     def replace(match: re.Match[str]) -> str:
@@ -321,11 +331,12 @@ def rewrite(text: str, built: dict[str, list[str]]) -> str:
     return BLOCK.sub(replace, text)
 
 
-def differences(text: str, built: dict[str, list[str]]) -> list[str]:
-    """The names of the marked blocks whose content is not what `rewrite` would write."""
+def differences(text: str, built: dict[str, list[str]], *, every: bool = False) -> list[str]:
+    """The names of the marked blocks whose content is not what `rewrite` would write; with `every`, also the
+    tables the text has no block for."""
     current = {m.group(2): m.group(0) for m in BLOCK.finditer(text)}
     wanted = {m.group(2): m.group(0) for m in BLOCK.finditer(rewrite(text, built))}
-    missing = sorted(set(built) - set(current))
+    missing = sorted(set(built) - set(current)) if every else []
     return missing + sorted(name for name in current if current[name] != wanted[name])
 
 
@@ -333,16 +344,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is out of date")
     args = parser.parse_args(argv)
-    text = README.read_text()
     built = tables(p.name for p in RESULTS.glob("*.json"))
-    stale = differences(text, built)
-    if args.check:
-        for name in stale:
-            print(f"bench/README.md: the {name!r} table is not what bench/figures.py writes", file=sys.stderr)
-        return 1 if stale else 0
-    README.write_text(rewrite(text, built))
-    print("bench/README.md: " + (f"rewrote {', '.join(stale)}" if stale else "every table was up to date"))
-    return 0
+    out_of_date = False
+    for page, bench in PAGES.items():
+        name = page.relative_to(ROOT).as_posix()
+        text, mine = page.read_text(), for_page(built, bench)
+        stale = differences(text, mine, every=page == README)
+        out_of_date = out_of_date or bool(stale)
+        if args.check:
+            for table in stale:
+                print(f"{name}: the {table!r} table is not what bench/figures.py writes", file=sys.stderr)
+            continue
+        page.write_text(rewrite(text, mine))
+        print(f"{name}: " + (f"rewrote {', '.join(stale)}" if stale else "every table was up to date"))
+    return 1 if args.check and out_of_date else 0
 
 
 if __name__ == "__main__":

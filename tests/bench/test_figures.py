@@ -1,4 +1,5 @@
-"""bench/README.md's generated tables are what bench/figures.py writes from the committed result files.
+"""The generated tables of bench/README.md and README.md are what bench/figures.py writes from the committed
+result files.
 
 A run's file in bench/results/ is the source of its figures: change a table by hand, or commit a newer result
 without running `python bench/figures.py`, and the first test fails, naming the table.
@@ -35,8 +36,16 @@ def _built() -> dict[str, list[str]]:
 def test_every_generated_table_is_what_the_committed_results_give() -> None:
     built = _built()
     assert set(built) == {"run", "soak", "filldrain", "cluster", "rust", "fairness"}
-    stale = figures.differences(figures.README.read_text(), built)
+    stale = figures.differences(figures.README.read_text(), built, every=True)
     assert stale == [], f"run `python bench/figures.py` and commit bench/README.md: {stale} differ"
+
+
+def test_the_front_pages_tables_are_generated_too_and_link_from_where_it_stands() -> None:
+    text = (ROOT / "README.md").read_text()
+    mine = figures.for_page(_built(), "bench/")
+    assert "<!-- figures:start run -->" in text and "](bench/results/" in "\n".join(mine["run"])
+    stale = figures.differences(text, mine)
+    assert stale == [], f"run `python bench/figures.py` and commit README.md: {stale} differ"
 
 
 def test_a_figure_changed_by_hand_is_found_and_written_back() -> None:
@@ -52,7 +61,7 @@ def test_a_figure_changed_by_hand_is_found_and_written_back() -> None:
 def test_a_table_without_its_markers_is_reported_missing() -> None:
     built = _built()
     text = figures.README.read_text().replace("<!-- figures:start cluster -->", "<!-- (markers lost) -->")
-    assert "cluster" in figures.differences(text, built)
+    assert "cluster" in figures.differences(text, built, every=True)
 
 
 def test_the_newest_file_of_a_kind_is_the_one_quoted(tmp_path: Path) -> None:
