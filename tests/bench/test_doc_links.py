@@ -1,8 +1,9 @@
-"""Every relative link in bench/README.md and bench/history/ leads somewhere: the file exists, and a `#section`
-names a heading of it (as GitHub makes anchors from headings).
+"""Every relative link in the project's docs leads somewhere: the file exists, and a `#section` names a heading
+of it (as GitHub makes anchors from headings).
 
-The investigations moved out of bench/README.md link to each other and back; a section renamed or a result
-file dropped breaks them silently otherwise.
+Checked here because the benchmark docs are the most linked: bench/history/'s investigations link to each
+other, to bench/README.md and to docs/, and README.md and docs/ link into them. A section renamed or a file
+moved breaks such links silently otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "bench" / "README.md", *sorted((ROOT / "bench" / "history").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "rust" / "README.md", ROOT / "bench" / "README.md",
+         *sorted((ROOT / "bench" / "history").glob("*.md")), *sorted((ROOT / "docs").glob("*.md")),
+         *sorted((ROOT / "docs").glob("*/README.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} (.+)$", re.M)
 
