@@ -6,8 +6,9 @@
 Each table stands between `<!-- figures:start NAME -->` and `<!-- figures:end NAME -->`, NAME one of the
 kinds `tables` builds (bench/README.md has every one, README.md some), and is built from the newest result
 file of its kind (the UTC stamp in the file name orders them). So a benchmark run is quoted by committing its
-file (`git add -f`: bench/results/ is ignored) and running this, never by copying numbers by hand. Only what a result file records is written: where a file
-does not say which commit or CPU it ran on, neither does its table. Standard library only.
+file (`git add -f`: bench/results/ is ignored) and running this, never by copying numbers by hand. Only what a
+result file records is written: where a file does not say which commit or CPU it ran on, neither does its
+table. Standard library only.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def _when(stamp: str) -> str:
 
 
 def _when_unix(seconds: float) -> str:
+    """A unix time as `_when` writes a stamp."""
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
