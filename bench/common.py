@@ -146,7 +146,7 @@ def cpu_seconds(pids: Iterable[int]) -> float:
 
 
 def archiver_pids(broker_pid: int) -> list[int]:
-    """The broker's results-store archiver process (cronoq.store.archiver), as a list: empty if there is none."""
+    """The broker's results-store archiver process (cronoq.store.results.archiver), as a list: empty if there is none."""
     found = []
     for task in Path(f"/proc/{broker_pid}/task").glob("*"):
         try:
@@ -155,7 +155,7 @@ def archiver_pids(broker_pid: int) -> list[int]:
             continue
         for child in children:
             try:
-                if b"cronoq.store.archiver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                if b"cronoq.store.results.archiver" in Path(f"/proc/{child}/cmdline").read_bytes():
                     found.append(int(child))
             except OSError:
                 pass

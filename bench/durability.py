@@ -9,7 +9,7 @@ Sections:
   store     the two candidate stores doing a task's life (accept with a 100-byte payload,
             dispatch, finish with a result), the changes of `batch` tasks per commit:
             sqlite3 in WAL mode (synchronous OFF / NORMAL / FULL) against cronoq's journal
-            (cronoq.store.journal, the real code: write per commit / fdatasync per commit)
+            (cronoq.store.journal.journal, the real code: write per commit / fdatasync per commit)
   e2e       the real broker with 2 workers x 64 slots, 1,000 tasks in flight, durability
             none / sync (default) / fsync: tasks/s, and p50/p99 with one task in flight
   recovery  seconds from start to ready for a broker whose data_dir holds N queued tasks,
@@ -32,8 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from cronoq.book import TaskRecord
-from cronoq.store.journal import Journal
+from cronoq.book.records import TaskRecord
+from cronoq.store.journal.journal import Journal
 
 SECTIONS = ("fsync", "store", "e2e", "recovery")
 PAYLOAD = b"\x83\xa1n\x01\xa2op\xa4noop\xa3pad\xd9N" + b"x" * 78  # ~100 bytes of msgpack

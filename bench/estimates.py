@@ -125,7 +125,7 @@ def run_core(seconds: float, every: int, seed: int = 7) -> list[Sample]:
     """The workload through SchedulerCore with a fake clock: one worker of SLOTS slots, each task SERVICE s;
     rates sampled once a simulated second, as the broker does at each heartbeat."""
     from cronoq.core import EXPIRED, SUCCEEDED, PoolSettings, SchedulerCore, Task
-    from cronoq.rates import DispatchRates
+    from cronoq.book.rates import DispatchRates
 
     core = SchedulerCore([PoolSettings("est", tenant_weights=WEIGHTS, tenant_limits=LIMITS)])
     core.add_worker("w", ["est"], SLOTS)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import msgspec
 
-from cronoq.book import TaskRecord
+from cronoq.book.records import TaskRecord
 
 BATCH = 1000
 LOOKUPS = 10_000
@@ -48,8 +48,8 @@ def _records(rows: int) -> list[TaskRecord]:
 
 
 def _sqlite(folder: Path, records: list[TaskRecord]) -> dict[str, float]:
-    from cronoq.store import results
-    from cronoq.store.scopes import ScopeFilter, key_scope, log2_for, submission_scope
+    from cronoq.store.results import database as results
+    from cronoq.store.results.scopes import ScopeFilter, key_scope, log2_for, submission_scope
 
     # A budget for half the rows: the second half is timed at steady state, each batch dropping as much as it adds.
     half = len(records) // 2
@@ -236,7 +236,8 @@ def writer_thread(rows: int = 20_000, seconds: float = 5.0) -> None:
 
 def record_memory(tasks: int) -> None:
     """Bytes a finished record costs in a task book's memory, result aside (RECORD_MEMORY)."""
-    from cronoq.book import SubmitRequest, TaskBook
+    from cronoq.book.submission import SubmitRequest
+    from cronoq.book.taskbook import TaskBook
     from cronoq.core import PoolSettings, SchedulerCore
 
     core = SchedulerCore([PoolSettings("default")])
@@ -269,9 +270,9 @@ def archiver_steps(rows: int = 900_000, batch: int = 5_600, budget: int = 128 <<
     of `rows`). `batch`: records per round, what the archiver gathers in GATHER_SECONDS at full rate (0.2 s at
     28,000 tasks/s). A filter rebuild comes every (capacity - rows) tasks at a steady state: its share is
     given for the long run, from the time one rebuild took."""
-    from cronoq.book import stored_form
-    from cronoq.store import results
-    from cronoq.store.archiver import FilterKeeper, Put, _Incoming, frame
+    from cronoq.book.records import stored_form
+    from cronoq.store.results import database as results
+    from cronoq.store.results.archiver import FilterKeeper, Put, _Incoming, frame
 
     decode = msgspec.msgpack.Decoder(_Incoming).decode
     now = time.time()

@@ -361,7 +361,7 @@ def slow_reader(address: str, out: TextIO, seconds: float, token: str | None) ->
     """Submit with watch, never read: what the broker keeps for this peer must stay within its budget."""
     import zmq
 
-    from cronoq import protocol
+    from cronoq.wire import protocol
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

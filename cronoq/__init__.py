@@ -6,7 +6,7 @@ one process. The reference for all of it, errors and scheduling rules
 included, is docs/api.md in the repository; the README starts there.
 """
 
-from cronoq.book import AttemptEnd, Explanation, TaskInfo
+from cronoq.answers import AttemptEnd, Explanation, TaskInfo
 from cronoq.client import Client, SyncClient, connect, connect_sync
 from cronoq.embedded import Scheduler
 from cronoq.errors import (

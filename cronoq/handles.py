@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cronoq.core import CANCELLED, EXPIRED, FAILED, SUCCEEDED
 from cronoq.errors import Cancelled, CronoqError, DeadlineExceeded, TaskFailed
-from cronoq.protocol import decode_body
+from cronoq.wire.protocol import decode_body
 
 if TYPE_CHECKING:
-    from cronoq.book import Explanation, TaskInfo
+    from cronoq.answers import Explanation, TaskInfo
 
 
 class _ResultSource(Protocol):

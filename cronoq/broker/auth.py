@@ -20,7 +20,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Iterable
 
-from cronoq.config import TokenSpec
+from cronoq.broker.config import TokenSpec
 from cronoq.errors import PermissionDenied, Unauthenticated
 
 CLIENT, WORKER, ADMIN, VIEWER = "client", "worker", "admin", "viewer"

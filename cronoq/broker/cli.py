@@ -20,14 +20,14 @@ from typing import Sequence
 
 import zmq
 
-from cronoq import logs
+from cronoq.wire import logs
 from cronoq.broker.server import Broker
 from cronoq.errors import CronoqError
 from cronoq.broker.held import HeldAddresses
 from cronoq.broker.standby import Complaint, servers_of, stand_by
-from cronoq.config import BrokerConfig, ConfigError, default_config, load_config, override
-from cronoq.store.journal import DamagedFile, StoreError
-from cronoq.store.repair import repair
+from cronoq.broker.config import BrokerConfig, ConfigError, default_config, load_config, override
+from cronoq.store.journal.journal import DamagedFile, StoreError
+from cronoq.store.journal.repair import repair
 
 log = logging.getLogger("cronoq.broker")
 

@@ -17,8 +17,10 @@ import math
 import time
 from typing import Any, Callable
 
-from cronoq import protocol
-from cronoq.book import SubmitRequest, TaskBook, TaskRecord, unknown_task
+from cronoq.wire import protocol
+from cronoq.book.records import TaskRecord
+from cronoq.book.submission import SubmitRequest
+from cronoq.book.taskbook import TaskBook, unknown_task
 from cronoq.broker.auth import Principal
 from cronoq.broker.connections import Connection
 from cronoq.broker.messages import (

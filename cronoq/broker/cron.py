@@ -1,6 +1,6 @@
 """The broker's side of cron schedules: turn due ticks into submissions, and remember what fired.
 
-`cronoq.schedules.ScheduleClock` decides which ticks are due. This module
+`cronoq.broker.schedules.ScheduleClock` decides which ticks are due. This module
 keeps its memory across restarts in `data_dir/schedules.json` (the last
 tick fired per schedule, replaced atomically) and builds each tick's
 submission with the idempotency key `cronoq:schedule:<name>:<tick>`, in
@@ -24,9 +24,9 @@ import logging
 import os
 from pathlib import Path
 
-from cronoq.book import FormerKey, SubmitRequest
-from cronoq.protocol import encode_body
-from cronoq.schedules import Schedule, ScheduleClock
+from cronoq.book.submission import FormerKey, SubmitRequest
+from cronoq.wire.protocol import encode_body
+from cronoq.broker.schedules import Schedule, ScheduleClock
 
 log = logging.getLogger("cronoq.broker")
 

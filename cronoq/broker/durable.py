@@ -5,10 +5,10 @@ broker's use of it:
 
 - after each group commit, the tasks that finished in the pass go to the
   results store's archiver, and the finished records it has confirmed leave
-  memory (cronoq.store.archive);
+  memory (cronoq.store.results.shipping);
 - about once a second, a compaction is started when the journal has grown
   well past the records in memory: a child process writes the snapshot while
-  the broker carries on (cronoq.store.compaction), and the next ticks install
+  the broker carries on (cronoq.store.journal.compaction), and the next ticks install
   it once the child succeeded.
 
 Write failures of the journal surface as OSError to the broker, which stops
@@ -27,13 +27,13 @@ import os
 import time
 from typing import Any, Callable
 
-from cronoq.book import TaskBook
-from cronoq.config import BrokerConfig
-from cronoq.metrics import BrokerMetrics
-from cronoq.store import results
-from cronoq.store.archive import Archive, open_store
-from cronoq.store.compaction import FORK_MAX_RSS, BackgroundSnapshot, resident_bytes
-from cronoq.store.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError, sync_files
+from cronoq.book.taskbook import TaskBook
+from cronoq.broker.config import BrokerConfig
+from cronoq.broker.metrics import BrokerMetrics
+from cronoq.store.results import database as results
+from cronoq.store.results.shipping import Archive, open_store
+from cronoq.store.journal.compaction import FORK_MAX_RSS, BackgroundSnapshot, resident_bytes
+from cronoq.store.journal.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError, sync_files
 
 log = logging.getLogger("cronoq.broker")
 
@@ -187,7 +187,7 @@ class DataDir:
         return journal is None or not (journal.dirty or journal.writing)
 
     def lost(self) -> str | None:
-        """Why this broker no longer holds its data_dir (cronoq.store.fence), or None while it does (or has none)."""
+        """Why this broker no longer holds its data_dir (cronoq.store.journal.fence), or None while it does (or has none)."""
         return None if self.journal is None else self.journal.lost()
 
     def sync(self) -> None:

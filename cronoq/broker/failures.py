@@ -6,7 +6,7 @@ entry copies what an on-call person reads first, cut to a bound: the ring
 never holds more than RECENT_FAILURES * (MAX_ERROR_TYPE_CHARS +
 MAX_MESSAGE_CHARS + MAX_TRACEBACK_CHARS) characters of text, however long
 the broker runs and whatever its handlers raise (the broker also cuts a
-worker's failure text where its `done` enters: cronoq.protocol.bounded).
+worker's failure text where its `done` enters: cronoq.wire.protocol.bounded).
 """
 
 from __future__ import annotations

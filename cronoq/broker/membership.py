@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from cronoq.cluster import cluster_map
-from cronoq.config import BrokerConfig
+from cronoq.wire.clustermap import cluster_map
+from cronoq.broker.config import BrokerConfig
 from cronoq.core import SchedulerCore
 from cronoq.errors import FailedPrecondition
 

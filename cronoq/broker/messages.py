@@ -7,7 +7,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from cronoq import protocol
+from cronoq.wire import protocol
 from cronoq.errors import CronoqError, InvalidArgument
 
 

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import zmq
 
-from cronoq import protocol
+from cronoq.wire import protocol
 from cronoq.broker.connections import Connection, Connections
-from cronoq.transport import send_frames
+from cronoq.wire.transport import send_frames
 
 
 class Outbox:

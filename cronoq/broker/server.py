@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import msgspec
 import zmq
 
-from cronoq import protocol
-from cronoq.book import TaskBook, TaskRecord
+from cronoq.wire import protocol
+from cronoq.book.records import TaskRecord
+from cronoq.book.taskbook import TaskBook
 from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.connections import Connection, Connections, peer_label
-from cronoq.cluster import TASK_ID_SEPARATOR
-from cronoq.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
+from cronoq.wire.clustermap import TASK_ID_SEPARATOR
+from cronoq.broker.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
 from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
 from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
 from cronoq.broker.clients import ClientRequests, RestOfBatch
@@ -50,19 +51,19 @@ from cronoq.broker.cron import CronRunner
 from cronoq.broker.failures import RecentFailures
 from cronoq.broker.membership import Membership
 from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
-from cronoq.curve import load_secret_key, serve_encrypted
-from cronoq.metrics import BrokerMetrics, registry_for, serve_metrics
-from cronoq.rates import DispatchRates
+from cronoq.wire.curve import load_secret_key, serve_encrypted
+from cronoq.broker.metrics import BrokerMetrics, registry_for, serve_metrics
+from cronoq.book.rates import DispatchRates
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
 )
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.workers import WorkerEntry, WorkerRegistry
-from cronoq.transport import recv_routed, tune
+from cronoq.wire.transport import recv_routed, tune
 
 if TYPE_CHECKING:
-    from cronoq.dashboard import Dashboard
+    from cronoq.broker.dashboard import Dashboard
 
 log = logging.getLogger("cronoq.broker")
 
@@ -78,7 +79,7 @@ DRAIN_BATCH = 512
 # handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
 # with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
 PASS_BUDGET = 0.0008
-# Seconds between checks that data_dir's lock is still this broker's (cronoq.store.fence): a broker that lost it
+# Seconds between checks that data_dir's lock is still this broker's (cronoq.store.journal.fence): a broker that lost it
 # stops within about this long, and at its next journal write if another broker took data_dir over sooner.
 FENCE_CHECK_INTERVAL = 0.5
 # Frames above this are cut off by libzmq itself; payloads are checked against max_payload_bytes.
@@ -253,7 +254,7 @@ class Broker:
         """Serve the web dashboard when the config asks for it (on `sockets`, when a standby held its address).
         Raises OSError when the address cannot be bound."""
         if self.config.dashboard is not None:
-            from cronoq.dashboard import BrokerParts, Dashboard  # only a broker that serves it loads it
+            from cronoq.broker.dashboard import BrokerParts, Dashboard  # only a broker that serves it loads it
 
             self._dashboard = Dashboard(BrokerParts(
                 stats=self.stats, identify=self._identify, pools=lambda: self.config.pools, core=self._core,
@@ -621,7 +622,7 @@ class Broker:
         self._arm_sync()
 
     def _on_fence_tick(self) -> None:
-        """Stop at once if data_dir's lock is no longer ours (cronoq.store.fence): another broker may be taking
+        """Stop at once if data_dir's lock is no longer ours (cronoq.store.journal.fence): another broker may be taking
         it over, and from now on only it may accept, dispatch or write."""
         self._fence_check = None
         if self._stopped is None or self._stopped.is_set():
@@ -712,7 +713,7 @@ class Broker:
         return changes
 
     def explain(self, task_id: str, now: float | None = None, scope: str | None = None) -> dict[str, Any]:
-        """Why the task is where it is, as plain maps and lists (cronoq.book.Explanation's fields), or NotFound.
+        """Why the task is where it is, as plain maps and lists (cronoq.answers.Explanation's fields), or NotFound.
         Whoever calls it checks that the asker may see this task, and passes the tenant the asker is pinned to
         as `scope`: then nothing of other tenants' tasks is told (cronoq.core.explain)."""
         now = self._clock() if now is None else now

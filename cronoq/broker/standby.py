@@ -2,7 +2,7 @@
 
 A standby runs the same config (usually on another host, with data_dir on
 storage both hosts see) and serves nothing until data_dir's lock (a flock,
-cronoq.store.reading) is free: it opens no journal and serves no metrics.
+cronoq.store.journal.reading) is free: it opens no journal and serves no metrics.
 It does hold its client and worker addresses from the start
 (cronoq.broker.held): bound, so that no other process on its host can take
 them and collect the tokens and tasks of clients and workers that list
@@ -38,8 +38,8 @@ from types import FrameType
 from typing import Callable
 
 from cronoq.broker.held import HeldAddresses
-from cronoq.config import BrokerConfig, ConfigError
-from cronoq.store.reading import LOCK, holder, wait_for_lock
+from cronoq.broker.config import BrokerConfig, ConfigError
+from cronoq.store.journal.reading import LOCK, holder, wait_for_lock
 
 log = logging.getLogger("cronoq.broker")
 

@@ -26,8 +26,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from cronoq import protocol
-from cronoq.book import TaskBook
+from cronoq.wire import protocol
+from cronoq.book.taskbook import TaskBook
 from cronoq.broker.connections import Connection
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 
-from cronoq.cluster import member_of_task, not_from
+from cronoq.wire.clustermap import member_of_task, not_from
 from cronoq.errors import CronoqError, FailedPrecondition, NotFound, Unavailable
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class ClusterRoutes:
 
     def update_from(self, conn: "Client", value: Any) -> None:
         """Take a `cluster` answer heard on member connection `conn`: only if it is that member's own (a peer at
-        its address claiming to be another member is ignored, with a WARNING: cronoq.cluster.not_from)."""
+        its address claiming to be another member is ignored, with a WARNING: cronoq.wire.clustermap.not_from)."""
         name = next((n for n, c in self.members.items() if c is conn), None)
         why = None if name is None else not_from(value, name)
         if why is not None:

@@ -21,7 +21,7 @@ until they take over). A request made while no connection is up is held
 here and leaves with the next one, as re-sent requests do.
 
 Waiting is only for a broker that may yet answer. The socket monitor tells
-why a connection fails (`cronoq.link`): when waiting cannot help — nothing
+why a connection fails (`cronoq.wire.link`): when waiting cannot help — nothing
 ever took the connection, or the CURVE handshake cannot succeed — the
 requests fail at once with `Unavailable` naming the cause, and the socket is
 made anew so that none of them leaves later. An error the broker sends
@@ -50,16 +50,19 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from cronoq import protocol, transport
-from cronoq.book import MAX_NAME_LENGTH, Explanation, TaskInfo, seconds_from_now
+from cronoq.wire import protocol
+
+from cronoq.wire import transport
+from cronoq.answers import Explanation, TaskInfo, seconds_from_now
+from cronoq.book.submission import MAX_NAME_LENGTH
 from cronoq.client.cluster import STATS_WAIT, ClusterRoutes, cluster_stats, routed
-from cronoq.curve import connect_encrypted, public_key
+from cronoq.wire.curve import connect_encrypted, public_key
 from cronoq.errors import (
     CronoqError, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable, error_from_code,
 )
 from cronoq.handles import TaskHandle, outcome_value
-from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
-from cronoq.transport import Channel, context, token_bytes, tune
+from cronoq.wire.link import EVENTS as LINK_EVENTS, Links, parse_addresses
+from cronoq.wire.transport import Channel, context, token_bytes, tune
 
 DEFAULT_CLIENT_ADDRESS = "tcp://127.0.0.1:5555"
 DEFAULT_REQUEST_TIMEOUT = 30.0

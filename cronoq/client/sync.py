@@ -11,7 +11,7 @@ import asyncio
 import threading
 from typing import Any, Coroutine, Sequence, TypeVar
 
-from cronoq.book import Explanation, TaskInfo
+from cronoq.answers import Explanation, TaskInfo
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT, Client
 
 T = TypeVar("T")

@@ -669,7 +669,7 @@ class SchedulerCore:
     def arrivals(self, pool: str) -> tuple[tuple[int, int], ...]:
         """For each priority class of `pool`, highest first: tasks that have become queued in it so far
         (submitted ready, ready after a delay or back-off, requeued), and those of them with a deadline.
-        Counters the shell samples over time (cronoq.rates) for `explain`'s arrival rates; O(classes)."""
+        Counters the shell samples over time (cronoq.book.rates) for `explain`'s arrival rates; O(classes)."""
         return tuple((cls.arrived, cls.deadline_arrived) for cls in self._pool(pool).classes)
 
     def tenant_backlog(self, pool: str, tenant: str | None) -> int:

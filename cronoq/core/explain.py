@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from cronoq.answers import CeilingState, NodeState, Waiting
 from cronoq.core.ceilings import EdfGroup
 from cronoq.core.fairqueue import FairQueue, Flow, flow_lag, flow_share
 from cronoq.core.settings import tenant_path
@@ -80,87 +81,6 @@ class ClassRates:
 
     arrivals: float
     deadline_arrivals: float = 0.0
-
-
-@dataclass(frozen=True)
-class CeilingState:
-    """A node's ceiling: its limit, the running tasks of its subtree, and whether (and since when) it is capped.
-
-    `capped_since` is on the caller's clock (Unix seconds in the broker); `capped_for` is the seconds since.
-    """
-
-    limit: int
-    running: int
-    capped: bool
-    capped_since: float | None = None
-    capped_for: float | None = None
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """One node on a task's tenant path, as the fair share of the task's class sees it now.
-
-    `own_tasks` marks the tenant's own tasks where they share with its sub-tenants (as one more child of
-    weight 1). `share` is the fraction of its parent's dispatches the node gets now (0 while it has nothing
-    queued in the class or is capped); `lag` the dispatches it trails (+) or leads (-) its share, in this class.
-    `hidden`: the caller is pinned to this node or one below it, and its share and lag (which depend on other
-    tenants' work) are not told: they read 0.
-    """
-
-    name: str
-    own_tasks: bool
-    weight: float
-    backlogged: bool
-    share: float
-    lag: float
-    ceiling: CeilingState | None = None
-    hidden: bool = False
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """Why a queued or delayed task has not started (every count is of queued tasks of its pool).
-
-    - `higher_classes_ahead`: tasks of higher priority classes, which all go first.
-    - `deadline_ahead`: tasks of its own class with a deadline that go before it (all of them for a task without
-      a deadline; those with an earlier deadline for one with a deadline); `deadline_ahead_exact` False means
-      "at least".
-    - `queue_ahead`: tasks ahead of it in its own queue (its tenant's, in a fair pool; its class's otherwise), of
-      `queue_length`; None while it is delayed; `queue_ahead_exact` False means "at least".
-    - `nodes`: its tenant's path from the top, `tenant_share` the product of their shares: the fraction of the
-      class's fair dispatches its queue gets now.
-    - `delayed_for`: seconds before it may be dispatched at all (`retry`: that is a retry back-off).
-    - `estimate`: seconds from now until it starts, from `dispatch_rate` (the pool's, per second), the rate at
-      which work that goes before it keeps arriving (`arrival_rate_ahead`) and its share; None when it cannot
-      be told, and `estimate_note` says why (or what the figure assumes).
-    - `scope`: for a caller pinned to a tenant, that tenant: every count covers only its subtree's tasks, the
-      rates are not told (None), `tenant_share` is None, and `estimate` is rounded up to a coarse step.
-    - `at_max_in_flight`: the pool runs as many tasks as its `max_in_flight` allows.
-    """
-
-    fair: bool
-    higher_classes_ahead: int
-    deadline_ahead: int
-    deadline_ahead_exact: bool
-    queue_ahead: int | None
-    queue_ahead_exact: bool
-    queue_length: int
-    nodes: tuple[NodeState, ...]
-    tenant_share: float | None
-    paused: bool
-    workers: int
-    ready_workers: int
-    running: int
-    max_in_flight: int | None
-    delayed_for: float | None
-    retry: bool
-    dispatch_rate: float | None
-    estimate: float | None
-    estimate_note: str
-    arrival_rate_ahead: float | None = None
-    scope: str | None = None
-    at_max_in_flight: bool = False
-    higher_classes_ahead_exact: bool = True
 
 
 def explain_waiting(pool: Pool, task: Task, now: float, dispatch_rate: float | None,

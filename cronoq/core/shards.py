@@ -30,7 +30,7 @@ themselves, and a map that has not split skips the hashing:
 
 Order: iteration goes shard by shard, in no order a caller can rely on —
 not the order keys were inserted in. Callers that need an order keep it
-elsewhere (the core's arrival numbers, cronoq.book.TaskBook.kept).
+elsewhere (the core's arrival numbers, cronoq.book.taskbook.TaskBook.kept).
 """
 
 from __future__ import annotations

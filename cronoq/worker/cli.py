@@ -16,8 +16,8 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from cronoq import logs
-from cronoq.cli import unset_token_hint
+from cronoq.wire import logs
+from cronoq.client.cli import unset_token_hint
 from cronoq.errors import CronoqError, Unauthenticated
 from cronoq.pool import Pool
 from cronoq.worker.runner import Worker

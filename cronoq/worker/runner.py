@@ -17,7 +17,7 @@ waits (doubling the wait, up to a cap) and registers again. Tasks that were
 running meanwhile still report their outcome; the broker ignores outcomes of
 leases it has given to someone else.
 
-The socket monitor says why the broker cannot be reached (`cronoq.link`),
+The socket monitor says why the broker cannot be reached (`cronoq.wire.link`),
 and the log says it once: a refused connection is waited out (workers often
 start before their broker), a CURVE mistake stops a worker that never got
 through, as a refused registration does.
@@ -57,13 +57,13 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from cronoq import protocol
-from cronoq.cluster import not_from
-from cronoq.curve import connect_encrypted, public_key
+from cronoq.wire import protocol
+from cronoq.wire.clustermap import not_from
+from cronoq.wire.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
-from cronoq.link import EVENTS as LINK_EVENTS, Links, parse_addresses
+from cronoq.wire.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.pool import Pool
-from cronoq.transport import Channel, Item, context, token_bytes, tune
+from cronoq.wire.transport import Channel, Item, context, token_bytes, tune
 from cronoq.worker.cluster import split_slots, wanted_pools
 
 log = logging.getLogger("cronoq.worker")
@@ -684,7 +684,7 @@ def _text(exc: Exception) -> str:
 
 def _speaks_for(value: Any, member: str | None, address: str) -> bool:
     """Whether a map heard at `address`, which the map followed so far gives as member `member`'s, may be
-    followed (cronoq.cluster.not_from); an impostor's is not, and a WARNING says so. `member` None: the
+    followed (cronoq.wire.clustermap.not_from); an impostor's is not, and a WARNING says so. `member` None: the
     addresses the worker was given, which it trusts as they are."""
     why = None if member is None else not_from(value, member)
     if why is not None:

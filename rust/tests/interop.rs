@@ -294,7 +294,7 @@ async fn curve_encrypts_client_and_worker() {
     let dir = Scratch::new("f");
     let keys = dir.0.join("keys");
     let mut keygen = support::Proc::spawn(
-        &["-m", "cronoq.cli", "keygen", "--dir", keys.to_str().unwrap()],
+        &["-m", "cronoq.client.cli", "keygen", "--dir", keys.to_str().unwrap()],
         &dir.0.join("keygen.log"),
         &[],
     );
@@ -330,7 +330,7 @@ async fn curve_encrypts_client_and_worker() {
         "{refused:?}"
     );
     let mut other_keygen = support::Proc::spawn(
-        &["-m", "cronoq.cli", "keygen", "--dir", dir.0.join("other").to_str().unwrap()],
+        &["-m", "cronoq.client.cli", "keygen", "--dir", dir.0.join("other").to_str().unwrap()],
         &dir.0.join("keygen-other.log"),
         &[],
     );

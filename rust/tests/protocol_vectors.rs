@@ -1,6 +1,6 @@
 //! The shared protocol vectors (docs/protocol-vectors/), read and written by this crate.
 //!
-//! The Python implementation replays the same files (tests/test_protocol_vectors.py). Here, for
+//! The Python implementation replays the same files (tests/wire/test_protocol_vectors.py). Here, for
 //! every step: the header a peer sends reads as its `message` (or is refused as a whole when that
 //! is null), and `message` written again gives the same bytes (or, when not `canonical`, bytes
 //! that read the same); every reply whose bytes the vector fixes (`hex`) reads with this crate's

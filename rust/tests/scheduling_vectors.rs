@@ -1,6 +1,6 @@
 //! The shared scheduling vectors (docs/scheduling-vectors/), replayed through this crate's core.
 //!
-//! tests/test_scheduling_vectors.py replays the same files through the Python core: both must make
+//! tests/core/test_scheduling_vectors.py replays the same files through the Python core: both must make
 //! every decision the vectors record (which worker gets which task, in order; what expires; which
 //! leases are current; when the next wake-up is).
 

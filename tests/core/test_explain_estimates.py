@@ -1,7 +1,7 @@
 """`explain`'s estimate against work that keeps arriving ahead of a task, with a fake clock.
 
 The pool is driven step by step as a worker would drive it (dispatch, finish, grant), and its rates are measured
-the way the broker measures them (cronoq.rates.DispatchRates, sampled once a second of fake time). A task whose
+the way the broker measures them (cronoq.book.rates.DispatchRates, sampled once a second of fake time). A task whose
 way is blocked by work that arrives as fast as the pool serves it is told that its start cannot be told, naming
 both rates; a task behind work that arrives slower is given a figure that counts the new work too.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from cronoq.core import SUCCEEDED, ClassRates, PoolSettings, SchedulerCore, Task
-from cronoq.rates import DispatchRates
+from cronoq.book.rates import DispatchRates
 
 SERVICE = 46.0  # dispatches per second of fake time: one slot, each task takes 1/46 s
 

@@ -1,4 +1,4 @@
-"""Placement of pools on cluster members (cronoq.cluster): rendezvous hashing is deterministic, spreads pools,
+"""Placement of pools on cluster members (cronoq.wire.clustermap): rendezvous hashing is deterministic, spreads pools,
 and moves only what it must when a member comes or goes. Pure: no broker, no sockets."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from hypothesis import given, settings, strategies as st
 
-from cronoq.cluster import Cluster, Member, cluster_map, member_of_task, rendezvous_owner
+from cronoq.wire.clustermap import Cluster, Member, cluster_map, member_of_task, rendezvous_owner
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1, max_size=12)
 member_sets = st.lists(names, min_size=1, max_size=8, unique=True)

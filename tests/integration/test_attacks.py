@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 import cronoq
-from cronoq import protocol
+from cronoq.wire import protocol
 from tests.support import rss_kib, start_worker_process, until
 
 V = protocol.PROTOCOL_VERSION

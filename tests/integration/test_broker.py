@@ -270,7 +270,7 @@ async def test_a_worker_that_asks_twice_to_register_keeps_its_tasks(broker_facto
     INVALID_ARGUMENT, and the worker stopped)."""
     import zmq
 
-    from cronoq import protocol
+    from cronoq.wire import protocol
 
     broker = broker_factory("")
     V = protocol.PROTOCOL_VERSION

@@ -12,7 +12,7 @@ import sys
 import time
 
 import cronoq
-from cronoq.cli import build_parser
+from cronoq.client.cli import build_parser
 from tests.support import _env, free_port, run_command, start_worker_process, until
 
 TWO_TENANTS = """
@@ -34,7 +34,7 @@ ENV = {"T_ADMIN": "admin-secret", "T_CLIENT": "client-secret", "CRONOQ_TOKEN": "
 
 
 def cli(broker, *args, env=ENV):
-    return run_command(["-m", "cronoq.cli", *args, "--broker", broker.clients], env=env)
+    return run_command(["-m", "cronoq.client.cli", *args, "--broker", broker.clients], env=env)
 
 
 def test_status_and_top_show_a_known_backlog_of_two_tenants(broker_factory):
@@ -136,16 +136,16 @@ def test_errors_are_one_clear_line(broker_factory):
     assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
     client_only = cli(broker, "pause", "llm", env={**ENV, "CRONOQ_TOKEN": ENV["T_CLIENT"]})
     assert client_only.returncode == 1 and "PERMISSION_DENIED" in client_only.stderr
-    down = run_command(["-m", "cronoq.cli", "status", "--broker", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5"])
+    down = run_command(["-m", "cronoq.client.cli", "status", "--broker", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5"])
     assert down.returncode == 1 and "UNAVAILABLE" in down.stderr and "Traceback" not in down.stderr
 
 
 def test_common_options_go_before_or_after_the_subcommand(broker_factory):
     broker = broker_factory(TWO_TENANTS, env=ENV)
-    before = run_command(["-m", "cronoq.cli", "--broker", broker.clients, "--timeout", "5", "status", "--json"], env=ENV)
+    before = run_command(["-m", "cronoq.client.cli", "--broker", broker.clients, "--timeout", "5", "status", "--json"], env=ENV)
     assert before.returncode == 0 and "llm" in json.loads(before.stdout)["pools"]
     nowhere = f"tcp://127.0.0.1:{free_port()}"
-    after_wins = run_command(["-m", "cronoq.cli", "--broker", broker.clients, "status", "--broker", nowhere,
+    after_wins = run_command(["-m", "cronoq.client.cli", "--broker", broker.clients, "status", "--broker", nowhere,
                               "--timeout", "0.5"], env=ENV)
     assert after_wins.returncode == 1 and nowhere in after_wins.stderr
 
@@ -220,7 +220,7 @@ async def test_a_payload_that_is_not_json_is_refused_unless_sent_as_text(broker_
 def test_a_deadline_that_is_not_in_the_future_is_refused_before_sending():
     nowhere = f"tcp://127.0.0.1:{free_port()}"
     for deadline in ("0", "-5"):
-        refused = run_command(["-m", "cronoq.cli", "submit", "1", "--deadline", deadline, "--broker", nowhere,
+        refused = run_command(["-m", "cronoq.client.cli", "submit", "1", "--deadline", deadline, "--broker", nowhere,
                                "--timeout", "0.5"])
         assert refused.returncode == 2 and "--deadline" in refused.stderr and "UNAVAILABLE" not in refused.stderr
         assert "more than 0 seconds" in refused.stderr
@@ -239,27 +239,27 @@ def test_inspect_json_shows_missing_values_as_null(broker_factory):
 
 def test_keygen_refuses_to_replace_a_key_pair_without_force(tmp_path):
     keys = tmp_path / "keys"
-    assert run_command(["-m", "cronoq.cli", "keygen", "--dir", str(keys)]).returncode == 0
+    assert run_command(["-m", "cronoq.client.cli", "keygen", "--dir", str(keys)]).returncode == 0
     public = (keys / "broker.key").read_text()
-    again = run_command(["-m", "cronoq.cli", "keygen", "--dir", str(keys)])
+    again = run_command(["-m", "cronoq.client.cli", "keygen", "--dir", str(keys)])
     assert again.returncode == 1 and "already exists" in again.stderr and "--force" in again.stderr
     assert "Traceback" not in again.stderr
     assert (keys / "broker.key").read_text() == public, "the old pair is untouched"
-    forced = run_command(["-m", "cronoq.cli", "keygen", "--dir", str(keys), "--force"])
+    forced = run_command(["-m", "cronoq.client.cli", "keygen", "--dir", str(keys), "--force"])
     assert forced.returncode == 0, forced.stderr
     assert (keys / "broker.key").read_text() != public
 
 
 def test_top_refuses_an_interval_that_would_flood_the_broker():
     for interval in ("0", "-1", "0.01"):
-        refused = run_command(["-m", "cronoq.cli", "top", "--interval", interval])
+        refused = run_command(["-m", "cronoq.client.cli", "top", "--interval", interval])
         assert refused.returncode == 2 and "--interval" in refused.stderr and "at least 0.1" in refused.stderr
 
 
 def test_top_into_a_pipe_that_closes_ends_quietly(broker_factory):
     broker = broker_factory(TWO_TENANTS, env=ENV)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cronoq.cli", "top", "--interval", "0.1", "--broker", broker.clients],
+        [sys.executable, "-m", "cronoq.client.cli", "top", "--interval", "0.1", "--broker", broker.clients],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(ENV), text=True,
     )
     first = proc.stdout.readline()  # like `cronoq top | head -1`
@@ -281,7 +281,7 @@ def test_every_subcommand_and_option_explains_itself():
         assert sub.description, f"`cronoq {name} --help` has no description"
         for action in sub._actions:
             assert action.help, f"`cronoq {name}` {action.option_strings or action.dest} has no help text"
-    shown = run_command(["-m", "cronoq.cli", "submit", "--help"])
+    shown = run_command(["-m", "cronoq.client.cli", "submit", "--help"])
     assert shown.returncode == 0 and "--text" in shown.stdout and "idempotency" in shown.stdout
 
 

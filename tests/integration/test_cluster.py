@@ -175,7 +175,7 @@ async def test_a_member_killed_stalls_only_its_pools_and_loses_nothing_acknowled
             assert [len(await h.result(timeout=30)) for h in others] == [2] * len(others)
             with pytest.raises(cronoq.Unavailable):
                 await client.submit("lost?", pool=victim_pools[0])
-            status = run_command(["-m", "cronoq.cli", "status", "--broker", c.clients("b2"), "--timeout", "2"])
+            status = run_command(["-m", "cronoq.client.cli", "status", "--broker", c.clients("b2"), "--timeout", "2"])
             assert status.returncode == 0, status.stderr
             assert "member b3: UNREACHABLE" in status.stdout and "member b1: pools" in status.stdout
             # Restarted on the same data_dir, b3 still holds every acknowledged task (paused, as it was).

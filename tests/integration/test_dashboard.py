@@ -14,8 +14,8 @@ import time
 import pytest
 
 import cronoq
-from cronoq.dashboard.http import HEAD_TIMEOUT, MAX_GUESTS_PER_PEER, MAX_HEADERS
-from cronoq.views import status_text
+from cronoq.broker.dashboard.http import HEAD_TIMEOUT, MAX_GUESTS_PER_PEER, MAX_HEADERS
+from cronoq.client.text import status_text
 from tests.support import ROOT, free_port, run_command, start_worker_process
 
 POOLS = '[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n\n[[pools]]\nname = "failing"\n'

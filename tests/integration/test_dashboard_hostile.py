@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 import cronoq
-from cronoq.dashboard.http import MAX_GUESTS, MAX_GUESTS_PER_PEER
+from cronoq.broker.dashboard.http import MAX_GUESTS, MAX_GUESTS_PER_PEER
 from tests.integration.test_dashboard import request, until
 from tests.support import free_port
 

@@ -124,7 +124,7 @@ def test_cronoq_explain_a_task_behind_a_critical_backlog(broker_factory, tmp_pat
     worker = start_worker_process(broker.workers, "tests.apps.echo:pools", tmp_path / "worker.log")
 
     def cli(*args):
-        result = run_command(["-m", "cronoq.cli", *args, "--broker", broker.clients])
+        result = run_command(["-m", "cronoq.client.cli", *args, "--broker", broker.clients])
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -147,7 +147,7 @@ def test_cronoq_explain_a_task_behind_a_critical_backlog(broker_factory, tmp_pat
         running = json.loads(cli("explain", critical[0], "--json"))
         assert running["state"] == "running" and running["waiting"] is None
         assert running["history"] == [{"attempt": 1, "ended": "running", "at": None, "error": None}]
-        unknown = run_command(["-m", "cronoq.cli", "explain", "no-such-task", "--broker", broker.clients])
+        unknown = run_command(["-m", "cronoq.client.cli", "explain", "no-such-task", "--broker", broker.clients])
         assert unknown.returncode == 1
         assert unknown.stderr.strip() == "cronoq explain: NOT_FOUND: no task with id 'no-such-task' (unknown, or its " \
                                          "record has expired)"

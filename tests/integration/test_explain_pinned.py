@@ -90,7 +90,7 @@ async def test_a_pinned_token_reads_no_count_and_no_deadline_of_another_tenant(b
             assert (probes[0].higher_classes_ahead, probes[0].deadline_ahead) == (0, 0)
 
             # The command shows a pinned token what it may see, and says what it does not.
-            result = run_command(["-m", "cronoq.cli", "explain", mine.id, "--broker", broker.clients,
+            result = run_command(["-m", "cronoq.client.cli", "explain", mine.id, "--broker", broker.clients,
                                   "--token-env", "T_ACME"], env=TOKENS)
             assert result.returncode == 0, result.stderr
             assert "globex" not in result.stdout
@@ -98,7 +98,7 @@ async def test_a_pinned_token_reads_no_count_and_no_deadline_of_another_tenant(b
             assert "share not shown" in result.stdout
             expected = next(line for line in result.stdout.splitlines() if line.startswith("expected to start: "))
             assert "/s" not in expected  # no rate: the pool's and the work ahead's include globex's
-            as_json = run_command(["-m", "cronoq.cli", "explain", mine.id, "--json", "--broker", broker.clients,
+            as_json = run_command(["-m", "cronoq.client.cli", "explain", mine.id, "--json", "--broker", broker.clients,
                                    "--token-env", "T_ACME"], env=TOKENS)
             assert "globex" not in as_json.stdout and json.loads(as_json.stdout)["waiting"]["scope"] == "acme"
     finally:

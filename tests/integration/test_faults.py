@@ -17,10 +17,10 @@ import pytest
 import zmq
 
 import cronoq
-import cronoq.transport
-from cronoq import protocol
-from cronoq.store.frames import HEADER_SIZE, FrameReader
-from cronoq.store.records import Accepted, decode_batch
+import cronoq.wire.transport
+from cronoq.wire import protocol
+from cronoq.store.journal.frames import HEADER_SIZE, FrameReader
+from cronoq.store.journal.records import Accepted, decode_batch
 from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
 
 WAIT = 30.0
@@ -344,7 +344,7 @@ async def test_a_flood_past_max_backlog_is_refused_and_nothing_accepted_is_lost(
 
 def _files(data_dir: Path) -> dict[str, bytes]:
     """Every file of data_dir but the fence, where each start that took the lock records its generation before
-    it reads anything (cronoq.store.fence): that is the one write a refused start makes."""
+    it reads anything (cronoq.store.journal.fence): that is the one write a refused start makes."""
     return {p.relative_to(data_dir).as_posix(): p.read_bytes() for p in sorted(data_dir.rglob("*"))
             if p.is_file() and p.name != "fence"}
 
@@ -443,7 +443,7 @@ def test_a_second_broker_on_the_same_data_dir_is_refused_clearly(broker_factory,
 
 async def test_requests_to_an_unreachable_broker_fail_fast_once_the_send_queue_is_full(monkeypatch):
     # A small queue stands in for the default 100,000 messages, which take long to fill.
-    monkeypatch.setattr(cronoq.transport, "HIGH_WATER_MARK", 5)
+    monkeypatch.setattr(cronoq.wire.transport, "HIGH_WATER_MARK", 5)
     async with cronoq.connect(f"tcp://127.0.0.1:{free_port()}", request_timeout=60) as client:
         loop = asyncio.get_running_loop()
         pings = []

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import cronoq
-from cronoq.store.fence import FENCE, advance, read_generation
-from cronoq.store.reading import LOCK, journal_generations, journal_path
+from cronoq.store.journal.fence import FENCE, advance, read_generation
+from cronoq.store.journal.reading import LOCK, journal_generations, journal_path
 from tests.support import BrokerProcess, write_config
 
 STOP_WITHIN = 15.0

@@ -22,12 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cronoq
-from cronoq import protocol
+from cronoq.wire import protocol
 from cronoq.broker.server import Broker
-from cronoq.config import parse_config
+from cronoq.broker.config import parse_config
 from tests.integration.test_faults import WAIT
 from tests.support import peer, rss_kib, until
-from tests.test_protocol_fuzz import TAGS, values
+from tests.wire.test_protocol_fuzz import TAGS, values
 
 V = protocol.PROTOCOL_VERSION
 NOW = 1_000_000.0

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 import cronoq
-from cronoq import protocol
+from cronoq.wire import protocol
 from tests.integration.test_cluster import Cluster, cluster  # noqa: F401 - the fixture
 from tests.support import until
 

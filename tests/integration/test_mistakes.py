@@ -24,7 +24,7 @@ WITH_TOKENS = OPEN + ('\n[[auth.tokens]]\ntoken_env = "T_CLIENT"\nrole = "client
 
 
 def cronoq_cli(*args: str, env: dict[str, str] | None = None):
-    return run_command(["-m", "cronoq.cli", *args, "--timeout", LONG], env=env, timeout=WAIT)
+    return run_command(["-m", "cronoq.client.cli", *args, "--timeout", LONG], env=env, timeout=WAIT)
 
 
 def worker_cli(broker: str, *args: str, env: dict[str, str] | None = None):
@@ -43,8 +43,8 @@ def one_line(result) -> str:
 @pytest.fixture
 def keys(tmp_path: Path) -> tuple[Path, Path, Path]:
     """The broker's key pair, and the public key of another broker."""
-    public, secret = cronoq.curve.keygen(tmp_path / "keys")
-    other, _ = cronoq.curve.keygen(tmp_path / "other")
+    public, secret = cronoq.wire.curve.keygen(tmp_path / "keys")
+    other, _ = cronoq.wire.curve.keygen(tmp_path / "other")
     return public, secret, other
 
 

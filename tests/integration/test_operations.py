@@ -165,7 +165,7 @@ async def test_sighup_reweights_the_queued_backlog_and_reload_applies_pools_and_
 
 
 async def test_curve_encrypts_and_refuses_clients_without_the_key(broker_factory, tmp_path):
-    made = run_command(["-m", "cronoq.cli", "keygen", "--dir", str(tmp_path / "keys")])
+    made = run_command(["-m", "cronoq.client.cli", "keygen", "--dir", str(tmp_path / "keys")])
     assert made.returncode == 0, made.stderr
     public_file, secret_file = tmp_path / "keys" / "broker.key", tmp_path / "keys" / "broker.key_secret"
     assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
@@ -177,12 +177,12 @@ async def test_curve_encrypts_and_refuses_clients_without_the_key(broker_factory
         async with cronoq.connect(broker.clients, request_timeout=1) as plain:
             with pytest.raises(cronoq.Unavailable):
                 await plain.ping()
-        other_public, _ = cronoq.curve.keygen(tmp_path / "other")
+        other_public, _ = cronoq.wire.curve.keygen(tmp_path / "other")
         async with cronoq.connect(broker.clients, request_timeout=1, curve_public_key=other_public) as wrong:
             with pytest.raises(cronoq.Unavailable):
                 await wrong.ping()
         # In a thread: the in-process worker must go on heartbeating while the command runs.
-        status = await asyncio.to_thread(run_command, ["-m", "cronoq.cli", "status", "--json", "--broker",
+        status = await asyncio.to_thread(run_command, ["-m", "cronoq.client.cli", "status", "--json", "--broker",
                                                        broker.clients, "--curve-public-key", str(public_file)])
         assert status.returncode == 0 and json.loads(status.stdout)["workers"] == 1
     finally:
@@ -275,6 +275,6 @@ async def test_stats_of_a_pool_with_thousands_of_tenants_lists_the_busiest(broke
     assert pool["tenant_count"] == tenants + 1
     assert len(pool["tenants"]) == STATS_TENANTS
     assert next(iter(pool["tenants"])) == "busiest" and pool["tenants"]["busiest"]["queued"] == 3
-    status = run_command(["-m", "cronoq.cli", "status", "--broker", broker.clients])
+    status = run_command(["-m", "cronoq.client.cli", "status", "--broker", broker.clients])
     assert status.returncode == 0, status.stderr
     assert f"... and 201 more tenants (the {STATS_TENANTS:,} busiest are shown)" in status.stdout

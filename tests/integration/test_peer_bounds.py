@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 import cronoq
-from cronoq import protocol
+from cronoq.wire import protocol
 from tests.support import free_port, until
 
 V = protocol.PROTOCOL_VERSION

@@ -1,16 +1,16 @@
 """The protocol's validation and rid rules (docs/protocol.md, "Validation and rid rules"), on a real Broker.
 
 Driven through a real Broker object's handlers (a real journal, no sockets), like the hostile-input tests; the
-shared vectors (tests/test_protocol_vectors.py) replay the same rules over tcp against the broker process.
+shared vectors (tests/wire/test_protocol_vectors.py) replay the same rules over tcp against the broker process.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from cronoq import protocol
+from cronoq.wire import protocol
 from cronoq.broker.server import Broker
-from cronoq.config import parse_config
+from cronoq.broker.config import parse_config
 from tests.integration.test_hostile import NOW, V, _replies, client_says, in_process_broker, worker_says
 from tests.support import peer
 

@@ -288,7 +288,7 @@ async def test_a_killed_compaction_child_or_archiver_changes_nothing_and_the_bro
 
         await until(compacted, "a later compaction succeeded")
         assert not (data_dir / "snapshot.tmp").exists()
-        [archiver] = [pid for pid, cmdline in _children(broker.proc.pid) if "cronoq.store.archiver" in cmdline]
+        [archiver] = [pid for pid, cmdline in _children(broker.proc.pid) if "cronoq.store.results.archiver" in cmdline]
         os.kill(archiver, signal.SIGKILL)
         more = [await client.submit(n) for n in range(100, 150)]
         assert [await h.result(timeout=WAIT) for h in more] == list(range(100, 150))
@@ -372,7 +372,7 @@ async def test_a_compaction_writer_that_cannot_be_started_changes_nothing_and_is
 
 
 async def test_the_embedded_scheduler_keeps_results_in_memory_within_both_limits():
-    from cronoq.retention import RECORD_MEMORY
+    from cronoq.book.retention import RECORD_MEMORY
 
     pool = cronoq.Pool("default", _echo)
     async with cronoq.Scheduler(pool, concurrency=1, result_retention_bytes=20 * (RECORD_MEMORY + 10)) as sched:

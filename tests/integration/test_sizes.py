@@ -18,7 +18,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 import cronoq
-from cronoq import protocol
+from cronoq.wire import protocol
 from tests.integration.test_faults import WAIT
 from tests.support import BrokerProcess, free_port, until
 

@@ -242,7 +242,7 @@ def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp
         task = client.submit({"n": 1, "runs": str(tmp_path / "runs")}, pool="counted")
         assert client.status(task.id).state == "queued"
     # The standby's address comes first and never completes a handshake: the command is not put off by it.
-    result = run_command(["-m", "cronoq.cli", "status", "--broker", standby.clients, "--broker", primary.clients])
+    result = run_command(["-m", "cronoq.client.cli", "status", "--broker", standby.clients, "--broker", primary.clients])
     assert result.returncode == 0, result.stderr
     assert "counted" in result.stdout
 

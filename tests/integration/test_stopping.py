@@ -115,5 +115,5 @@ async def test_the_reload_line_reads_as_text_and_names_changed_weights(broker_fa
     assert "{" not in line
 
     broker.config_path.write_text(broker.config_path.read_text().replace("acme = 3", "acme = 2"))
-    shown = await asyncio.to_thread(run_command, ["-m", "cronoq.cli", "reload", "--broker", broker.clients])
+    shown = await asyncio.to_thread(run_command, ["-m", "cronoq.client.cli", "reload", "--broker", broker.clients])
     assert shown.returncode == 0 and "weights changed: llm acme 3 -> 2" in shown.stdout

@@ -1,0 +1,375 @@
+"""The dashboard's routes: the page, its JSON API, its admin actions, and who may use them.
+
+Every /api/ request is authorized like a message on the broker's sockets:
+with `[[auth.tokens]]` configured it must carry `Authorization: Bearer
+<token>` of an admin or viewer token (pause, resume and cancel take an
+admin); without tokens the broker is open and so is the dashboard. The
+page, its script and its styles are served to anyone: they hold no data,
+and the page asks for the token before it asks for any.
+
+The overview is one snapshot, built at most once per SNAPSHOT_INTERVAL and
+shared, encoded, by every viewer: a hundred browsers cost what one does. A
+token pinned to a tenant sees its subtree alone (the broker's
+`visible_stats`, then the rows, failures and workers cut to match), built
+from the same reading. A timer samples the stats every SAMPLE_INTERVAL for
+the shares over time (cronoq.broker.dashboard.history) and the recent shares'
+window, whether or not anyone is looking.
+The admin actions go through the broker's `act`, which commits them to the
+journal before the answer leaves, as the same actions on the client socket.
+See docs/dashboard.md for each endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import socket
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from cronoq.answers import Explanation
+
+from cronoq.book.taskbook import TaskBook, unknown_task
+from cronoq.broker.auth import OPEN, Principal
+from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut
+from cronoq.broker.statistics import visible_stats
+from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.broker.dashboard.history import SAMPLE_INTERVAL, ShareHistory
+from cronoq.broker.dashboard.hosts import host_problem, origin_problem
+from cronoq.broker.dashboard.http import HttpServer, Request, Response, plain
+from cronoq.broker.dashboard.tables import DispatchHistory, dispatch_counts, failure_row, pool_view, worker_rows
+from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from cronoq.broker.metrics import DashboardConnections
+from cronoq.answers import explain_text
+
+log = logging.getLogger("cronoq.dashboard")
+
+# Seconds an overview snapshot is served before the next request builds a new one.
+SNAPSHOT_INTERVAL = 1.0
+# The header every POST must carry. A page of another site cannot send it without the browser first asking
+# this server's leave (CORS), which it never gives: so no other site can make a browser pause a pool.
+ACTION_HEADER = "x-cronoq-dashboard"
+MAX_ID_LENGTH = 200
+
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/index.html": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+_HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
+    "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
+}
+_POOL_ACTION = re.compile(r"/api/pools/(?P<pool>[^/]+)/(?P<action>pause|resume)")
+_TASK = re.compile(r"/api/tasks/(?P<id>[^/]+)")
+_TASK_CANCEL = re.compile(r"/api/tasks/(?P<id>[^/]+)/cancel")
+_FAILURE = re.compile(r"/api/failures/(?P<id>[^/]+)")
+_HISTORY = re.compile(r"/api/history/(?P<pool>[^/]+)")
+
+
+@dataclass(frozen=True)
+class BrokerParts:
+    """What the dashboard reads and steers of a running broker (the broker builds it: see Broker.start_dashboard)."""
+
+    stats: Callable[[], dict[str, Any]]
+    """The broker's stats map, at once (Broker.stats)."""
+    identify: Callable[[bytes], Principal]
+    """The principal of a token by the broker's current tokens (an open broker: an admin for any)."""
+    pools: Callable[[], Iterable[PoolSettings]]
+    """The pools of the running config (node weights of a tenant tree's ancestors come from there)."""
+    core: SchedulerCore
+    book: TaskBook
+    workers: Callable[[], list[dict[str, Any]]]
+    """Each worker: name, pools, busy, concurrency, leaving, last_seen_at (broker clock)."""
+    failures: RecentFailures
+    act: Callable[[Callable[[float], Any]], Any]
+    """Run an admin action (given the broker's time) and commit it before returning its result."""
+    clock: Callable[[], float]
+    explain: Callable[[str, str | None], Any] | None = None
+    """The broker's `explain(task_id, scope)` (why it waits, how its attempts ended; `scope` the tenant the viewer
+    is pinned to, if any); the task view includes it."""
+    hosts: Callable[[], Iterable[str]] = lambda: ()
+    """The names the dashboard answers to besides its addresses and localhost (`[broker] dashboard_hosts`, as the
+    running config has them)."""
+    connections: DashboardConnections = dataclasses.field(default_factory=DashboardConnections)
+    """Where the HTTP server counts the connections it ends early (the broker's metrics)."""
+
+
+def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
+    """What the dashboard shows of one task: its status and attempts as `status` reports them, its error and
+    traceback, and the broker's explanation of it (`parts.explain`, as `cronoq explain` shows it). NotFound, worded as
+    for an id that never existed, when the task is unknown or not the principal's to see."""
+    record = parts.book.get(task_id)
+    if not principal.may_see_tenant(record.tenant):
+        raise unknown_task(task_id)
+    view = dataclasses.asdict(parts.book.info(task_id))
+    view["traceback"] = cut(record.traceback, MAX_TRACEBACK_CHARS)
+    if parts.explain is not None:
+        explanation = parts.explain(task_id, principal.tenant)  # scoped to what a pinned token may see
+        view["explain"] = explanation
+        view["explain_text"] = explain_text(msgspec.convert(explanation, Explanation))
+    return view
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one overview snapshot is built from: the broker's stats, the recent dispatches, the workers."""
+
+    now: float
+    stats: dict[str, Any]
+    recent: dict[str, dict[str, int]]
+    covers: float | None
+    workers: list[dict[str, Any]]
+
+
+class Dashboard:
+    """The web dashboard of one broker: `start(address)` serves it on the running loop, `close()` stops it."""
+
+    def __init__(self, parts: BrokerParts, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._parts = parts
+        self._monotonic = monotonic
+        self._history = DispatchHistory()
+        self._shares = ShareHistory()
+        self._sampler: asyncio.TimerHandle | None = None
+        self._snapshot: tuple[float, _Reading, bytes] | None = None
+        self._static = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
+        self._served_host: str | None = None
+        self.server = HttpServer(self.handle, counts=parts.connections)
+
+    async def start(self, address: str, sockets: list[socket.socket] | None = None) -> tuple[str, int]:
+        """Listen on "host:port" (on `sockets` when given: bound to it already, by a standby that held them);
+        returns the address bound. Raises OSError when it cannot be bound."""
+        self._served_host = address.rpartition(":")[0].strip("[]") or None
+        bound = await self.server.start(address, sockets)
+        log.info("dashboard at http://%s:%d/", *bound)
+        self.sample()
+        return bound
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
+        self.server.close()
+
+    def sample(self) -> None:
+        """Take a sample of the stats for the shares over time and the recent shares, and again in SAMPLE_INTERVAL:
+        on a timer, so the chart covers the last minutes whether or not anyone was looking."""
+        try:
+            now = self._parts.clock()
+            stats = self._parts.stats()
+            weights = {pool.name: pool for pool in self._parts.pools()}
+            self._shares.sample(now, stats, lambda pool, node: weights.get(pool, PoolSettings(pool)).weight(node))
+            self._history.recent(now, dispatch_counts(stats))
+        except Exception:  # a bug: it must cost a point of the chart, never the broker
+            log.exception("the dashboard failed to sample the broker's stats")
+        self._sampler = asyncio.get_running_loop().call_later(SAMPLE_INTERVAL, self.sample)
+
+    # ----------------------------------------------------------------- routing
+
+    def handle(self, request: Request) -> Response:
+        """Answer one request (see docs/dashboard.md). The answer says whether the request carried a token of a
+        viewer or admin (`authenticated`): the server keeps room for such connections."""
+        problem = host_problem(request.headers.get("host"), self._served_host, self._parts.hosts())
+        if problem is not None:
+            return Response(421, _json({"error": {"code": "PERMISSION_DENIED", "message": problem}}))
+        path, method = request.path, request.method
+        if not path.startswith("/api/"):
+            static = self._static.get(path)
+            if static is None:
+                return plain(404, "not found; the dashboard is at /")
+            if method not in ("GET", "HEAD"):
+                return _method_not_allowed("GET")
+            return Response(200, static[0], static[1])
+        try:
+            principal = self._principal(request)
+            principal.require("dashboard")
+        except CronoqError as exc:
+            return _refusal(exc)
+        try:
+            response = self._api(request, principal)
+        except CronoqError as exc:
+            response = _refusal(exc)
+        # An open broker has no tokens to tell its users by: nobody's connection is kept room for.
+        return response if principal is OPEN else dataclasses.replace(response, authenticated=True)
+
+    def _api(self, request: Request, principal: Principal) -> Response:
+        path = request.path
+        if request.method == "POST":
+            if ACTION_HEADER not in request.headers:
+                raise PermissionDenied(f"an action must carry the header {ACTION_HEADER}: 1 (the page sends it)")
+            problem = origin_problem(request.headers.get("origin"), self._served_host, self._parts.hosts())
+            if problem is not None:
+                raise PermissionDenied(problem)
+            if (match := _POOL_ACTION.fullmatch(path)) is not None:
+                return self._pool_action(principal, match["pool"], match["action"])
+            if (match := _TASK_CANCEL.fullmatch(path)) is not None:
+                return self._cancel(principal, _task_id(match["id"]))
+        elif request.method in ("GET", "HEAD"):
+            if path == "/api/overview":
+                return Response(200, self._overview(principal))
+            if path == "/api/session":
+                return Response(200, _json({"role": principal.role, "auth": principal is not OPEN,
+                                            "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL,
+                                            "tenant": principal.tenant}))
+            if path == "/api/history":
+                return Response(200, _json(self._shares_over_time(principal, None)))
+            if (match := _HISTORY.fullmatch(path)) is not None:
+                return Response(200, _json(self._shares_over_time(principal, match["pool"])))
+            if (match := _TASK.fullmatch(path)) is not None:
+                return Response(200, _json(task_view(self._parts, principal, _task_id(match["id"]))))
+            if (match := _FAILURE.fullmatch(path)) is not None:
+                return Response(200, _json(self._failure(principal, _task_id(match["id"]))))
+        else:
+            return _method_not_allowed("GET, POST")
+        raise NotFound(f"no dashboard endpoint {request.method} {path}; see docs/dashboard.md")
+
+    def _principal(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if header and scheme.lower() != "bearer":
+            raise Unauthenticated("send the token as `Authorization: Bearer <token>`")
+        token = token.strip()
+        try:
+            return self._parts.identify(token.encode())
+        except Unauthenticated:
+            if token:
+                raise
+            # The sockets' wording (a token= argument of cronoq.connect) means nothing to someone with a browser.
+            raise Unauthenticated(
+                "this dashboard asks for a token: open the dashboard's page (/) in a browser and enter an admin or "
+                "viewer token, or send one as `Authorization: Bearer <token>`") from None
+
+    # ----------------------------------------------------------------- reading
+
+    def _overview(self, principal: Principal) -> bytes:
+        """The shared snapshot, encoded; built anew when it is older than SNAPSHOT_INTERVAL. A token pinned to a
+        tenant gets a view of its own built from the same reading (see `_view`)."""
+        now = self._monotonic()
+        if self._snapshot is None or now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
+            reading = self._read()
+            self._snapshot = (now, reading, _json(self._view(reading, OPEN)))
+        _, reading, encoded = self._snapshot
+        return encoded if principal.tenant is None else _json(self._view(reading, principal))
+
+    def _read(self) -> _Reading:
+        parts = self._parts
+        now = parts.clock()
+        stats = parts.stats()
+        recent, covers = self._history.recent(now, dispatch_counts(stats))
+        return _Reading(now, stats, recent, covers, parts.workers())
+
+    def _view(self, reading: _Reading, principal: Principal) -> dict[str, Any]:
+        """The overview as `principal` may see it. A token pinned to a tenant sees its subtree alone, as if no other
+        tenant existed: the rows of its subtree (shares and weighted shares among them), the pools' counts summed
+        over them, their failures, the workers without their busy slots (which count other tenants' tasks), and, for
+        a pool's dispatch rate, its subtree's over the share window."""
+        parts = self._parts
+        settings = {pool.name: pool for pool in parts.pools()}
+        pools = []
+        for name, pool in sorted(visible_stats(reading.stats, principal).get("pools", {}).items()):
+            weight_of = settings.get(name, PoolSettings(name)).weight
+            recent = reading.recent.get(name, {})
+            if principal.tenant is None:
+                pools.append(pool_view(name, pool, recent, weight_of,
+                                       lambda node, pool_name=name: parts.core.lag(pool_name, node)))
+            else:
+                pools.append(self._pinned_pool_view(name, pool, recent, weight_of, principal.tenant, reading.covers))
+        workers = worker_rows(reading.workers, reading.now)
+        if principal.tenant is not None:
+            workers = [{**w, "busy": None} for w in workers]
+        return {
+            "now": reading.now,
+            "interval": SNAPSHOT_INTERVAL,
+            "share_window": reading.covers,
+            "workers_connected": len(reading.workers),
+            "pools": pools,
+            "workers": workers,
+            "failures": [failure_row(f) for f in parts.failures if principal.may_see_tenant(f.tenant)],
+        }
+
+    def _pinned_pool_view(self, name: str, pool: dict[str, Any], recent: dict[str, int],
+                          weight_of: Callable[[str], float], pinned: str, covers: float | None) -> dict[str, Any]:
+        """A pool as a token pinned to `pinned` sees it, from its visible stats (`visible_stats`): the rows of its
+        subtree, its node the top one; the rate its subtree's over the share window."""
+        recent = {tenant: n for tenant, n in recent.items() if tenant in pool["tenants"]}
+        view = pool_view(name, pool, recent, weight_of,
+                         lambda node: 0.0 if node == pinned else self._parts.core.lag(name, node))
+        # The ancestors the tree adds above the pin are not the token's to see.
+        depth = pinned.count("/")
+        view["tenants"] = [{**row, "depth": row["depth"] - depth} for row in view["tenants"]
+                           if row["tenant"] == pinned or row["tenant"].startswith(pinned + "/")]
+        view["dispatch_rate"] = sum(recent.values()) / covers if covers else 0.0
+        return view
+
+    def _shares_over_time(self, principal: Principal, pool: str | None) -> dict[str, Any]:
+        """GET /api/history[/POOL]: the shares over the last minutes (cronoq.broker.dashboard.history)."""
+        visible = None if principal.tenant is None else principal.may_see_tenant
+        names = self._shares.pools() if pool is None else [pool]
+        series = {name: self._shares.series(name, visible) for name in names}
+        if pool is not None and series[pool] is None:
+            followed = ", ".join(self._shares.pools()) or "none yet"
+            raise NotFound(f"no pool named {pool!r} is followed; pools: {followed}")
+        return {"interval": SAMPLE_INTERVAL, "pools": series}
+
+    def _failure(self, principal: Principal, task_id: str) -> dict[str, Any]:
+        failure = self._parts.failures.find(task_id)
+        if failure is None or not principal.may_see_tenant(failure.tenant):
+            raise NotFound(f"no recent failure of task {task_id!r} (the dashboard keeps the last "
+                           f"{self._parts.failures.size}); its status may still be known: GET /api/tasks/{task_id}")
+        return failure_row(failure, with_traceback=True)
+
+    # ----------------------------------------------------------------- acting
+
+    def _pool_action(self, principal: Principal, pool: str, action: str) -> Response:
+        principal.require(action)
+        book = self._parts.book
+        if pool not in book.core.pool_names():
+            raise NotFound(f"no pool named {pool!r}; declared pools: {', '.join(sorted(book.core.pool_names()))}")
+        self._parts.act(lambda now: book.pause(pool) if action == "pause" else book.resume(pool))
+        self._snapshot = None  # the next poll shows it
+        log.info("dashboard: pool %s %s by %s", pool, "paused" if action == "pause" else "resumed", principal.name)
+        return Response(200, _json({"pool": pool, "paused": action == "pause"}))
+
+    def _cancel(self, principal: Principal, task_id: str) -> Response:
+        principal.require("cancel")
+        record = self._parts.book.get(task_id)
+        if not principal.may_see_tenant(record.tenant):
+            raise unknown_task(task_id)
+        cancelled = self._parts.act(lambda now: self._parts.book.cancel(task_id, now))
+        self._snapshot = None
+        return Response(200, _json({"id": task_id, "cancelled": bool(cancelled)}))
+
+
+def _task_id(text: str) -> str:
+    if not text or len(text) > MAX_ID_LENGTH or not text.isprintable():
+        raise InvalidArgument(f"a task id is 1 to {MAX_ID_LENGTH} printable characters")
+    return text
+
+
+def _refusal(exc: CronoqError) -> Response:
+    headers = [("WWW-Authenticate", 'Bearer realm="cronoq"')] if isinstance(exc, Unauthenticated) else []
+    return Response(_HTTP_STATUS.get(exc.code, 400), _json({"error": {"code": exc.code, "message": exc.message}}),
+                    headers=headers)
+
+
+def _method_not_allowed(allowed: str) -> Response:
+    response = plain(405, f"method not allowed; this path takes {allowed}")
+    return dataclasses.replace(response, headers=[("Allow", allowed)])
+
+
+def _json(value: Any) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def _read_static(name: str) -> bytes:
+    return resources.files("cronoq.broker.dashboard").joinpath("static", name).read_bytes()
+
+
+__all__ = ["ACTION_HEADER", "BrokerParts", "Dashboard", "SNAPSHOT_INTERVAL", "task_view"]

@@ -1,0 +1,152 @@
+"""The dashboard's routes over a real task book and core, in memory: requests in, responses out, no sockets."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import msgspec
+import pytest
+
+from cronoq.book.submission import SubmitRequest
+
+from cronoq.book.taskbook import TaskBook
+from cronoq.broker.auth import Authenticator
+from cronoq.broker.failures import RecentFailures
+from cronoq.broker.config import TokenSpec
+from cronoq.core import FAILED, PoolSettings, SchedulerCore
+from cronoq.broker.dashboard import BrokerParts, Dashboard
+from cronoq.broker.dashboard.http import Request
+from cronoq.answers import explain_text
+
+TOKENS = (TokenSpec(b"admin-secret", "admin", None, "T_ADMIN"), TokenSpec(b"viewer-secret", "viewer", None, "T_VIEWER"),
+          TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def broker_parts(explain=None) -> tuple[BrokerParts, TaskBook, Clock]:
+    """A book and core as the broker keeps them, and the parts the dashboard reads of them."""
+    clock = Clock()
+    pools = [PoolSettings("llm", {"acme": 3})]
+    core = SchedulerCore(pools)
+    failures = RecentFailures()
+    ids = (f"task{n}" for n in itertools.count())
+
+    def on_terminal(record):
+        if record.state == FAILED:
+            failures.add(record.id, record.pool, record.tenant, record.error_type, record.error_message,
+                         record.traceback, record.attempts, record.finished_at)
+
+    book = TaskBook(core, new_id=ids.__next__, on_terminal=on_terminal)
+    auth = Authenticator(TOKENS)
+    parts = BrokerParts(
+        stats=lambda: {"pools": core.stats(), "workers": 0}, identify=auth.identify, pools=lambda: pools,
+        core=core, book=book, workers=lambda: [], failures=failures, act=lambda action: action(clock()),
+        clock=clock, explain=explain,
+    )
+    return parts, book, clock
+
+
+def fail(book: TaskBook, tenant: str, now: float) -> str:
+    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant=tenant), now)
+    book.core.add_worker("w", ["llm"], 1)
+    book.dispatch(now)
+    book.complete("w", record.id, 1, now, ok=False, error_type="ValueError", error_message="no",
+                  traceback="Traceback...\nValueError: no")
+    book.core.remove_worker("w", now)
+    return record.id
+
+
+def get(dashboard: Dashboard, path: str, token: str | None = "admin-secret", method: str = "GET",
+        act: bool = True) -> tuple[int, dict]:
+    headers = {} if token is None else {"authorization": f"Bearer {token}"}
+    if act and method == "POST":
+        headers["x-cronoq-dashboard"] = "1"
+    response = dashboard.handle(Request(method, path, headers))
+    return response.status, json.loads(response.body) if response.content_type == "application/json" else {}
+
+
+def test_the_task_view_carries_the_brokers_explanation_as_data_and_as_cronoq_explain_prints_it():
+    parts, book, clock = broker_parts()
+    parts = dataclasses.replace(parts, explain=lambda task_id, scope=None: msgspec.to_builtins(
+        book.explain(task_id, clock(), scope=scope)))
+    book.core.pause("llm")
+    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex"), clock())
+    status, view = get(Dashboard(parts), f"/api/tasks/{record.id}")
+    assert status == 200 and view["state"] == "queued" and view["attempts"] == 0
+    assert view["explain"]["waiting"]["paused"] is True
+    assert view["explain_text"] == explain_text(book.explain(record.id, clock()))
+    assert "paused" in view["explain_text"]
+    parts, book, clock = broker_parts()
+    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex"), clock())
+    assert "explain" not in get(Dashboard(parts), f"/api/tasks/{record.id}")[1]
+
+
+def test_the_task_view_explains_to_a_pinned_token_what_explain_would_tell_it():
+    parts, book, clock = broker_parts()
+    parts = dataclasses.replace(parts, explain=lambda task_id, scope=None: msgspec.to_builtins(
+        book.explain(task_id, clock(), scope=scope)))
+    book.core.pause("llm")
+    for _ in range(3):
+        book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex", priority="critical"), clock())
+    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="acme"), clock())
+    pinned = get(Dashboard(parts), f"/api/tasks/{record.id}", "acme-admin")[1]
+    assert pinned["explain"]["waiting"]["scope"] == "acme"
+    assert pinned["explain"]["waiting"]["higher_classes_ahead"] == 0  # globex's three are not told
+    assert "globex" not in json.dumps(pinned)
+    unpinned = get(Dashboard(parts), f"/api/tasks/{record.id}")[1]
+    assert unpinned["explain"]["waiting"]["higher_classes_ahead"] == 3
+
+
+def test_a_token_pinned_to_a_tenant_sees_only_its_own_failures_and_tasks():
+    parts, book, clock = broker_parts()
+    mine, theirs = fail(book, "acme/search", clock()), fail(book, "globex", clock())
+    dashboard = Dashboard(parts)
+    assert [f["id"] for f in get(dashboard, "/api/overview")[1]["failures"]] == [theirs, mine]
+    assert [f["id"] for f in get(dashboard, "/api/overview", "acme-admin")[1]["failures"]] == [mine]
+    status, answer = get(dashboard, f"/api/failures/{theirs}", "acme-admin")
+    assert status == 404 and answer["error"]["code"] == "NOT_FOUND"
+    assert get(dashboard, f"/api/tasks/{theirs}", "acme-admin")[0] == 404
+    assert get(dashboard, f"/api/failures/{mine}", "acme-admin")[1]["traceback"].endswith("ValueError: no")
+
+
+def test_the_snapshot_is_rebuilt_once_a_second_and_after_an_action():
+    parts, book, clock = broker_parts()
+    ticks = iter([0.0, 0.5, 0.9, 1.2, 1.3, 1.4])
+    dashboard = Dashboard(parts, monotonic=lambda: next(ticks))
+    stamps = []
+    for _ in range(3):
+        clock.now += 1
+        stamps.append(get(dashboard, "/api/overview")[1]["now"])
+    assert stamps == [1001.0, 1001.0, 1001.0]  # 0.0, 0.5, 0.9: the same snapshot
+    clock.now += 1
+    assert get(dashboard, "/api/overview")[1]["now"] == 1004.0  # 1.2: a new one
+    assert get(dashboard, "/api/pools/llm/pause", method="POST")[0] == 200
+    overview = get(dashboard, "/api/overview")[1]  # 1.4, but the pause made the snapshot stale
+    assert overview["pools"][0]["paused"] is True
+
+
+@pytest.mark.parametrize("path", ["/api/tasks/" + "x" * 201, "/api/tasks/a\x00b"])
+def test_odd_task_ids_are_refused_plainly(path):
+    status, answer = get(Dashboard(broker_parts()[0]), path)
+    assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT"
+
+
+def test_static_files_are_served_and_nothing_else():
+    dashboard = Dashboard(broker_parts()[0])
+    page = dashboard.handle(Request("GET", "/", {}))
+    assert page.status == 200 and b"/static/app.js" in page.body
+    script = dashboard.handle(Request("GET", "/static/app.js", {}))
+    assert script.status == 200 and script.content_type.startswith("text/javascript")
+    # Nothing fetched from elsewhere (the SVG namespace is a name, never fetched).
+    assert b"http://" not in script.body.replace(b'"http://www.w3.org/2000/svg"', b"") and b"https://" not in page.body
+    assert dashboard.handle(Request("GET", "/static/../app.py", {})).status == 404
+    assert dashboard.handle(Request("POST", "/", {})).status == 405

@@ -1,0 +1,84 @@
+"""The Prometheus rendering of the broker's statistics, from a real core, without sockets."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cronoq.core import PoolSettings, SchedulerCore, Task
+from cronoq.broker.metrics import BrokerMetrics, Histogram, registry_for
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text) for sample in family.samples
+    }
+
+
+def test_backlog_dispatches_completions_and_histograms_are_exposed():
+    core = SchedulerCore([PoolSettings("llm", {"acme": 3})])
+    for i in range(3):
+        core.submit(Task(f"a{i}", "llm", tenant="acme"), 0.0)
+    core.submit(Task("g", "llm", tenant="globex", priority=0), 0.0)
+    core.add_worker("w", ["llm"], 1)
+    core.dispatch(1.0)
+    metrics = BrokerMetrics()
+    metrics.task_finished("llm", "succeeded", submitted_at=0.0, started_at=0.02, finished_at=0.5)
+    metrics.task_finished("llm", "expired", submitted_at=0.0, started_at=None, finished_at=None)
+    metrics.commit_took(0.0003)
+    metrics.pass_took(0.003, 0.0015)
+    metrics.gc_paused(0, 0.0002)
+    metrics.heartbeat_took(0.0003)
+    metrics.gc_paused(2, 0.3)
+    metrics.snapshot_start_took(0.012)
+    text = generate_latest(registry_for(lambda: {"pools": core.stats(), "workers": 1, "late_results": 2},
+                                        metrics)).decode()
+    got = samples(text)
+    assert got[("cronoq_workers_connected", ())] == 1
+    assert got[("cronoq_late_results_total", ())] == 2
+    assert got[("cronoq_pool_workers", (("pool", "llm"),))] == 1
+    assert got[("cronoq_queued_tasks", (("class", "normal"), ("pool", "llm")))] == 3
+    assert got[("cronoq_running_tasks", (("class", "critical"), ("pool", "llm")))] == 1
+    assert got[("cronoq_tenant_queued_tasks", (("pool", "llm"), ("tenant", "acme")))] == 3
+    assert got[("cronoq_tenant_weight", (("pool", "llm"), ("tenant", "acme")))] == 3
+    assert got[("cronoq_dispatches_total", (("pool", "llm"), ("tenant", "globex")))] == 1
+    assert got[("cronoq_task_completions_total", (("outcome", "succeeded"), ("pool", "llm")))] == 1
+    assert got[("cronoq_task_completions_total", (("outcome", "expired"), ("pool", "llm")))] == 1
+    assert got[("cronoq_queue_wait_seconds_count", (("pool", "llm"),))] == 1
+    assert got[("cronoq_queue_wait_seconds_bucket", (("le", "0.025"), ("pool", "llm")))] == 1
+    assert got[("cronoq_queue_wait_seconds_bucket", (("le", "0.01"), ("pool", "llm")))] == 0
+    assert got[("cronoq_run_time_seconds_sum", (("pool", "llm"),))] == 0.48
+    assert got[("cronoq_journal_commit_seconds_count", ())] == 1
+    assert got[("cronoq_loop_pass_seconds_bucket", (("le", "0.002"),))] == 0
+    assert got[("cronoq_loop_pass_seconds_bucket", (("le", "0.004"),))] == 1
+    assert got[("cronoq_loop_pass_cpu_seconds_bucket", (("le", "0.002"),))] == 1
+    assert got[("cronoq_gc_pause_seconds_count", (("generation", "0"),))] == 1
+    assert got[("cronoq_loop_heartbeat_seconds_count", ())] == 1
+    assert got[("cronoq_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.25")))] == 0
+    assert got[("cronoq_gc_pause_seconds_sum", (("generation", "2"),))] == 0.3
+    assert got[("cronoq_snapshot_start_seconds_bucket", (("le", "0.01"),))] == 0
+    assert got[("cronoq_snapshot_start_seconds_bucket", (("le", "0.025"),))] == 1
+
+
+def test_histogram_buckets_are_cumulative_and_bounds_inclusive():
+    histogram = Histogram((1.0, 2.0))
+    for value in (0.5, 1.0, 1.5, 3.0):
+        histogram.observe(value)
+    assert histogram.buckets() == [("1.0", 2), ("2.0", 3), ("+Inf", 4)]
+    assert histogram.sum == 6.0
+
+
+def test_each_ceiling_is_exposed_with_how_long_its_node_has_been_capped():
+    core = SchedulerCore([PoolSettings("llm", tenant_limits={"acme": 2, "acme/search": 5})])
+    for i in range(3):
+        core.submit(Task(f"a{i}", "llm", tenant="acme/search"), 0.0)
+    core.add_worker("w", ["llm"], 10)
+    core.dispatch(4.0)  # two run: acme is capped from 4.0
+    text = generate_latest(registry_for(lambda: {"pools": core.stats(now=10.5), "workers": 1}, BrokerMetrics()))
+    got = samples(text.decode())
+    acme, search = (("pool", "llm"), ("tenant", "acme")), (("pool", "llm"), ("tenant", "acme/search"))
+    assert (got[("cronoq_tenant_ceiling", acme)], got[("cronoq_tenant_ceiling", search)]) == (2, 5)
+    assert got[("cronoq_tenant_ceiling_running_tasks", acme)] == 2
+    assert (got[("cronoq_tenant_capped", acme)], got[("cronoq_tenant_capped", search)]) == (1, 0)
+    assert (got[("cronoq_tenant_capped_seconds", acme)], got[("cronoq_tenant_capped_seconds", search)]) == (6.5, 0)

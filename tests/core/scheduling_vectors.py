@@ -1,0 +1,544 @@
+"""The shared scheduling vectors (docs/scheduling-vectors/): scenarios as data, with the decisions expected.
+
+A vector lists pools and steps (submit, dispatch, expire, finish, requeue, cancel, workers coming and going,
+pause, resume) with the time of each, and what the core must answer: which worker gets which task, in order,
+which tasks expire, which leases are still current. Both cores replay them: the Python `cronoq.core`
+(tests/core/test_scheduling_vectors.py) and the Rust crate's embedded scheduler (rust/tests/scheduling_vectors.rs),
+and must agree on every decision. docs/scheduling-vectors/README.md describes the format.
+
+Expectations are recorded by running `cronoq.core.SchedulerCore` while the scenario is written (the hand-written
+cases below also state their point with plain asserts, so a recording can not quietly change what they show).
+`python -m tests.core.scheduling_vectors` (re)writes the hand-written cases. New random scenarios come from the
+Hypothesis strategy `scenarios()`: run
+
+    CRONOQ_EMIT_SCHEDULING_VECTORS=docs/scheduling-vectors python -m pytest -q tests/core/test_scheduling_vectors.py -k emit
+
+and each scenario Hypothesis draws is written there as `hypothesis-<digest>.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from hypothesis import strategies as st
+
+from cronoq.core import PRIORITIES, PoolSettings, SchedulerCore, Task
+
+ROOT = Path(__file__).resolve().parents[2]
+VECTORS = ROOT / "docs" / "scheduling-vectors"
+
+Pools = list[dict[str, Any]]
+
+
+def settings_of(pools: Pools) -> list[PoolSettings]:
+    return [
+        PoolSettings(p["name"], p.get("tenant_weights", {}), p.get("fair_share", False), p.get("max_in_flight"))
+        for p in pools
+    ]
+
+
+class Recorder:
+    """Runs a scenario on the Python core, writing down each step and what the core answered."""
+
+    def __init__(self, about: str, pools: Pools) -> None:
+        self.about = about
+        self.pools = pools
+        self.core = SchedulerCore(settings_of(pools))
+        self.steps: list[dict[str, Any]] = []
+        self.now = 0.0
+
+    def at(self, now: float) -> "Recorder":
+        self.now = float(now)
+        return self
+
+    def add_worker(self, worker: str, pools: list[str], slots: int) -> None:
+        self.core.add_worker(worker, pools, slots)
+        self.steps.append({"op": "add_worker", "worker": worker, "pools": pools, "slots": slots})
+
+    def grant(self, worker: str, slots: int = 1) -> None:
+        self.core.grant(worker, slots)
+        self.steps.append({"op": "grant", "worker": worker, "slots": slots})
+
+    def remove_worker(self, worker: str) -> list[str]:
+        back = [t.id for t in self.core.remove_worker(worker, self.now)]
+        self.steps.append({"op": "remove_worker", "now": self.now, "worker": worker, "expect": back})
+        return back
+
+    def submit(self, id: str, pool: str, tenant: str | None = None, priority: str = "normal",
+               deadline: float | None = None, not_before: float | None = None) -> None:
+        task = Task(id, pool, tenant=tenant, priority=PRIORITIES.index(priority),
+                    deadline=None if deadline is None else float(deadline),
+                    not_before=None if not_before is None else float(not_before))
+        self.core.submit(task, self.now)
+        self.steps.append({"op": "submit", "now": self.now, "id": id, "pool": pool, "tenant": tenant,
+                           "priority": priority, "deadline": task.deadline, "not_before": task.not_before})
+
+    def dispatch(self, limit: int | None = None) -> list[list[str]]:
+        got = [[str(w), t.id] for w, t in self.core.dispatch(self.now, limit)]
+        self.steps.append({"op": "dispatch", "now": self.now, "limit": limit, "expect": got})
+        return got
+
+    def expire(self) -> list[str]:
+        got = sorted(t.id for t in self.core.expire(self.now))
+        self.steps.append({"op": "expire", "now": self.now, "expect": got})
+        return got
+
+    def tick(self) -> list[list[str]]:
+        """What a shell does whenever something changed: expire, then dispatch, with the same `now`."""
+        self.expire()
+        return self.dispatch()
+
+    def finish(self, id: str, worker: str, attempt: int = 1) -> bool:
+        done = self.core.finish(id, self.now, worker_id=worker, attempt=attempt, state="succeeded") is not None
+        self.steps.append({"op": "finish", "now": self.now, "id": id, "worker": worker, "attempt": attempt,
+                           "expect": done})
+        return done
+
+    def requeue(self, id: str, worker: str, attempt: int = 1, not_before: float | None = None) -> bool:
+        back = self.core.requeue(id, self.now, worker_id=worker, attempt=attempt,
+                                 not_before=None if not_before is None else float(not_before)) is not None
+        self.steps.append({"op": "requeue", "now": self.now, "id": id, "worker": worker, "attempt": attempt,
+                           "not_before": None if not_before is None else float(not_before), "expect": back})
+        return back
+
+    def cancel(self, id: str) -> bool:
+        done = self.core.cancel(id, self.now) is not None
+        self.steps.append({"op": "cancel", "now": self.now, "id": id, "expect": done})
+        return done
+
+    def pause(self, pool: str) -> None:
+        self.core.pause(pool)
+        self.steps.append({"op": "pause", "pool": pool})
+
+    def resume(self, pool: str) -> None:
+        self.core.resume(pool)
+        self.steps.append({"op": "resume", "pool": pool})
+
+    def next_wakeup(self) -> float | None:
+        wake = self.core.next_wakeup()
+        self.steps.append({"op": "next_wakeup", "expect": wake})
+        return wake
+
+    def vector(self) -> dict[str, Any]:
+        return {"about": self.about, "pools": self.pools, "steps": self.steps}
+
+
+def render(vector: dict[str, Any]) -> str:
+    """A vector as its file holds it: one step per line, so a diff shows which decision changed."""
+    head = json.dumps({"about": vector["about"], "pools": vector["pools"]}, indent=2)[:-2]
+    steps = ",\n".join("    " + json.dumps(step) for step in vector["steps"])
+    return f'{head},\n  "steps": [\n{steps}\n  ]\n}}\n'
+
+
+# ----------------------------------------------------------------------------- replay
+
+
+def replay(vector: dict[str, Any]) -> list[str]:
+    """Run a vector on a fresh Python core; the steps whose answer differs from the expected one."""
+    core = SchedulerCore(settings_of(vector["pools"]))
+    wrong: list[str] = []
+    for n, step in enumerate(vector["steps"]):
+        op, now = step["op"], step.get("now", 0.0)
+        got: Any = None
+        if op == "add_worker":
+            core.add_worker(step["worker"], step["pools"], step["slots"])
+        elif op == "grant":
+            core.grant(step["worker"], step["slots"])
+        elif op == "remove_worker":
+            got = [t.id for t in core.remove_worker(step["worker"], now)]
+        elif op == "submit":
+            core.submit(Task(step["id"], step["pool"], tenant=step["tenant"],
+                             priority=PRIORITIES.index(step["priority"]), deadline=step["deadline"],
+                             not_before=step["not_before"]), now)
+        elif op == "dispatch":
+            got = [[str(w), t.id] for w, t in core.dispatch(now, step["limit"])]
+        elif op == "expire":
+            got = sorted(t.id for t in core.expire(now))
+        elif op == "finish":
+            got = core.finish(step["id"], now, worker_id=step["worker"], attempt=step["attempt"],
+                              state="succeeded") is not None
+        elif op == "requeue":
+            got = core.requeue(step["id"], now, worker_id=step["worker"], attempt=step["attempt"],
+                               not_before=step["not_before"]) is not None
+        elif op == "cancel":
+            got = core.cancel(step["id"], now) is not None
+        elif op == "pause":
+            core.pause(step["pool"])
+        elif op == "resume":
+            core.resume(step["pool"])
+        elif op == "next_wakeup":
+            got = core.next_wakeup()
+        else:
+            wrong.append(f"step {n}: unknown op {op!r}")
+            continue
+        if "expect" in step and got != step["expect"]:
+            wrong.append(f"step {n} ({op}): got {got!r}, expected {step['expect']!r}")
+    return wrong
+
+
+# ----------------------------------------------------------------------------- hand-written cases
+
+CASES: dict[str, Callable[[], Recorder]] = {}
+
+
+def case(fn: Callable[[], Recorder]) -> Callable[[], Recorder]:
+    CASES[fn.__name__.replace("_", "-")] = fn
+    return fn
+
+
+def letters(dispatched: list[list[str]]) -> str:
+    return "".join(task[0] for _, task in dispatched)
+
+
+@case
+def weights_three_to_one() -> Recorder:
+    r = Recorder("Weights 3:1, both backlogged: acme gets three dispatches for each of globex's, though globex "
+                 "queued first; ties between tags go to the earlier arrival.",
+                 [{"name": "llm", "tenant_weights": {"acme": 3, "globex": 1}}])
+    for n in range(4):
+        r.submit(f"g{n}", "llm", "globex")
+    for n in range(12):
+        r.submit(f"a{n}", "llm", "acme")
+    r.add_worker("w", ["llm"], 16)
+    assert letters(r.dispatch()) == "gaaagaaagaaagaaa"
+    return r
+
+
+@case
+def one_slot_three_to_one() -> Recorder:
+    r = Recorder("The 3:1 order with one slot, a dispatch per finished task, as a real worker sees it.",
+                 [{"name": "llm", "tenant_weights": {"acme": 3, "globex": 1}}])
+    r.add_worker("w", ["llm"], 1)
+    for n in range(6):
+        r.submit(f"a{n}", "llm", "acme")
+        r.submit(f"g{n}", "llm", "globex")
+    order = ""
+    for step in range(12):
+        r.at(step)
+        (worker, task), = r.dispatch()
+        order += task[0]
+        r.finish(task, worker)
+        r.grant(worker)
+    assert order == "agaagaaagggg", order  # acme runs out after six
+    return r
+
+
+@case
+def no_banked_credit() -> Recorder:
+    r = Recorder("A tenant that had nothing queued banks no credit: returning, it starts at the current "
+                 "virtual time, not behind the others.",
+                 [{"name": "p", "fair_share": True}])
+    r.add_worker("w", ["p"], 1)
+    for n in range(6):
+        r.submit(f"a{n}", "p", "a")
+    for step in range(4):
+        r.at(step)
+        (worker, task), = r.dispatch()
+        r.finish(task, worker)
+        r.grant(worker)
+    for n in range(4):
+        r.submit(f"b{n}", "p", "b")
+    got = ""
+    for step in range(4, 8):
+        r.at(step)
+        (worker, task), = r.dispatch()
+        got += task[0]
+        r.finish(task, worker)
+        r.grant(worker)
+    assert got == "baba", got
+    return r
+
+
+@case
+def priority_classes_are_strict() -> Recorder:
+    r = Recorder("Every ready critical task goes before any high, then normal, then low, whatever the tenant, "
+                 "weight or deadline.",
+                 [{"name": "p", "tenant_weights": {"big": 100}}])
+    r.submit("low", "p", "big", "low")
+    r.submit("normal", "p", "big", "normal", deadline=5)
+    r.submit("high", "p", None, "high")
+    r.submit("critical", "p", "small", "critical")
+    r.submit("high-2", "p", "big", "high", deadline=50)
+    r.add_worker("w", ["p"], 10)
+    assert [t for _, t in r.dispatch()] == ["critical", "high-2", "high", "normal", "low"]
+    return r
+
+
+@case
+def deadlines_before_fair_share() -> Recorder:
+    r = Recorder("Inside a class, tasks with a deadline go first, earliest deadline first (ties by arrival), "
+                 "and change no start tag.",
+                 [{"name": "p", "tenant_weights": {"a": 1, "b": 1}}])
+    r.submit("a0", "p", "a")
+    r.submit("b0", "p", "b")
+    r.submit("late", "p", "a", deadline=30)
+    r.submit("soon", "p", "b", deadline=10)
+    r.submit("soon-too", "p", "a", deadline=10)
+    r.add_worker("w", ["p"], 5)
+    assert [t for _, t in r.dispatch()] == ["soon", "soon-too", "late", "a0", "b0"]
+    return r
+
+
+@case
+def deadlines_expire() -> Recorder:
+    r = Recorder("A task not dispatched by its deadline expires and is never dispatched; a delayed task whose "
+                 "deadline comes first expires without ever queueing.",
+                 [{"name": "p"}])
+    r.submit("on-time", "p", deadline=10)
+    r.submit("too-late", "p", deadline=2)
+    r.submit("delayed-past-deadline", "p", deadline=3, not_before=6)
+    r.submit("delayed", "p", not_before=4)
+    assert r.next_wakeup() == 2.0
+    r.at(2)
+    assert r.expire() == ["too-late"]
+    r.at(3)
+    assert r.expire() == ["delayed-past-deadline"]
+    r.add_worker("w", ["p"], 5)
+    assert [t for _, t in r.dispatch()] == ["on-time"]
+    r.at(4)
+    r.expire()
+    assert [t for _, t in r.dispatch()] == ["delayed"]
+    return r
+
+
+@case
+def overdue_is_skipped_until_expired() -> Recorder:
+    r = Recorder("dispatch(now) never hands out a task whose deadline is <= now, even before expire(now) "
+                 "reports it.",
+                 [{"name": "p"}])
+    r.submit("due", "p", deadline=1)
+    r.submit("plain", "p")
+    r.at(1)
+    r.add_worker("w", ["p"], 2)
+    assert [t for _, t in r.dispatch()] == ["plain"]
+    assert r.expire() == ["due"]
+    return r
+
+
+@case
+def max_in_flight() -> Recorder:
+    r = Recorder("A pool never runs more than max_in_flight tasks at once over all workers.",
+                 [{"name": "p", "max_in_flight": 2}, {"name": "q"}])
+    for n in range(4):
+        r.submit(f"p{n}", "p")
+    r.submit("q0", "q")
+    r.add_worker("w1", ["p", "q"], 2)
+    r.add_worker("w2", ["p"], 2)
+    got = r.dispatch()
+    assert sorted(t for _, t in got) == ["p0", "p1", "q0"]
+    r.at(1)
+    r.finish("p0", next(w for w, t in got if t == "p0"))  # the pool drops under its cap: p2 may go
+    assert [t for _, t in r.dispatch()] == ["p2"]
+    return r
+
+
+@case
+def workers_least_recently_ready() -> Recorder:
+    r = Recorder("Workers are served least recently ready first, so idle workers take turns.",
+                 [{"name": "p"}])
+    r.add_worker("w1", ["p"], 2)
+    r.add_worker("w2", ["p"], 2)
+    r.add_worker("w3", ["p"], 1)
+    for n in range(6):
+        r.submit(f"t{n}", "p")
+    assert [w for w, _ in r.dispatch()] == ["w1", "w2", "w3", "w1", "w2"]
+    r.at(1)
+    r.finish("t2", "w3")
+    r.grant("w3")
+    r.finish("t0", "w1")
+    r.grant("w1")
+    assert r.dispatch() == [["w3", "t5"]]
+    return r
+
+
+@case
+def pools_take_turns() -> Recorder:
+    r = Recorder("A worker serving several pools takes the best class, then the earliest deadline, then the "
+                 "pools take turns.",
+                 [{"name": "a"}, {"name": "b"}, {"name": "c", "fair_share": True}])
+    for n in range(3):
+        r.submit(f"a{n}", "a")
+        r.submit(f"b{n}", "b")
+        r.submit(f"c{n}", "c", "t")
+    r.submit("b-high", "b", priority="high")
+    r.submit("c-deadline", "c", "t", deadline=9)
+    r.submit("a-deadline", "a", deadline=7)
+    r.add_worker("w", ["a", "b", "c"], 20)
+    got = [t for _, t in r.dispatch(limit=5)]
+    assert got[:3] == ["b-high", "a-deadline", "c-deadline"], got
+    r.dispatch()
+    return r
+
+
+@case
+def cancelled_head_is_not_charged() -> Recorder:
+    r = Recorder("Cancelling a tenant's head task hands its start tag to the next one: a cancelled task is "
+                 "never charged.",
+                 [{"name": "p", "tenant_weights": {"a": 1, "b": 1}}])
+    r.submit("a0", "p", "a")
+    r.submit("a1", "p", "a")
+    r.submit("b0", "p", "b")
+    r.submit("b1", "p", "b")
+    r.cancel("a0")
+    r.cancel("b1")
+    r.submit("b2", "p", "b")
+    r.add_worker("w", ["p"], 4)
+    assert [t for _, t in r.dispatch()] == ["a1", "b0", "b2"]
+    return r
+
+
+@case
+def retries_get_a_new_arrival() -> Recorder:
+    r = Recorder("A task sent back (retry, lost worker) queues behind the tasks that arrived meanwhile, with a "
+                 "new start tag, and keeps its deadline and attempts.",
+                 [{"name": "p", "fair_share": True}])
+    r.add_worker("w", ["p"], 1)
+    r.submit("x", "p", "a")
+    (worker, task), = r.dispatch()
+    r.submit("y", "p", "a")
+    r.submit("z", "p", "b")
+    r.at(1)
+    r.requeue("x", worker, 1, not_before=2)
+    assert not r.finish("x", worker, 1)
+    r.grant(worker)
+    assert r.dispatch() == [["w", "z"]]
+    r.at(2)
+    r.finish("z", "w")
+    r.grant("w")
+    r.expire()
+    r.dispatch()
+    r.at(3)
+    r.remove_worker("w")
+    r.add_worker("w2", ["p"], 3)
+    r.tick()
+    return r
+
+
+@case
+def untenanted_and_unlisted_weigh_one() -> Recorder:
+    r = Recorder("Tasks without a tenant are one more tenant of weight 1; unlisted tenants weigh 1; weights "
+                 "are read as the decimals they are written as (0.5 is 1/2, 2.5 is 5/2).",
+                 [{"name": "p", "tenant_weights": {"half": 0.5, "more": 2.5}}])
+    for n in range(6):
+        r.submit(f"h{n}", "p", "half")
+        r.submit(f"m{n}", "p", "more")
+        r.submit(f"u{n}", "p", "other")
+        r.submit(f"n{n}", "p", None)
+    r.add_worker("w", ["p"], 24)
+    r.dispatch()
+    return r
+
+
+@case
+def paused_pool() -> Recorder:
+    r = Recorder("A paused pool takes tasks but dispatches none; its deadlines still pass.",
+                 [{"name": "p"}])
+    r.add_worker("w", ["p"], 2)
+    r.pause("p")
+    r.submit("t0", "p")
+    r.submit("t1", "p", deadline=1)
+    assert r.dispatch() == []
+    r.at(1)
+    assert r.expire() == ["t1"]
+    r.resume("p")
+    assert r.dispatch() == [["w", "t0"]]
+    return r
+
+
+def rendered() -> dict[str, str]:
+    """The hand-written cases as their files hold them, by file name."""
+    return {f"{name}.json": render(build().vector()) for name, build in CASES.items()}
+
+
+# ----------------------------------------------------------------------------- random scenarios
+
+POOLS: Pools = [
+    {"name": "fair", "tenant_weights": {"a": 3, "b": 1, "c": 0.5}},
+    {"name": "plain", "max_in_flight": 2},
+    {"name": "share", "fair_share": True, "max_in_flight": 3},
+]
+TENANTS = [None, "a", "b", "c"]
+OFFSETS = [-1.0, 0.0, 0.5, 1.0, 2.0, 5.0]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
+    """A random interleaving of every operation the vectors know, recorded on the Python core as it is drawn."""
+    r = Recorder("A random interleaving drawn by Hypothesis (tests/core/scheduling_vectors.py, scenarios()).", POOLS)
+    r.add_worker("w0", ["fair", "plain", "share"], 3)
+    r.add_worker("w1", ["fair"], 1)
+    names = [p["name"] for p in POOLS]
+    count = 0
+    for _ in range(draw(st.integers(5, max_steps))):
+        op = draw(st.sampled_from(["submit"] * 6 + ["dispatch"] * 3 + ["advance"] * 2 + [
+            "finish", "finish", "requeue", "cancel", "expire", "worker", "grant", "pause", "resume", "wakeup"]))
+        running = [(t.id, t.worker, t.attempts) for t in r.core.tasks() if t.state == "running"]
+        live = sorted(t.id for t in r.core.tasks())
+        if op == "submit":
+            count += 1
+            deadline = draw(st.none() | st.sampled_from(OFFSETS[1:]))
+            delay = draw(st.none() | st.sampled_from(OFFSETS))
+            r.submit(f"t{count}", draw(st.sampled_from(names)), draw(st.sampled_from(TENANTS)),
+                     draw(st.sampled_from(["critical", "high", "normal", "normal", "normal", "low"])),
+                     None if deadline is None else r.now + deadline, None if delay is None else r.now + delay)
+        elif op == "dispatch":
+            r.dispatch(draw(st.sampled_from([None, None, 1, 2])))
+        elif op == "advance":
+            r.at(r.now + draw(st.sampled_from([0.5, 1.0, 2.0])))
+        elif op in ("finish", "requeue") and running:
+            task_id, worker, attempt = draw(st.sampled_from(sorted(running)))
+            if draw(st.integers(0, 5)) == 0:
+                attempt -= 1  # a stale lease: refused
+            if op == "finish":
+                r.finish(task_id, worker, attempt)
+            else:
+                delay = draw(st.none() | st.sampled_from(OFFSETS))
+                r.requeue(task_id, worker, attempt, None if delay is None else r.now + delay)
+            if draw(st.booleans()):
+                r.grant(worker)
+        elif op == "cancel" and live:
+            r.cancel(draw(st.sampled_from(live)))
+        elif op == "expire":
+            r.expire()
+        elif op == "worker":
+            worker = draw(st.sampled_from(["w0", "w1", "w2"]))
+            if draw(st.booleans()):
+                pools = draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True))
+                r.add_worker(worker, pools, draw(st.integers(0, 3)))
+            else:
+                r.remove_worker(worker)
+        elif op == "grant":
+            r.grant(draw(st.sampled_from(["w0", "w1", "w2"])), draw(st.integers(1, 2)))
+        elif op == "pause":
+            r.pause(draw(st.sampled_from(names)))
+        elif op == "resume":
+            r.resume(draw(st.sampled_from(names)))
+        elif op == "wakeup":
+            r.next_wakeup()
+    r.tick()
+    return r.vector()
+
+
+def emit(vector: dict[str, Any], directory: Path) -> Path:
+    """Write a drawn scenario as `hypothesis-<digest>.json` (the same scenario always gets the same name)."""
+    text = render(vector)
+    path = directory / f"hypothesis-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    VECTORS.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered().items():
+        (VECTORS / name).write_text(text)
+    print(f"wrote {len(CASES)} hand-written scheduling vectors to {VECTORS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
