@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::weights::{Tag, Weights};
-use super::{Slot, State};
+use super::slot::{Slot, State};
 
 /// An f64 with a total order, for time keys (times are never NaN: the core refuses them).
 #[derive(Debug, Clone, Copy, PartialEq)]
