@@ -92,7 +92,6 @@ impl ClusterMap {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -50,10 +50,10 @@ pub mod wire;
 mod worker;
 
 pub use address::Addresses;
+pub use answers::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, TaskInfo, TaskState, Waiting};
 pub use client::{connect, Client, Connect, DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT};
 pub use embedded::Scheduler;
 pub use error::{Error, Result};
-pub use answers::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, TaskInfo, TaskState, Waiting};
 pub use handle::TaskHandle;
 pub use handler::Failure;
 pub use pool::{Fairness, PoolConfig};

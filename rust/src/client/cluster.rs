@@ -211,7 +211,11 @@ pub(crate) struct Routes {
 impl Routes {
     /// Take a map: connect (with `connect`) to new members, or to members whose addresses changed;
     /// returns the connections no longer wanted (the caller closes them).
-    pub fn update(&mut self, map: &ClusterMap, connect: impl Fn(&[String]) -> Result<Connection>) -> Result<Vec<Connection>> {
+    pub fn update(
+        &mut self,
+        map: &ClusterMap,
+        connect: impl Fn(&[String]) -> Result<Connection>,
+    ) -> Result<Vec<Connection>> {
         let addresses: HashMap<String, Vec<String>> =
             map.members.iter().map(|m| (m.name.clone(), m.clients.clone())).collect();
         let mut kept: HashMap<String, Connection> = HashMap::new();
@@ -272,4 +276,3 @@ impl Routes {
         self.members.drain(..).map(|(_, c)| c).collect()
     }
 }
-

@@ -106,7 +106,6 @@ impl Connect {
     }
 }
 
-
 impl IntoFuture for Connect {
     type Output = Result<Client>;
     type IntoFuture = Pin<Box<dyn Future<Output = Result<Client>> + Send>>;

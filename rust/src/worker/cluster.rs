@@ -30,7 +30,11 @@ struct MemberRun {
 
 /// Serve a cluster from its first map: a connection per member that owns (or still drains) some of
 /// the worker's pools, each with its share of the slots, following the maps they report.
-pub(super) async fn serve_cluster(shared: Arc<Shared>, first: ClusterMap, mut stop: watch::Receiver<bool>) -> Result<()> {
+pub(super) async fn serve_cluster(
+    shared: Arc<Shared>,
+    first: ClusterMap,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
     let (maps_tx, mut maps) = mpsc::unbounded_channel();
     let mut c = ClusterWork {
         shared: shared.clone(),
