@@ -8,8 +8,9 @@
 //! watch handshakes with the socket monitor; a client also asks libzmq for ZMTP heartbeats, since it
 //! may sit idle while its requests wait, where a worker heartbeats in the protocol itself.
 
+use crate::address;
 use crate::error::Result;
-use crate::transport::{Dealer, Options};
+use crate::transport::{curve_public_key, Dealer, Options};
 use crate::wire::{self, Direction, Header, BATCH_BYTES};
 
 /// What a message to send is: its encoded header, and its body (a msgpack document) if it has one.
@@ -31,25 +32,33 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    /// A broker's client endpoint: replies come back. `curve_server_key`: 32 bytes (see
-    /// [`curve_public_key`](crate::transport::curve_public_key)).
-    pub fn client(addresses: Vec<String>, token: Vec<u8>, curve_server_key: Option<Vec<u8>>) -> Endpoint {
+    /// A broker's client endpoint: replies come back. `addresses` as the user gave them (a
+    /// primary, then its standbys; see [`Addresses`](crate::Addresses)), `curve_server_key` as 40
+    /// Z85 characters or a `NAME.key` file. `InvalidArgument` for no address or a bad key.
+    pub fn client(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
+        let addresses = address::parse(addresses, "broker address")?;
+        let curve_server_key = curve_server_key.map(curve_public_key).transpose()?;
         let options = Options { curve_server_key, monitor: true, heartbeat: Some(CLIENT_HEARTBEAT) };
-        Endpoint { addresses, token, options, direction: Direction::ClientReply }
+        Ok(Endpoint { addresses, token, options, direction: Direction::ClientReply })
     }
 
     /// A broker's worker endpoint: commands come. The monitor's handshakes tell the worker to
     /// register on every new connection (a restarted broker, or a standby that took over, does not
     /// know it; a `ready` sent while none was up was dropped).
-    pub fn worker(addresses: Vec<String>, token: Vec<u8>, curve_server_key: Option<Vec<u8>>) -> Endpoint {
+    pub fn worker(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
+        let addresses = address::parse(addresses, "broker address")?;
+        let curve_server_key = curve_server_key.map(curve_public_key).transpose()?;
         let options = Options { curve_server_key, monitor: true, heartbeat: None };
-        Endpoint { addresses, token, options, direction: Direction::WorkerCommand }
+        Ok(Endpoint { addresses, token, options, direction: Direction::WorkerCommand })
     }
 
-    /// This endpoint's kind, token and key at other addresses: a cluster member's, as its map
-    /// lists them.
-    pub fn elsewhere(&self, addresses: Vec<String>) -> Endpoint {
-        Endpoint { addresses, ..self.clone() }
+    /// This endpoint's kind, token and key at a cluster member's addresses, as its map lists them.
+    pub fn member(&self, addresses: &[String]) -> Result<Endpoint> {
+        let what = match self.direction {
+            Direction::WorkerCommand => "cluster member worker address",
+            _ => "cluster member address",
+        };
+        Ok(Endpoint { addresses: address::parse(addresses, what)?, ..self.clone() })
     }
 
     /// Every address, as messages name them ("A or B" for a primary and its standby).

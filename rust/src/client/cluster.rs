@@ -18,7 +18,6 @@ use std::time::Duration;
 use rmpv::Value;
 
 use super::connection::{Connection, Refused};
-use crate::address;
 use crate::clustermap::{member_of_task, ClusterMap};
 use crate::error::{Error, Result};
 use crate::wire;
@@ -68,8 +67,7 @@ impl Router {
     /// Route by `map` from now on: connect to its new members, close what it no longer lists.
     fn take_map(&self, map: &ClusterMap) -> Result<()> {
         let connect = |addresses: &[String]| {
-            let addresses = address::parse(addresses, "cluster member address")?;
-            Connection::open(self.home.endpoint().elsewhere(addresses), self.home.request_timeout())
+            Connection::open(self.home.endpoint().member(addresses)?, self.home.request_timeout())
         };
         let gone = {
             let mut routes = self.routes.lock().unwrap();

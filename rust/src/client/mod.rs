@@ -18,14 +18,13 @@ use rmpv::Value;
 
 use self::cluster::Router;
 use self::connection::Connection;
-use crate::address::{self, Addresses};
+use crate::address::Addresses;
 use crate::answers::{Explanation, TaskInfo};
 use crate::channel::Endpoint;
 use crate::clustermap::ClusterMap;
 use crate::error::Result;
 use crate::handle::TaskHandle;
 use crate::task::Task;
-use crate::transport::curve_public_key;
 
 /// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,9 +97,8 @@ impl Connect {
     }
 
     async fn open(self) -> Result<Client> {
-        let addresses = address::parse(&self.addresses, "broker address")?;
-        let curve_key = self.curve.as_deref().map(curve_public_key).transpose()?;
-        let home = Connection::open(Endpoint::client(addresses, self.token, curve_key), self.request_timeout)?;
+        let endpoint = Endpoint::client(&self.addresses, self.token, self.curve.as_deref())?;
+        let home = Connection::open(endpoint, self.request_timeout)?;
         let router = self.routing.then(|| Arc::new(Router::new(home.clone())));
         Ok(Client { home, router })
     }

@@ -17,7 +17,6 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use super::session::{End, Role, Session, Shared, Target};
-use crate::address;
 use crate::clustermap::ClusterMap;
 use crate::error::{Error, Result};
 
@@ -146,8 +145,7 @@ impl ClusterWork {
     }
 
     fn start(&mut self, name: &str, workers: &[String], pools: Vec<String>, share: u32) -> Result<()> {
-        let addresses = address::parse(workers, "cluster member worker address")?;
-        let endpoint = self.shared.endpoint.elsewhere(addresses);
+        let endpoint = self.shared.endpoint.member(workers)?;
         let (target_tx, target) = watch::channel((pools.clone(), share));
         let (stop_tx, stop) = watch::channel(false);
         let role = Role::Member { maps: self.maps_tx.clone(), target, gate: self.gate.clone() };

@@ -18,13 +18,12 @@ use tokio::sync::watch;
 
 use self::cluster::serve_cluster;
 use self::session::{End, Role, Session, Shared};
-use crate::address::{self, Addresses};
+use crate::address::Addresses;
 use crate::channel::Endpoint;
 use crate::error::{Error, Result};
 use crate::handler::{self, Handler};
 use crate::pool::PoolConfig;
 use crate::task::Payload;
-use crate::transport::curve_public_key;
 
 /// Serves the tasks of its pools that the broker at an address hands it, `concurrency` at a time.
 ///
@@ -161,9 +160,7 @@ impl Worker {
                 "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
             ));
         }
-        let addresses = address::parse(&self.addresses, "broker address")?;
-        let curve_key = self.curve.as_deref().map(curve_public_key).transpose()?;
-        let endpoint = Endpoint::worker(addresses, self.token.clone(), curve_key);
+        let endpoint = Endpoint::worker(&self.addresses, self.token.clone(), self.curve.as_deref())?;
         let shared = Arc::new(Shared {
             endpoint: endpoint.clone(),
             heartbeat_interval: self.heartbeat_interval,
