@@ -28,7 +28,7 @@
 //! 5. `client::cluster` and `worker::cluster`: routers over a connection or session per member.
 //! 6. `client` ([`connect`], [`Client`]) and `worker` ([`Worker`]).
 //!
-//! No module imports one above it, and there is no cycle (tests/test_rust_layout.py holds it).
+//! No module imports one above it, and there is no cycle (tests/rust/test_layout.py holds it).
 
 #![warn(missing_docs)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "rust" / "src"
+SRC = Path(__file__).resolve().parents[2] / "rust" / "src"
 
 
 def module_of(path: Path) -> str:
