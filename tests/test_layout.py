@@ -442,3 +442,14 @@ def test_the_errors_moved_into_the_tree_keep_their_old_names_and_bases():
     damaged = pickle.loads(pickle.dumps(errors.DamagedFile(Path("/d/journal.00000001"), 7, "a checksum differs")))
     assert (damaged.path, damaged.offset, damaged.what) == (Path("/d/journal.00000001"), 7, "a checksum differs")
     assert str(damaged).startswith("/d/journal.00000001 is damaged at offset 7: a checksum differs; refusing")
+
+
+def test_every_folder_of_the_package_is_a_regular_package():
+    """A folder of modules without __init__.py imports from a checkout (as a namespace package) but is left out
+    of the wheel `pip install .` builds (setuptools finds regular packages only): the installed broker would
+    fail with ModuleNotFoundError although every test run from the checkout passed."""
+    missing = sorted(
+        str(folder.relative_to(ROOT)) for folder in PACKAGE.rglob("*")
+        if folder.is_dir() and any(folder.glob("*.py")) and not (folder / "__init__.py").exists()
+    )
+    assert not missing, f"folders of cronoq without __init__.py (left out of the wheel): {missing}"
