@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 import traceback
 import uuid
@@ -76,6 +77,7 @@ class Scheduler:
         self._book = TaskBook(
             self._core, new_id=lambda: uuid.uuid4().hex, on_terminal=self._on_terminal,
             max_payload_bytes=max_payload_bytes, result_ttl=result_ttl, result_retention_bytes=result_retention_bytes,
+            rng=random.Random(), pacing_clock=time.perf_counter,
         )
         self._rates = DispatchRates(self._core)
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}

@@ -27,6 +27,7 @@ import itertools
 import logging
 import math
 import os
+import random
 import resource
 import socket
 import time
@@ -126,7 +127,7 @@ class Broker:
             self._core, new_id=_task_ids(prefix), on_terminal=self._on_terminal,
             max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
             result_ttl=config.result_ttl, result_retention_bytes=config.result_retention_bytes,
-            limits=self._pool_limits,
+            limits=self._pool_limits, rng=random.Random(), pacing_clock=time.perf_counter,
         )
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)

@@ -21,7 +21,7 @@ from cronoq.wire import curve
 
 from cronoq.client import text as views
 from cronoq.client.client import DEFAULT_CLIENT_ADDRESS, Client
-from cronoq.errors import CronoqError, Unauthenticated
+from cronoq.errors import CronoqError, Unauthenticated, UsageError
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -137,10 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--force", action="store_true",
                         help="replace an existing pair (clients and workers holding the old public key are locked out)")
     return parser
-
-
-class UsageError(Exception):
-    """A mistake on the command line found after parsing; reported in one line, exit status 2."""
 
 
 def _payload(args: argparse.Namespace) -> Any:

@@ -13,12 +13,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
+use crate::answers::{Explanation, TaskInfo, TaskState};
 use crate::core::{Core, NewTask};
 use crate::error::{Error, Result};
-use crate::handle::{timed_out, Ended, Source, TaskHandle};
+use crate::handle::{self, timed_out, Answer, TaskHandle, TaskOutcome};
 use crate::handler::{self, Failure, Handler};
 use crate::pool::PoolConfig;
-use crate::task::{Payload, Priority, Task, TaskInfo, TaskState};
+use crate::task::{Payload, Priority, Task};
 
 const LOCAL_WORKER: &str = "local";
 const RETRY_BACKOFF_BASE: f64 = 0.5;
@@ -207,11 +208,7 @@ impl Scheduler {
                 let scope = (task.pool.clone(), task.tenant.clone(), key.clone());
                 if let Some(id) = inner.keys.get(&scope) {
                     if inner.records.contains_key(id) {
-                        return Ok(TaskHandle {
-                            id: id.clone(),
-                            duplicate: true,
-                            source: Source::Embedded(self.shared.clone()),
-                        });
+                        return Ok(TaskHandle::new(id.clone(), true, Arc::new(self.shared.clone())));
                     }
                 }
             }
@@ -261,7 +258,7 @@ impl Scheduler {
             (id, false)
         };
         self.shared.wake.notify_one();
-        Ok(TaskHandle { id, duplicate, source: Source::Embedded(self.shared.clone()) })
+        Ok(TaskHandle::new(id, duplicate, Arc::new(self.shared.clone())))
     }
 
     /// Wait for a task's value by id (see [`TaskHandle::result`]).
@@ -479,12 +476,12 @@ impl Shared {
     }
 
     /// Wait for a task to end.
-    pub(crate) async fn wait(&self, task_id: &str, timeout: Option<Duration>) -> Result<Ended> {
+    pub(crate) async fn wait(&self, task_id: &str, timeout: Option<Duration>) -> Result<TaskOutcome> {
         let receiver = {
             let mut inner = self.inner.lock().unwrap();
             let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
             if r.state.is_terminal() {
-                return Ok(Ended {
+                return Ok(TaskOutcome {
                     state: r.state.as_str().to_string(),
                     body: r.result.clone(),
                     error_type: r.error_type.clone(),
@@ -507,5 +504,27 @@ impl Shared {
             }
         }
         Box::pin(self.wait(task_id, Some(Duration::ZERO))).await
+    }
+}
+
+impl handle::Source for Shared {
+    fn status<'a>(&'a self, task_id: &'a str) -> Answer<'a, TaskInfo> {
+        Box::pin(async move { Shared::status(self, task_id) })
+    }
+
+    fn cancel<'a>(&'a self, task_id: &'a str) -> Answer<'a, bool> {
+        Box::pin(async move { Shared::cancel(self, task_id) })
+    }
+
+    fn explain<'a>(&'a self, task_id: &'a str) -> Answer<'a, Explanation> {
+        Box::pin(async move {
+            Err(Error::FailedPrecondition(format!(
+                "task {task_id}: the embedded Scheduler does not explain its tasks; a broker does (Client::explain)"
+            )))
+        })
+    }
+
+    fn wait<'a>(&'a self, task_id: &'a str, timeout: Option<Duration>) -> Answer<'a, TaskOutcome> {
+        Box::pin(Shared::wait(self, task_id, timeout))
     }
 }

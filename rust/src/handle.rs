@@ -1,17 +1,25 @@
 //! [`TaskHandle`]: a submitted task, and the way to its result.
+//!
+//! A handle asks whoever made it — a broker connection (src/client/connection.rs) or the embedded
+//! scheduler (src/embedded.rs) — through [`Source`], which both implement: this module names
+//! neither, so the dependency runs one way, from them to it.
 
+use std::future::Future;
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::answers::{Explanation, TaskInfo};
 use crate::error::{outcome_error, Error, Result};
-use crate::explain::Explanation;
-use crate::task::{Payload, TaskInfo};
+use crate::task::Payload;
 use crate::wire::NIL_BODY;
 
 /// How a task ended: its state, its result (succeeded) or its error fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Ended {
+pub(crate) struct TaskOutcome {
     pub state: String,
     pub body: Option<Vec<u8>>,
     pub error_type: String,
@@ -19,7 +27,7 @@ pub(crate) struct Ended {
     pub traceback: String,
 }
 
-impl Ended {
+impl TaskOutcome {
     /// The handler's value, or the error the ending stands for.
     pub fn into_result(self, task_id: &str) -> Result<Payload> {
         match outcome_error(task_id, &self.state, &self.error_type, &self.error_message, &self.traceback) {
@@ -29,16 +37,27 @@ impl Ended {
     }
 }
 
-pub(crate) enum Source {
-    Embedded(crate::embedded::Shared),
-    Client(crate::client::Client, Option<std::sync::Arc<crate::client::Watch>>),
+/// A future a [`Source`] answers with.
+pub(crate) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// What made a handle, asked about its task by id. (Unwind-safe as the client and the scheduler
+/// are, so a handle stays so.)
+pub(crate) trait Source: Send + Sync + UnwindSafe + RefUnwindSafe {
+    /// The task's snapshot.
+    fn status<'a>(&'a self, task_id: &'a str) -> Answer<'a, TaskInfo>;
+    /// Cancel it if not dispatched yet.
+    fn cancel<'a>(&'a self, task_id: &'a str) -> Answer<'a, bool>;
+    /// Why it is where it is.
+    fn explain<'a>(&'a self, task_id: &'a str) -> Answer<'a, Explanation>;
+    /// Wait for it to end (at most `timeout`: then [`Error::Timeout`], see [`timed_out`]).
+    fn wait<'a>(&'a self, task_id: &'a str, timeout: Option<Duration>) -> Answer<'a, TaskOutcome>;
 }
 
 /// A submitted task: its id, and its result once it ends.
 pub struct TaskHandle {
-    pub(crate) id: String,
-    pub(crate) duplicate: bool,
-    pub(crate) source: Source,
+    id: String,
+    duplicate: bool,
+    source: Arc<dyn Source>,
 }
 
 impl std::fmt::Debug for TaskHandle {
@@ -48,6 +67,12 @@ impl std::fmt::Debug for TaskHandle {
 }
 
 impl TaskHandle {
+    /// The handle of task `id`, asking `source` about it; `duplicate`: submit returned an earlier
+    /// task with the same key.
+    pub(crate) fn new(id: String, duplicate: bool, source: Arc<dyn Source>) -> TaskHandle {
+        TaskHandle { id, duplicate, source }
+    }
+
     /// The task's id (32 hex digits; a cluster member's name and a colon before them): any client
     /// may use it with `result`, `status`, `cancel` and `explain`.
     pub fn id(&self) -> &str {
@@ -75,19 +100,13 @@ impl TaskHandle {
     /// A snapshot of the task: state, attempts, timings (as `status(id)` of the scheduler or client
     /// that made this handle).
     pub async fn status(&self) -> Result<TaskInfo> {
-        match &self.source {
-            Source::Embedded(shared) => shared.status(&self.id),
-            Source::Client(client, _) => client.status(&self.id).await,
-        }
+        self.source.status(&self.id).await
     }
 
     /// Cancel the task if it was not dispatched yet; false if it runs or has finished (as
     /// `cancel(id)`).
     pub async fn cancel(&self) -> Result<bool> {
-        match &self.source {
-            Source::Embedded(shared) => shared.cancel(&self.id),
-            Source::Client(client, _) => client.cancel(&self.id).await,
-        }
+        self.source.cancel(&self.id).await
     }
 
     /// Why the task is where it is: what stands before it while it waits, or how each attempt ended
@@ -95,25 +114,16 @@ impl TaskHandle {
     /// cluster, the member — that accepted it). The embedded scheduler does not explain its tasks:
     /// `FailedPrecondition` for a handle of one.
     pub async fn explain(&self) -> Result<Explanation> {
-        match &self.source {
-            Source::Embedded(_) => Err(Error::FailedPrecondition(format!(
-                "task {}: the embedded Scheduler does not explain its tasks; a broker does (Client::explain)",
-                self.id
-            ))),
-            Source::Client(client, _) => client.explain(&self.id).await,
-        }
+        self.source.explain(&self.id).await
     }
 
     /// Wait for the task to end; its value as msgpack.
     pub async fn payload(&self, timeout: Option<Duration>) -> Result<Payload> {
-        let ended = match &self.source {
-            Source::Embedded(shared) => shared.wait(&self.id, timeout).await?,
-            Source::Client(client, watch) => client.wait_ended(&self.id, watch.as_ref(), timeout).await?,
-        };
-        ended.into_result(&self.id)
+        self.source.wait(&self.id, timeout).await?.into_result(&self.id)
     }
 }
 
+/// The error of a wait for `task_id` that gave up after `timeout`.
 pub(crate) fn timed_out(task_id: &str, timeout: Option<Duration>) -> Error {
     Error::Timeout(format!(
         "task {task_id} did not finish within {} s",

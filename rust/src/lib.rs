@@ -9,16 +9,37 @@
 //! - [`Scheduler`]: the broker's scheduling rules in this process.
 //!
 //! Errors are one [`Error`] enum whose codes are the Python `CronoqError` codes. See README.md.
+//!
+//! # Layout
+//!
+//! The modules (all private but [`core`] and [`wire`]; the public names are re-exported here) in
+//! layers, each using modules of its own layer or below, never above:
+//!
+//! 1. `error`, `address` (a broker's addresses), [`wire`] (the protocol's messages, one schema each),
+//!    `link` and `transport` (a ZeroMQ DEALER on tokio, and what its monitor says), [`core`] (the
+//!    scheduling rules: no I/O, no clock).
+//! 2. `task` ([`Task`], [`Payload`]), `answers` ([`TaskInfo`], [`Explanation`]: the fields they
+//!    share are written once), `clustermap` (the cluster map and task ids), `channel` (a broker
+//!    endpoint: the socket set up once for client and worker), `pool`, `handler`.
+//! 3. `handle` ([`TaskHandle`]): asks whoever made it through a trait, naming neither.
+//! 4. `client::connection` (one broker: its primary and standbys, requests, re-sends),
+//!    `worker::session` (one broker's worker endpoint: credit, heartbeats), `embedded`
+//!    ([`Scheduler`]).
+//! 5. `client::cluster` and `worker::cluster`: routers over a connection or session per member.
+//! 6. `client` ([`connect`], [`Client`]) and `worker` ([`Worker`]).
+//!
+//! No module imports one above it, and there is no cycle (tests/rust/test_layout.py holds it).
 
 #![warn(missing_docs)]
 
 mod address;
+mod answers;
+mod channel;
 mod client;
-mod cluster;
+mod clustermap;
 pub mod core;
 mod embedded;
 mod error;
-mod explain;
 mod handle;
 mod handler;
 mod link;
@@ -29,13 +50,13 @@ pub mod wire;
 mod worker;
 
 pub use address::Addresses;
+pub use answers::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, TaskInfo, TaskState, Waiting};
 pub use client::{connect, Client, Connect, DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT};
 pub use embedded::Scheduler;
 pub use error::{Error, Result};
-pub use explain::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, Waiting};
 pub use handle::TaskHandle;
 pub use handler::Failure;
 pub use pool::{Fairness, PoolConfig};
 pub use rmpv::Value;
-pub use task::{encode, Payload, Priority, Task, TaskInfo, TaskState, MAX_NAME_LENGTH};
+pub use task::{encode, Payload, Priority, Task, MAX_NAME_LENGTH};
 pub use worker::{Stopper, Worker};

@@ -1,5 +1,5 @@
-//! What a caller submits ([`Task`]), what a handler receives ([`Payload`]) and what a caller can
-//! learn about a task ([`TaskInfo`]).
+//! What a caller submits ([`Task`]) and what a handler receives ([`Payload`]). What a caller
+//! learns about a task afterwards is in src/answers.rs.
 
 use std::time::Duration;
 
@@ -227,84 +227,4 @@ impl Payload {
     pub fn as_msgpack(&self) -> &[u8] {
         &self.bytes
     }
-}
-
-/// Where a task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TaskState {
-    /// Waiting for a worker.
-    Queued,
-    /// Waiting for its delay (or a retry's backoff) to end.
-    Delayed,
-    /// A worker is running it.
-    Running,
-    /// Its handler returned a value.
-    Succeeded,
-    /// Its handler failed on its last allowed run.
-    Failed,
-    /// Cancelled before it ran.
-    Cancelled,
-    /// Its deadline passed before it was dispatched.
-    Expired,
-}
-
-impl TaskState {
-    /// The state named `name` on the wire.
-    pub fn parse(name: &str) -> Result<TaskState> {
-        Ok(match name {
-            "queued" => TaskState::Queued,
-            "delayed" => TaskState::Delayed,
-            "running" => TaskState::Running,
-            "succeeded" => TaskState::Succeeded,
-            "failed" => TaskState::Failed,
-            "cancelled" => TaskState::Cancelled,
-            "expired" => TaskState::Expired,
-            other => return Err(Error::InvalidArgument(format!("unknown task state {other:?}"))),
-        })
-    }
-
-    /// The name on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Queued => "queued",
-            TaskState::Delayed => "delayed",
-            TaskState::Running => "running",
-            TaskState::Succeeded => "succeeded",
-            TaskState::Failed => "failed",
-            TaskState::Cancelled => "cancelled",
-            TaskState::Expired => "expired",
-        }
-    }
-
-    /// Whether the task will never change again.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled | TaskState::Expired)
-    }
-}
-
-/// A snapshot of a task, as `status` returns it. Times are Unix seconds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TaskInfo {
-    /// The task's id.
-    pub id: String,
-    /// Its pool.
-    pub pool: String,
-    /// Its tenant, if any.
-    pub tenant: Option<String>,
-    /// Its priority class.
-    pub priority: Priority,
-    /// Where it stands.
-    pub state: TaskState,
-    /// How many times it was dispatched (runs lost with their worker included).
-    pub attempts: u32,
-    /// When it was accepted.
-    pub submitted_at: f64,
-    /// When it last started running.
-    pub started_at: Option<f64>,
-    /// When it ended.
-    pub finished_at: Option<f64>,
-    /// The absolute time its deadline falls at.
-    pub deadline: Option<f64>,
-    /// The last failure, `"<error_type>: <error_message>"`.
-    pub error: Option<String>,
 }

@@ -690,6 +690,16 @@ pub const MAX_READY_POOLS: usize = 1024;
 /// The most settings one pool's entry in a `ready` may hold.
 pub const MAX_POOL_SETTINGS: usize = 16;
 
+/// The value under `name` in a msgpack map's entries.
+pub(crate) fn entry<'a>(map: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
+    map.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v)
+}
+
+/// The value under `name` when `value` is a msgpack map; None for any other value.
+pub(crate) fn field<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
+    value.as_map().and_then(|map| entry(map, name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -735,14 +745,4 @@ mod tests {
         assert!(clipped.len() <= 200, "{}", clipped.len());
         assert!(clipped.starts_with('a') && clipped.ends_with('b') && clipped.contains("bytes cut"));
     }
-}
-
-/// The value under `name` in a msgpack map's entries.
-pub(crate) fn entry<'a>(map: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
-    map.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v)
-}
-
-/// The value under `name` when `value` is a msgpack map; None for any other value.
-pub(crate) fn field<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
-    value.as_map().and_then(|map| entry(map, name))
 }

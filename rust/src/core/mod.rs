@@ -28,6 +28,7 @@
 //! pools take turns.
 
 pub mod queues;
+mod slot;
 pub mod weights;
 
 use std::collections::{HashMap, VecDeque};
@@ -35,40 +36,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use queues::{ClassQueue, TimerHeap};
+pub use slot::{Slot, State};
 use weights::Weights;
-
-/// Where a task stands. Terminal states are reported, never held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Waiting in its class.
-    Queued,
-    /// Waiting for its delay (or retry backoff) to end.
-    Delayed,
-    /// Held by a worker.
-    Running,
-}
-
-/// A task as the core holds it.
-#[derive(Debug, Clone)]
-pub struct Slot {
-    /// The task's id.
-    pub id: Arc<str>,
-    pool: usize,
-    /// The tenant, if any.
-    pub tenant: Option<Arc<str>>,
-    /// The class number, 0 (critical) to 3 (low).
-    pub priority: u8,
-    /// Absolute deadline, on the caller's clock.
-    pub deadline: Option<f64>,
-    /// Not dispatched before this time.
-    pub not_before: Option<f64>,
-    /// Queued, delayed or running.
-    pub state: State,
-    /// Dispatches so far.
-    pub attempts: u32,
-    worker: Option<usize>,
-    pub(crate) seq: u64,
-}
 
 /// What the caller hands `submit`.
 #[derive(Debug, Clone)]

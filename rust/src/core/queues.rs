@@ -10,8 +10,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::slot::{Slot, State};
 use super::weights::{Tag, Weights};
-use super::{Slot, State};
 
 /// An f64 with a total order, for time keys (times are never NaN: the core refuses them).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import random
+import time
 
 import msgspec
 import pytest
@@ -45,7 +47,8 @@ def broker_parts(explain=None) -> tuple[BrokerParts, TaskBook, Clock]:
             failures.add(record.id, record.pool, record.tenant, record.error_type, record.error_message,
                          record.traceback, record.attempts, record.finished_at)
 
-    book = TaskBook(core, new_id=ids.__next__, on_terminal=on_terminal)
+    book = TaskBook(core, new_id=ids.__next__, on_terminal=on_terminal, rng=random.Random(0),
+                    pacing_clock=time.perf_counter)
     auth = Authenticator(TOKENS)
     parts = BrokerParts(
         stats=lambda: {"pools": core.stats(), "workers": 0}, identify=auth.identify, pools=lambda: pools,

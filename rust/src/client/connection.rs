@@ -1,5 +1,6 @@
-//! [`connect`] and [`Client`]: one DEALER socket to a broker's client endpoint, many requests in
-//! flight on it.
+//! [`Connection`]: one DEALER socket to one broker's client endpoint (its primary and its
+//! standbys), many requests in flight on it. [`Client`](crate::Client) talks through one; in a
+//! cluster, its router (src/client/cluster.rs) keeps one per member.
 //!
 //! Every request gets a request id (`rid`); replies are matched to the waiting caller by it, so
 //! submits pipeline instead of taking a round trip each, and what callers ask for during one
@@ -7,14 +8,15 @@
 //!
 //! The connection outlives a broker restart (Lazy Pirate, docs/protocol.md "Reconnecting
 //! clients"): libzmq reconnects by itself, the socket monitor reports each completed handshake,
-//! and on every handshake after the first the client re-sends each request still waiting for its
-//! reply (a `submit` with its same `submission` id, so the broker creates no second task), and a
-//! `wait` for every watched task whose outcome has not come. `cancel` is never re-sent.
+//! and on every handshake after the first the connection re-sends each request still waiting for
+//! its reply (a `submit` with its same `submission` id, so the broker creates no second task), and
+//! a `wait` for every watched task whose outcome has not come. `cancel` is never re-sent.
 //!
-//! On each connection the client asks the broker's rules (`hello`) and refuses a payload over its
-//! `max_payload_bytes` itself, before sending anything.
+//! On each connection it asks the broker's rules (`hello`) and refuses a payload over its
+//! `max_payload_bytes` itself, before sending anything. The `hello` also says whether the broker is
+//! a cluster member ([`Connection::member`]); routing over the cluster is the router's business.
 //!
-//! The address may list a broker's primary and its standbys (docs/scaling.md, "Standby"): the one
+//! The addresses may list a broker's primary and its standbys (docs/scaling.md, "Standby"): the one
 //! socket connects to all of them with `ZMQ_IMMEDIATE`, so requests are only queued on a completed
 //! connection — the broker that serves, since a standby binds nothing until it takes over. A
 //! request made while no connection is up is held here and leaves with the next one, as re-sent
@@ -24,33 +26,22 @@
 //! Waiting is only for a broker that may yet answer (src/link.rs): when no address ever took the
 //! connection (refused for a second), or the CURVE handshake cannot succeed, every request fails at
 //! once with `Unavailable` naming the cause, and so do new ones until a handshake succeeds.
-//!
-//! A broker whose `hello` names a cluster member makes the client learn the cluster map and route
-//! each request to the member it concerns (src/cluster.rs), over one such connection per member;
-//! a lone broker is talked to as it always was.
 
 use std::collections::{HashMap, HashSet};
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::address::{self, Addresses};
-use crate::cluster::{member_of_task, ClusterMap, Routes};
+use crate::answers::{Explanation, TaskInfo};
+use crate::channel::{Channel, Endpoint, Outgoing};
 use crate::error::{Error, Result};
-use crate::explain::Explanation;
-use crate::handle::{timed_out, Ended, Source, TaskHandle};
-use crate::task::{Priority, Task, TaskInfo, TaskState};
-use crate::transport::{curve_public_key, Dealer, Options, HIGH_WATER_MARK};
-use crate::wire::{self, Direction, Header, BATCH_BYTES};
+use crate::handle::{self, timed_out, Answer, TaskHandle, TaskOutcome};
+use crate::task::Task;
+use crate::transport::{Dealer, HIGH_WATER_MARK};
+use crate::wire::{self, Header};
 
-/// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// The broker address the Python client defaults to.
-pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
 /// How often a `wait` for an unfinished watched task is sent again without a handshake seen
 /// (docs/protocol.md, "Without a socket monitor"); with the monitor this is only a safety net.
 const REWAIT_INTERVAL: Duration = Duration::from_secs(10);
@@ -60,146 +51,14 @@ const REFUSAL_WINDOW: Duration = Duration::from_secs(1);
 /// attach a new connection a moment after its monitor reports the handshake).
 const HELD_RETRY: Duration = Duration::from_millis(20);
 
-/// Start connecting to the broker's client endpoint at `address`; set options on the returned
-/// [`Connect`], then `.await` it.
-///
-/// `address` may list a broker's primary and its standbys (a list, or one string with commas):
-/// requests go to whichever serves, and after a takeover the client carries on with the new one by
-/// itself, re-sending what was outstanding. Awaiting fails with `InvalidArgument` when no address is
-/// given or libzmq cannot use one.
-///
-/// ```no_run
-/// # async fn demo() -> cronoq::Result<()> {
-/// let sched = cronoq::connect("tcp://127.0.0.1:5555")
-///     .token(std::env::var("CRONOQ_TOKEN").unwrap_or_default())
-///     .request_timeout(std::time::Duration::from_secs(10))
-///     .await?;
-/// let failover = cronoq::connect(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"]).await?;
-/// # Ok(()) }
-/// ```
-pub fn connect(address: impl Addresses) -> Connect {
-    Connect {
-        addresses: address.into_strings(),
-        token: Vec::new(),
-        curve: None,
-        request_timeout: DEFAULT_REQUEST_TIMEOUT,
-        routing: true,
-    }
-}
-
-/// Options of a connection to a broker; `.await` it for a [`Client`].
-#[derive(Debug, Clone)]
-#[must_use = "a Connect does nothing until awaited"]
-pub struct Connect {
-    addresses: Vec<String>,
-    token: Vec<u8>,
-    curve: Option<String>,
-    request_timeout: Duration,
-    routing: bool,
-}
-
-impl Connect {
-    /// The token to show the broker (its secret's bytes); none for an open broker.
-    pub fn token(mut self, token: impl AsRef<[u8]>) -> Connect {
-        self.token = token.as_ref().to_vec();
-        self
-    }
-
-    /// Encrypt the connection with CURVE: the broker's public key as 40 Z85 characters, or the path
-    /// of its `NAME.key` file (from `cronoq keygen`).
-    pub fn curve_server_key(mut self, key: impl Into<String>) -> Connect {
-        self.curve = Some(key.into());
-        self
-    }
-
-    /// How long a request waits for its reply (default 30 s), re-sent meanwhile across reconnects.
-    pub fn request_timeout(mut self, timeout: Duration) -> Connect {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Route over the cluster the broker is a member of (the default), or, with `false`, talk to
-    /// this broker only: another member's pools are then refused with `FailedPrecondition` naming
-    /// their owner, and task ids naming another member are `NotFound`.
-    pub fn routing(mut self, routing: bool) -> Connect {
-        self.routing = routing;
-        self
-    }
-
-    async fn open(self) -> Result<Client> {
-        let addresses = address::parse(&self.addresses, "broker address")?;
-        let curve_key = self.curve.as_deref().map(curve_public_key).transpose()?;
-        Client::start(addresses, self.token, curve_key, self.request_timeout, self.routing)
-    }
-}
-
-impl Client {
-    /// Connect to one broker's addresses (a primary, then its standbys) and start the socket's task;
-    /// `routing`: follow a cluster if the broker is a member of one (a member's own connection does
-    /// not). Must be called inside a tokio runtime.
-    fn start(
-        addresses: Vec<String>,
-        token: Vec<u8>,
-        curve_key: Option<Vec<u8>>,
-        request_timeout: Duration,
-        routing: bool,
-    ) -> Result<Client> {
-        let options = Options { curve_server_key: curve_key.clone(), monitor: true, heartbeat: Some((1000, 5000)) };
-        let dealer = Dealer::connect(&addresses, &options)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut prefix = [0u8; 8];
-        getrandom::getrandom(&mut prefix).expect("the operating system's random source");
-        let inner = Arc::new(Inner {
-            address: addresses.join(" or "),
-            request_timeout,
-            outbox: tx,
-            rules: Notify::new(),
-            routing,
-            token: token.clone(),
-            curve_key,
-            routes: Mutex::new(None),
-            state: Mutex::new(State {
-                next_rid: 0,
-                next_submission: 0,
-                prefix: prefix.iter().map(|b| format!("{b:02x}")).collect(),
-                pending: HashMap::new(),
-                watches: HashMap::new(),
-                heard_hello: false,
-                hello_rid: None,
-                max_payload_bytes: None,
-                member: None,
-                connections: 0,
-                reconnects: 0,
-                closed: false,
-                refused: None,
-                unreachable: None,
-                hello_failure: None,
-            }),
-        });
-        let client = Client { inner: inner.clone() };
-        client.ask_rules();
-        tokio::spawn(run(dealer, token, rx, Arc::downgrade(&inner)));
-        Ok(client)
-    }
-}
-
-impl IntoFuture for Connect {
-    type Output = Result<Client>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Result<Client>> + Send>>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.open())
-    }
-}
-
 type Reply = std::result::Result<(Header, Option<Vec<u8>>), Refused>;
 
 /// Why a request got no answer it can use: the error, and for a cluster member's refusal of a pool
 /// it does not own, the member that owns it (the `details` of a `FAILED_PRECONDITION`).
 #[derive(Debug, Clone)]
 pub(crate) struct Refused {
-    error: Error,
-    owner: Option<String>,
+    pub error: Error,
+    pub owner: Option<String>,
 }
 
 impl From<Error> for Refused {
@@ -227,7 +86,7 @@ struct Pending {
 /// an explicit `wait` is needed).
 #[derive(Debug, Clone)]
 pub(crate) enum WatchEnd {
-    Outcome(Ended),
+    Outcome(TaskOutcome),
     Gone,
 }
 
@@ -293,30 +152,26 @@ impl State {
 }
 
 struct Inner {
+    /// What the connection was opened with (a cluster member's is opened with its token and key).
+    endpoint: Endpoint,
     /// Every address, as messages name them ("A or B" for a primary and its standby).
     address: String,
     request_timeout: Duration,
     outbox: mpsc::UnboundedSender<Cmd>,
     rules: Notify,
-    /// Route over the cluster the broker belongs to (false for a member's own connection).
-    routing: bool,
-    /// What a member's connection is opened with.
-    token: Vec<u8>,
-    curve_key: Option<Vec<u8>>,
-    /// The cluster's map and a connection per member, once learnt (src/cluster.rs).
-    routes: Mutex<Option<Routes>>,
     state: Mutex<State>,
 }
 
-/// A connection to a broker's client endpoint. Cheap to clone: clones share the connection.
+/// A connection to one broker's client endpoint (its primary and standbys). Cheap to clone: clones
+/// share the connection.
 #[derive(Clone)]
-pub struct Client {
+pub(crate) struct Connection {
     inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for Client {
+impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("address", &self.inner.address).finish()
+        f.debug_struct("Connection").field("address", &self.inner.address).finish()
     }
 }
 
@@ -324,7 +179,59 @@ fn unavailable_closed() -> Error {
     Error::Unavailable("the client connection was closed".into())
 }
 
-impl Client {
+impl Connection {
+    /// Connect to `endpoint` (a broker's primary, then its standbys) and start the socket's task.
+    /// Must be called inside a tokio runtime.
+    pub fn open(endpoint: Endpoint, request_timeout: Duration) -> Result<Connection> {
+        let channel = endpoint.open()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut prefix = [0u8; 8];
+        getrandom::getrandom(&mut prefix).expect("the operating system's random source");
+        let inner = Arc::new(Inner {
+            address: endpoint.describe(),
+            endpoint,
+            request_timeout,
+            outbox: tx,
+            rules: Notify::new(),
+            state: Mutex::new(State {
+                next_rid: 0,
+                next_submission: 0,
+                prefix: prefix.iter().map(|b| format!("{b:02x}")).collect(),
+                pending: HashMap::new(),
+                watches: HashMap::new(),
+                heard_hello: false,
+                hello_rid: None,
+                max_payload_bytes: None,
+                member: None,
+                connections: 0,
+                reconnects: 0,
+                closed: false,
+                refused: None,
+                unreachable: None,
+                hello_failure: None,
+            }),
+        });
+        let connection = Connection { inner: inner.clone() };
+        connection.ask_rules();
+        tokio::spawn(run(channel, rx, Arc::downgrade(&inner)));
+        Ok(connection)
+    }
+
+    /// What this connection was opened with.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.endpoint
+    }
+
+    /// How long a request waits for its reply.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
+    /// Whether two handles share one connection.
+    pub fn same(&self, other: &Connection) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     // ------------------------------------------------------------------ requests
 
     /// Register a request and post it; the receiver gets its reply.
@@ -363,7 +270,8 @@ impl Client {
         Ok(rx)
     }
 
-    async fn request(
+    /// Send a request built by `fields` (given its rid) and wait for its reply.
+    pub async fn request(
         &self,
         tag: &str,
         fields: impl FnOnce(i64) -> Vec<Value>,
@@ -394,7 +302,7 @@ impl Client {
     /// The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
     /// request_timeout: the `hello`'s own failure then, as a submit would meet). None: the broker
     /// does not say.
-    async fn payload_limit(&self) -> Result<Option<usize>> {
+    pub async fn payload_limit(&self) -> Result<Option<usize>> {
         let give_up = Instant::now() + self.inner.request_timeout;
         let mut asked: Option<i64> = None; // the `hello` this call waits for
         loop {
@@ -429,25 +337,22 @@ impl Client {
         }
     }
 
-    // ------------------------------------------------------------------ API
-
-    /// Queue a task; returns its handle once the broker has accepted it (durably, when the broker
-    /// keeps a data_dir). A payload over the broker's max_payload_bytes, or a name longer than it
-    /// takes, is refused here with `InvalidArgument` and nothing is sent.
-    ///
-    /// In a cluster it goes to the member that owns the task's pool (the handle then asks that
-    /// member); a member refusing the pool for another owner makes the client read the map again and
-    /// try once more there.
-    pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
-        if self.learn_routes().await? {
-            let task = &task;
-            return self.routed(&task.pool, |conn| async move { conn.submit_here(task).await }).await;
-        }
-        Ok(self.submit_here(&task).await?)
+    /// The cluster member the broker's `hello` named (None: a lone broker, or no `hello` answered yet).
+    pub fn member(&self) -> Option<String> {
+        self.inner.state.lock().unwrap().member.clone()
     }
 
-    /// `submit` on this connection's broker.
-    async fn submit_here(&self, task: &Task) -> std::result::Result<TaskHandle, Refused> {
+    /// The broker is a member no more (it answered `cluster` with nil: restarted with another config).
+    pub fn forget_member(&self) {
+        self.inner.state.lock().unwrap().member = None;
+    }
+
+    // ------------------------------------------------------------------ what a broker answers
+
+    /// `submit` on this broker. A payload over its max_payload_bytes, or a name longer than it
+    /// takes, is refused here with `InvalidArgument` and nothing is sent. The handle asks this
+    /// connection about the task, and waits on the watch the submit set up.
+    pub async fn submit(&self, task: &Task) -> std::result::Result<TaskHandle, Refused> {
         let body = task.check()?.to_vec();
         if let Some(limit) = self.payload_limit().await? {
             if body.len() > limit {
@@ -497,32 +402,18 @@ impl Client {
                 return Err(e);
             }
         };
-        Ok(TaskHandle {
-            id: header.str("id").to_string(),
-            duplicate: header.bool("duplicate"),
-            source: Source::Client(self.clone(), Some(watch)),
-        })
+        let submitted = Submitted { connection: self.clone(), watch };
+        Ok(TaskHandle::new(header.str("id").to_string(), header.bool("duplicate"), Arc::new(submitted)))
     }
 
-    /// Wait for a task's value by id, also one another connection submitted (see
-    /// [`TaskHandle::result`]).
-    pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
-        let conn = self.for_task(task_id).await?;
-        conn.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
-    }
-
-    /// Like [`result`](Self::result), giving up with `Timeout` after `timeout`.
-    pub async fn result_timeout<T: serde::de::DeserializeOwned>(&self, task_id: &str, timeout: Duration) -> Result<T> {
-        let conn = self.for_task(task_id).await?;
-        conn.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
-    }
-
-    pub(crate) async fn wait_ended(
+    /// Wait for task `task_id` to end: on `watch` (set up by this connection's submit) if given,
+    /// else, or if the watch was refused, with a `wait` of its own.
+    pub async fn wait_ended(
         &self,
         task_id: &str,
         watch: Option<&Arc<Watch>>,
         timeout: Option<Duration>,
-    ) -> Result<Ended> {
+    ) -> Result<TaskOutcome> {
         let give_up = timeout.map(|t| Instant::now() + t);
         if let Some(watch) = watch {
             let mut rx = watch.ended.subscribe();
@@ -534,8 +425,8 @@ impl Client {
                     Err(_) => return Err(timed_out(task_id, timeout)),
                 },
             };
-            if let Ok(Some(WatchEnd::Outcome(ended))) = end {
-                return Ok(ended);
+            if let Ok(Some(WatchEnd::Outcome(outcome))) = end {
+                return Ok(outcome);
             }
         }
         // No watch, or it was refused: ask with a `wait` of our own.
@@ -561,107 +452,48 @@ impl Client {
             },
         };
         let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed().into()))?;
-        Ok(ended_of(&header, body))
+        Ok(outcome_of(&header, body))
     }
 
-    /// A request about one task (`status`, `explain`, `cancel`), on the connection to the member the
-    /// task's id names; its answer's header.
+    /// A request about one task (`status`, `explain`, `cancel`) on this broker; its answer's header.
     async fn task_request(&self, tag: &str, task_id: &str, resend: bool) -> Result<Header> {
-        let conn = self.for_task(task_id).await?;
-        let (header, _) = conn.request(tag, |rid| vec![Value::from(rid), Value::from(task_id)], None, resend).await?;
+        let (header, _) = self.request(tag, |rid| vec![Value::from(rid), Value::from(task_id)], None, resend).await?;
         Ok(header)
     }
 
-    /// A snapshot of a task: state, attempts, timings. NotFound for a task this token may not see.
+    /// `status` of a task this broker knows.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
-        let h = self.task_request("status", task_id, true).await?;
-        Ok(TaskInfo {
-            id: h.str("id").to_string(),
-            pool: h.str("pool").to_string(),
-            tenant: h.opt_str("tenant").map(str::to_string),
-            priority: Priority::parse(h.str("priority"))?,
-            state: TaskState::parse(h.str("state"))?,
-            attempts: h.int("attempts").max(0) as u32,
-            submitted_at: h.opt_float("submitted_at").unwrap_or(0.0),
-            started_at: h.opt_float("started_at"),
-            finished_at: h.opt_float("finished_at"),
-            deadline: h.opt_float("deadline"),
-            error: h.opt_str("error").map(str::to_string),
-        })
+        TaskInfo::from_status(&self.task_request("status", task_id, true).await?)
     }
 
-    /// Why the task is where it is: what stands before it while it waits (higher classes, deadline
-    /// tasks, its place in its queue, its tenant's path in the fair share, a paused pool, busy
-    /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
-    /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
+    /// `explain` of a task this broker knows.
     pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
-        let h = self.task_request("explain", task_id, true).await?;
-        Explanation::from_value(h.get("value"))
+        Explanation::from_value(self.task_request("explain", task_id, true).await?.get("value"))
     }
 
-    /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
-    /// `Unavailable` when no reply comes.
+    /// `cancel` of a task this broker knows; never re-sent.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
-        let h = self.task_request("cancel", task_id, false).await?;
-        Ok(h.get("value").as_bool().unwrap_or(false))
+        Ok(self.task_request("cancel", task_id, false).await?.get("value").as_bool().unwrap_or(false))
     }
 
-    /// Stop dispatching `pool` (admin token); in a cluster, on the member that owns it.
-    pub async fn pause(&self, pool: &str) -> Result<()> {
-        self.pool_request("pause", pool).await
+    /// `pause` or `resume` of `pool` on this broker.
+    pub async fn pool_request(&self, tag: &str, pool: &str) -> std::result::Result<(), Refused> {
+        self.request(tag, |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop)
     }
 
-    /// Dispatch `pool` again (admin token); in a cluster, on the member that owns it.
-    pub async fn resume(&self, pool: &str) -> Result<()> {
-        self.pool_request("resume", pool).await
-    }
-
-    async fn pool_request(&self, tag: &'static str, pool: &str) -> Result<()> {
-        let here = |conn: Client| {
-            let pool = pool.to_string();
-            async move { conn.request(tag, |rid| vec![Value::from(rid), Value::from(pool)], None, true).await.map(drop) }
-        };
-        if self.learn_routes().await? {
-            return self.routed(pool, here).await;
-        }
-        Ok(here(self.clone()).await?)
-    }
-
-    /// The broker's per-pool statistics (admin token), as a msgpack map.
-    ///
-    /// In a cluster, every member's, merged as the Python client merges them: `pools` holds every
-    /// member's pools (each naming its `member`), `workers` the sum, `members` each member's own
-    /// answer, or `{"unreachable": why}` for one that did not answer within 5 s (or the
-    /// request_timeout, if shorter); `cluster` is the map's version.
+    /// This broker's `stats`.
     pub async fn stats(&self) -> Result<Value> {
-        if self.learn_routes().await? {
-            let members = self.inner.routes.lock().unwrap().as_ref().map(Routes::members).unwrap_or_default();
-            let version = self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.version.clone());
-            return cluster_stats(members, version, STATS_WAIT.min(self.inner.request_timeout)).await;
-        }
-        self.stats_here().await
-    }
-
-    async fn stats_here(&self) -> Result<Value> {
         let (h, _) = self.request("stats", |rid| vec![Value::from(rid)], None, true).await?;
         Ok(h.get("value").clone())
     }
 
-    /// The cluster map as the broker gives it (members, their addresses and pools, the map's
-    /// version; docs/protocol.md, "Clusters"), or `None` from a broker that is no member of a
-    /// cluster. Routing follows the map read here.
-    pub async fn cluster(&self) -> Result<Option<Value>> {
-        let value = self.cluster_map_here().await?;
-        if let Some(map) = ClusterMap::parse(&value)? {
-            if self.inner.routing && self.inner.routes.lock().unwrap().is_some() {
-                self.take_map(&map)?;
-            }
-            return Ok(Some(value));
-        }
-        Ok(None)
+    /// This broker's answer to `cluster` (nil: it is no member of a cluster).
+    pub async fn cluster_map(&self) -> Result<Value> {
+        let (h, _) = self.request("cluster", |rid| vec![Value::from(rid)], None, true).await?;
+        Ok(h.get("value").clone())
     }
 
-    /// A round trip to the broker; `Unavailable` when it does not answer in time.
+    /// A round trip to the broker.
     pub async fn ping(&self) -> Result<()> {
         Ok(self.request("ping", |rid| vec![Value::from(rid)], None, true).await.map(drop)?)
     }
@@ -676,159 +508,37 @@ impl Client {
         self.inner.state.lock().unwrap().reconnects
     }
 
-    /// Close the connection (every member's, in a cluster): requests still waiting fail with
-    /// `Unavailable`.
-    pub async fn close(&self) {
-        let members = self.inner.routes.lock().unwrap().take().map(|mut r| r.take_all()).unwrap_or_default();
-        for member in members {
-            Box::pin(member.close()).await;
-        }
+    /// Close the connection: requests still waiting fail with `Unavailable`.
+    pub fn close(&self) {
         let _ = self.inner.outbox.send(Cmd::Close);
         let mut state = self.inner.state.lock().unwrap();
         close_state(&mut state);
     }
-
-    // ------------------------------------------------------------------ cluster
-
-    /// Whether two handles share one connection.
-    fn same(&self, other: &Client) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
-    /// This connection's broker's answer to `cluster` (nil: it is no member of a cluster).
-    async fn cluster_map_here(&self) -> Result<Value> {
-        let (h, _) = self.request("cluster", |rid| vec![Value::from(rid)], None, true).await?;
-        Ok(h.get("value").clone())
-    }
-
-    /// Learn the cluster's routes if the broker is a member and they are not known yet: true when
-    /// requests are to be routed. Waits for the broker's `hello` if none came yet.
-    async fn learn_routes(&self) -> Result<bool> {
-        if !self.inner.routing {
-            return Ok(false);
-        }
-        self.payload_limit().await?; // the `hello`'s answer says whether the broker is a member
-        if self.inner.state.lock().unwrap().member.is_none() {
-            return Ok(false);
-        }
-        if self.inner.routes.lock().unwrap().is_some() {
-            return Ok(true);
-        }
-        match ClusterMap::parse(&self.cluster_map_here().await?)? {
-            None => {
-                // The broker left its cluster since its hello (a restart with another config).
-                self.inner.state.lock().unwrap().member = None;
-                Ok(false)
-            }
-            Some(map) => {
-                if self.inner.routes.lock().unwrap().is_none() {
-                    self.take_map(&map)?;
-                }
-                Ok(true)
-            }
-        }
-    }
-
-    /// Route by `map` from now on: connect to its new members, close what it no longer lists.
-    fn take_map(&self, map: &ClusterMap) -> Result<()> {
-        let connect = |addresses: &[String]| {
-            let addresses = address::parse(addresses, "cluster member address")?;
-            let inner = &self.inner;
-            Client::start(addresses, inner.token.clone(), inner.curve_key.clone(), inner.request_timeout, false)
-        };
-        let gone = {
-            let mut routes = self.inner.routes.lock().unwrap();
-            routes.get_or_insert_with(Routes::default).update(map, connect)?
-        };
-        for conn in gone {
-            tokio::spawn(async move { conn.close().await });
-        }
-        Ok(())
-    }
-
-    /// The connection that knows `task_id`: in a cluster, the member its id names (learning the map
-    /// first, if need be); else this one.
-    async fn for_task(&self, task_id: &str) -> Result<Client> {
-        if !self.inner.routing || member_of_task(task_id).is_none() || !self.learn_routes().await? {
-            return Ok(self.clone());
-        }
-        Ok(self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.for_task(task_id)).unwrap_or_else(|| self.clone()))
-    }
-
-    /// `call` on the connection to `pool`'s owner (this one for a pool the map does not list: it
-    /// answers `NotFound` as a lone broker would). A refusal naming another owner re-reads the map
-    /// from the member that refused, and tries once more at the owner.
-    async fn routed<T, F, Fut>(&self, pool: &str, call: F) -> Result<T>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, Refused>>,
-    {
-        let owner_of = |pool: &str| self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.for_pool(pool));
-        let conn = owner_of(pool).unwrap_or_else(|| self.clone());
-        let refused = match call(conn.clone()).await {
-            Ok(value) => return Ok(value),
-            Err(refused) => refused,
-        };
-        let Some(owner) = refused.owner else { return Err(refused.error) };
-        if let Some(map) = ClusterMap::parse(&Box::pin(conn.cluster_map_here()).await?)? {
-            self.take_map(&map)?;
-        }
-        let again = owner_of(pool)
-            .filter(|again| !again.same(&conn))
-            .or_else(|| self.inner.routes.lock().unwrap().as_ref().and_then(|r| r.member(&owner)));
-        match again {
-            Some(again) => Ok(call(again).await?),
-            None => Err(refused.error),
-        }
-    }
 }
 
-/// How long `stats` waits for each member of a cluster at most (less when request_timeout is).
-const STATS_WAIT: Duration = Duration::from_secs(5);
+/// What a handle of a task submitted on a connection asks: that connection (the member that
+/// accepted it, in a cluster), and the watch its outcome comes to.
+struct Submitted {
+    connection: Connection,
+    watch: Arc<Watch>,
+}
 
-/// Every member's `stats`, waiting `wait` for each at most, merged as `Client::stats` says.
-async fn cluster_stats(members: Vec<(String, Client)>, version: Option<String>, wait: Duration) -> Result<Value> {
-    let asks = members.iter().map(|(_, conn)| {
-        let conn = conn.clone();
-        tokio::spawn(async move { tokio::time::timeout(wait, conn.stats_here()).await })
-    });
-    let asks: Vec<_> = asks.collect();
-    let unreachable = |why: String| Value::Map(vec![(Value::from("unreachable"), Value::from(why))]);
-    let mut answers: Vec<(Value, Value)> = Vec::new();
-    let mut pools: Vec<(Value, Value)> = Vec::new();
-    let mut workers: i64 = 0;
-    for ((name, _), ask) in members.iter().zip(asks) {
-        let answer = match ask.await {
-            Ok(Ok(Ok(answer))) => answer,
-            Ok(Ok(Err(e))) => {
-                if matches!(e, Error::NotFound(_) | Error::Unauthenticated(_) | Error::PermissionDenied(_)) {
-                    return Err(e);
-                }
-                unreachable(format!("{}: {}", e.code(), e.message()))
-            }
-            Ok(Err(_)) | Err(_) => unreachable(format!("no answer within {} s", wait.as_secs_f64())),
-        };
-        workers += wire::field(&answer, "workers").and_then(|w| w.as_i64()).unwrap_or(0);
-        for (pool, stats) in wire::field(&answer, "pools").and_then(|p| p.as_map().cloned()).unwrap_or_default() {
-            let draining = wire::field(&stats, "draining").and_then(|d| d.as_bool()).unwrap_or(false);
-            let mut entry = stats.as_map().cloned().unwrap_or_default();
-            entry.retain(|(k, _)| k.as_str() != Some("member"));
-            entry.push((Value::from("member"), Value::from(name.as_str())));
-            match pools.iter_mut().find(|(p, _)| *p == pool) {
-                // The owner's entry wins over a draining one.
-                Some(slot) if !draining => slot.1 = Value::Map(entry),
-                Some(_) => {}
-                None => pools.push((pool, Value::Map(entry))),
-            }
-        }
-        answers.push((Value::from(name.as_str()), answer));
+impl handle::Source for Submitted {
+    fn status<'a>(&'a self, task_id: &'a str) -> Answer<'a, TaskInfo> {
+        Box::pin(self.connection.status(task_id))
     }
-    Ok(Value::Map(vec![
-        (Value::from("cluster"), version.map_or(Value::Nil, Value::from)),
-        (Value::from("members"), Value::Map(answers)),
-        (Value::from("pools"), Value::Map(pools)),
-        (Value::from("workers"), Value::from(workers)),
-    ]))
+
+    fn cancel<'a>(&'a self, task_id: &'a str) -> Answer<'a, bool> {
+        Box::pin(self.connection.cancel(task_id))
+    }
+
+    fn explain<'a>(&'a self, task_id: &'a str) -> Answer<'a, Explanation> {
+        Box::pin(self.connection.explain(task_id))
+    }
+
+    fn wait<'a>(&'a self, task_id: &'a str, timeout: Option<Duration>) -> Answer<'a, TaskOutcome> {
+        Box::pin(self.connection.wait_ended(task_id, Some(&self.watch), timeout))
+    }
 }
 
 fn close_state(state: &mut State) {
@@ -849,8 +559,8 @@ fn moved_to(error: &Error, details: &Value) -> Option<String> {
     wire::field(details, "member").and_then(Value::as_str).map(str::to_string)
 }
 
-fn ended_of(h: &Header, body: Option<Vec<u8>>) -> Ended {
-    Ended {
+fn outcome_of(h: &Header, body: Option<Vec<u8>>) -> TaskOutcome {
+    TaskOutcome {
         state: h.str("state").to_string(),
         body,
         error_type: h.str("error_type").to_string(),
@@ -869,7 +579,7 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
         if header.tag == "outcome" || has_id {
             state.watches.remove(&rid);
             watch.settle(if header.tag == "outcome" {
-                WatchEnd::Outcome(ended_of(&header, body))
+                WatchEnd::Outcome(outcome_of(&header, body))
             } else {
                 WatchEnd::Gone
             });
@@ -966,14 +676,14 @@ fn fail_request(inner: &Inner, state: &mut State, rid: i64, error: Error) {
 }
 
 /// Fail the requests whose request_timeout passed, saying why by the state of the links.
-fn sweep(inner: &Inner, state: &mut State, dealer: &Dealer) {
+fn sweep(inner: &Inner, state: &mut State, channel: &Channel) {
     let now = Instant::now();
     let expired: Vec<i64> =
         state.pending.iter().filter(|(_, p)| p.expires.is_some_and(|t| t <= now)).map(|(r, _)| *r).collect();
     if expired.is_empty() {
         return;
     }
-    let error = Error::Unavailable(dealer.silence(&format!(
+    let error = Error::Unavailable(channel.dealer.silence(&format!(
         "no reply from the broker at {} within {} s",
         inner.address,
         inner.request_timeout.as_secs_f64()
@@ -997,7 +707,7 @@ fn give_up(inner: &Inner, state: &mut State, reason: String, held: &mut Vec<Post
 }
 
 /// The task that owns the socket: sends what callers post, hands replies to them.
-async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<Inner>) {
+async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<Inner>) {
     let tick_every = weak.upgrade().map_or(Duration::from_secs(1), |i| {
         (i.request_timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(1))
     });
@@ -1012,40 +722,34 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
     loop {
         let Some(inner) = weak.upgrade() else { return };
         // Handshakes first: a connection's handshake comes before any reply on it.
-        let handshakes = dealer.handshakes();
+        let handshakes = channel.dealer.handshakes();
         if handshakes > 0 {
             let mut state = inner.state.lock().unwrap();
             let sent = take_held(&state, &mut held, &mut posted);
             connected(&mut state, handshakes, &mut posted, &sent);
             drop(state);
             held_tried = Instant::now();
-            Client { inner: inner.clone() }.ask_rules(); // posts through the channel: taken below
-        } else if !held.is_empty() && dealer.is_up() && held_tried.elapsed() >= HELD_RETRY {
+            Connection { inner: inner.clone() }.ask_rules(); // posts through the channel: taken below
+        } else if !held.is_empty() && channel.dealer.is_up() && held_tried.elapsed() >= HELD_RETRY {
             take_held(&inner.state.lock().unwrap(), &mut held, &mut posted);
             held_tried = Instant::now();
-        } else if !dealer.is_up() {
-            if let Some(reason) = dealer.hopeless() {
+        } else if !channel.dealer.is_up() {
+            if let Some(reason) = channel.dealer.hopeless() {
                 let mut state = inner.state.lock().unwrap();
                 if state.unreachable.is_none() {
                     give_up(&inner, &mut state, reason, &mut held);
                 }
             }
         }
-        while let Some(frames) = dealer.try_recv() {
-            let (header, body) = match frames.as_slice() {
-                [h] => (h.as_slice(), None),
-                [h, b] => (h.as_slice(), Some(b.as_slice())),
-                _ => continue,
-            };
-            let Ok(items) = wire::read(Direction::ClientReply, header, body) else { continue };
+        while let Some(replies) = channel.recv() {
             let mut state = inner.state.lock().unwrap();
-            for (h, b) in items.into_iter().flatten() {
+            for (h, b) in replies {
                 take_reply(&inner, &mut state, h, b);
             }
         }
         if std::mem::take(&mut ticked) {
             let mut state = inner.state.lock().unwrap();
-            sweep(&inner, &mut state, &dealer);
+            sweep(&inner, &mut state, &channel);
             if last_rewait.elapsed() >= REWAIT_INTERVAL {
                 // A safety net for a reconnect the monitor did not report: repeats cost the broker nothing.
                 rewait(&state, &mut posted, Some(last_rewait));
@@ -1060,16 +764,16 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
             }
         }
         if !posted.is_empty() {
-            let unsent = flush(&dealer, &token, std::mem::take(&mut posted));
-            hold(&inner, &dealer, &mut held, unsent);
+            let unsent = flush(&channel, std::mem::take(&mut posted));
+            hold(&inner, &channel.dealer, &mut held, unsent);
         }
-        if dealer.has_input() {
+        if channel.dealer.has_input() {
             continue;
         }
         drop(inner);
-        let retry_held = (!held.is_empty() && dealer.is_up()).then(|| held_tried + HELD_RETRY);
+        let retry_held = (!held.is_empty() && channel.dealer.is_up()).then(|| held_tried + HELD_RETRY);
         tokio::select! {
-            _ = dealer.signals.changed() => {}
+            _ = channel.dealer.signals.changed() => {}
             cmd = rx.recv() => match cmd {
                 Some(Cmd::Send { rid, header, body }) => posted.push((rid, header, body)),
                 Some(Cmd::Close) | None => return,
@@ -1082,19 +786,10 @@ async fn run(dealer: Dealer, token: Vec<u8>, mut rx: mpsc::UnboundedReceiver<Cmd
 
 /// Send posted messages, packed into batches; returns those libzmq would not take (no connection
 /// is up, or its send queue is full), in order.
-fn flush(dealer: &Dealer, token: &[u8], mut posted: Vec<Posted>) -> Vec<Posted> {
-    let items: Vec<(Vec<u8>, Option<Vec<u8>>)> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
-    let mut sent = 0;
-    for (frames, carried) in wire::pack(&items, BATCH_BYTES) {
-        let mut message = Vec::with_capacity(frames.len() + 1);
-        message.push(token.to_vec());
-        message.extend(frames);
-        if !dealer.send(&message) {
-            return posted.split_off(sent);
-        }
-        sent += carried;
-    }
-    Vec::new()
+fn flush(channel: &Channel, mut posted: Vec<Posted>) -> Vec<Posted> {
+    let items: Vec<Outgoing> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
+    let sent = channel.send(&items);
+    posted.split_off(sent)
 }
 
 /// Keep messages libzmq would not take, to send with the next connection (or on a retry while one

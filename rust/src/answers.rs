@@ -1,54 +1,171 @@
-//! [`Explanation`]: why a task is where it is, as a broker answers `explain` (docs/protocol.md,
-//! "The explain map"; docs/scheduling.md, "Why is my task waiting?").
+//! What a caller learns about a task: [`TaskInfo`] (`status`), [`Explanation`] (`explain`) and
+//! the words they use ([`TaskState`], [`Ended`]), shared by the client, the embedded scheduler
+//! and a handle.
 //!
-//! The broker sends a msgpack map that may grow keys; this reads the keys it knows into typed
+//! The fields a snapshot and an explanation share are written once, in `task_answer!`: both
+//! structs are made by it, so a field added to a task's snapshot is in its explanation too.
+//!
+//! A broker's `explain` answer is a msgpack map that may grow keys (docs/protocol.md, "The explain
+//! map"; docs/scheduling.md, "Why is my task waiting?"); this reads the keys it knows into typed
 //! fields and ignores the rest, as the Python client does. A key it needs that is missing or of
 //! the wrong type makes the whole answer unreadable: [`Explanation::from_value`] then says which
-//! field, by its path in the map.
+//! field, by its path in the map. No I/O here.
 
 use rmpv::Value;
 
 use crate::error::{Error, Result};
-use crate::task::{Priority, TaskState};
-use crate::wire;
+use crate::task::Priority;
+use crate::wire::{self, Header};
 
-/// Why a task is where it is: [`Client::explain`](crate::Client::explain) returns it.
-///
-/// The task's fields as [`TaskInfo`](crate::TaskInfo) has them (times are Unix seconds), plus
-/// `max_retries`, `not_before`, how each attempt ended (`history`) and, while the task is queued or
-/// delayed, what stands before it (`waiting`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Explanation {
-    /// The task's id.
-    pub id: String,
-    /// Its pool.
-    pub pool: String,
-    /// Its tenant, if any.
-    pub tenant: Option<String>,
-    /// Its priority class.
-    pub priority: Priority,
-    /// Where it stands.
-    pub state: TaskState,
-    /// How many times it was dispatched (runs lost with their worker included).
-    pub attempts: u32,
-    /// How many more runs a failed run earns.
-    pub max_retries: u32,
-    /// When it was accepted.
-    pub submitted_at: f64,
-    /// When it last started running.
-    pub started_at: Option<f64>,
-    /// When it ended.
-    pub finished_at: Option<f64>,
-    /// The absolute time its deadline falls at.
-    pub deadline: Option<f64>,
-    /// When a delayed task may run.
-    pub not_before: Option<f64>,
-    /// The last failure, `"<error_type>: <error_message>"`.
-    pub error: Option<String>,
-    /// How each attempt ended, first first.
-    pub history: Vec<AttemptEnd>,
-    /// What stands before the task while it is queued or delayed; `None` otherwise.
-    pub waiting: Option<Waiting>,
+/// Defines a public answer about one task: the fields every such answer has (those of
+/// [`TaskInfo`]), then the struct's own. Also gives it `from_info`, which builds it from a
+/// [`TaskInfo`] and its own fields (the destructuring below names every shared field, so the
+/// compiler holds the list and the struct to each other).
+macro_rules! task_answer {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$field_meta:meta])* pub $field:ident: $type:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            /// The task's id.
+            pub id: String,
+            /// Its pool.
+            pub pool: String,
+            /// Its tenant, if any.
+            pub tenant: Option<String>,
+            /// Its priority class.
+            pub priority: Priority,
+            /// Where it stands.
+            pub state: TaskState,
+            /// How many times it was dispatched (runs lost with their worker included).
+            pub attempts: u32,
+            /// When it was accepted.
+            pub submitted_at: f64,
+            /// When it last started running.
+            pub started_at: Option<f64>,
+            /// When it ended.
+            pub finished_at: Option<f64>,
+            /// The absolute time its deadline falls at.
+            pub deadline: Option<f64>,
+            /// The last failure, `"<error_type>: <error_message>"`.
+            pub error: Option<String>,
+            $( $(#[$field_meta])* pub $field: $type, )*
+        }
+
+        impl $name {
+            /// This answer: the task's snapshot, and the fields only this answer has.
+            #[allow(dead_code)]
+            pub(crate) fn from_info(info: TaskInfo, $($field: $type),*) -> $name {
+                let TaskInfo {
+                    id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, error,
+                } = info;
+                $name {
+                    id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, error,
+                    $($field),*
+                }
+            }
+        }
+    };
+}
+
+/// Where a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    /// Waiting for a worker.
+    Queued,
+    /// Waiting for its delay (or a retry's backoff) to end.
+    Delayed,
+    /// A worker is running it.
+    Running,
+    /// Its handler returned a value.
+    Succeeded,
+    /// Its handler failed on its last allowed run.
+    Failed,
+    /// Cancelled before it ran.
+    Cancelled,
+    /// Its deadline passed before it was dispatched.
+    Expired,
+}
+
+impl TaskState {
+    /// The state named `name` on the wire.
+    pub fn parse(name: &str) -> Result<TaskState> {
+        Ok(match name {
+            "queued" => TaskState::Queued,
+            "delayed" => TaskState::Delayed,
+            "running" => TaskState::Running,
+            "succeeded" => TaskState::Succeeded,
+            "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
+            "expired" => TaskState::Expired,
+            other => return Err(Error::InvalidArgument(format!("unknown task state {other:?}"))),
+        })
+    }
+
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Queued => "queued",
+            TaskState::Delayed => "delayed",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Expired => "expired",
+        }
+    }
+
+    /// Whether the task will never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled | TaskState::Expired)
+    }
+}
+
+task_answer! {
+    /// A snapshot of a task, as `status` returns it. Times are Unix seconds.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct TaskInfo {}
+}
+
+impl TaskInfo {
+    /// Read a broker's answer to `status` (its header, typed by the wire's schema).
+    pub(crate) fn from_status(h: &Header) -> Result<TaskInfo> {
+        Ok(TaskInfo {
+            id: h.str("id").to_string(),
+            pool: h.str("pool").to_string(),
+            tenant: h.opt_str("tenant").map(str::to_string),
+            priority: Priority::parse(h.str("priority"))?,
+            state: TaskState::parse(h.str("state"))?,
+            attempts: h.int("attempts").max(0) as u32,
+            submitted_at: h.opt_float("submitted_at").unwrap_or(0.0),
+            started_at: h.opt_float("started_at"),
+            finished_at: h.opt_float("finished_at"),
+            deadline: h.opt_float("deadline"),
+            error: h.opt_str("error").map(str::to_string),
+        })
+    }
+}
+
+task_answer! {
+    /// Why a task is where it is: [`Client::explain`](crate::Client::explain) returns it.
+    ///
+    /// The task's fields as [`TaskInfo`] has them (times are Unix seconds), plus `max_retries`,
+    /// `not_before`, how each attempt ended (`history`) and, while the task is queued or delayed,
+    /// what stands before it (`waiting`).
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Explanation {
+        /// How many more runs a failed run earns.
+        pub max_retries: u32,
+        /// When a delayed task may run.
+        pub not_before: Option<f64>,
+        /// How each attempt ended, first first.
+        pub history: Vec<AttemptEnd>,
+        /// What stands before the task while it is queued or delayed; `None` otherwise.
+        pub waiting: Option<Waiting>,
+    }
 }
 
 /// How one attempt (dispatch) of a task ended, as far as the broker knows.
@@ -318,22 +435,24 @@ fn read_explanation(value: &Value) -> Read<Explanation> {
         Value::Nil => None,
         other => Some(read_waiting(&Fields::of(other, "waiting")?)?),
     };
-    Ok(Explanation {
+    let info = read_task(&f)?;
+    Ok(Explanation::from_info(info, f.count("max_retries")?, f.opt_float("not_before")?, history, waiting))
+}
+
+/// The fields every answer about a task has, from an answer's map.
+fn read_task(f: &Fields<'_>) -> Read<TaskInfo> {
+    Ok(TaskInfo {
         id: f.string("id")?,
         pool: f.string("pool")?,
         tenant: f.opt_string("tenant")?,
         priority: Priority::parse(&f.string("priority")?).map_err(|e| format!("priority: {}", e.message()))?,
         state: TaskState::parse(&f.string("state")?).map_err(|e| format!("state: {}", e.message()))?,
         attempts: f.count("attempts")?,
-        max_retries: f.count("max_retries")?,
         submitted_at: f.float("submitted_at")?,
         started_at: f.opt_float("started_at")?,
         finished_at: f.opt_float("finished_at")?,
         deadline: f.opt_float("deadline")?,
-        not_before: f.opt_float("not_before")?,
         error: f.opt_string("error")?,
-        history,
-        waiting,
     })
 }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CRATE = ROOT / "rust"
 CARGO = shutil.which("cargo") or next(
     (str(p) for p in [Path.home() / ".cargo" / "bin" / "cargo"] if p.exists()), None)

@@ -1,238 +1,65 @@
-//! [`Worker`]: serves pools for a broker over one DEALER socket to its worker endpoint.
+//! A worker's [`Session`]: its connection to one broker's worker endpoint (the primary and its
+//! standbys), serving some of the worker's pools with some of its slots. A lone broker's worker has
+//! one; a cluster's has one per member (src/worker/cluster.rs starts and retargets them).
 //!
 //! Flow control is by credit (docs/protocol.md, "Flow control and liveness"): `ready` states the
 //! free slots, each `task` uses one, each `done` returns one, so the broker never sends more than
-//! `concurrency` tasks at once. A pool's `fairness` and `max_in_flight`, when set, travel in `ready`
+//! the session's slots at once. A pool's `fairness` and `max_in_flight`, when set, travel in `ready`
 //! as the worker's settings, and the broker refuses the worker (`FailedPrecondition`) when they
 //! disagree with its config, as it refuses a Python worker's.
 //!
 //! Liveness follows the Paranoid Pirate pattern: both sides heartbeat; when the broker has been
-//! silent for `liveness` intervals the worker drops its socket, waits (doubling, up to 32 s) and
+//! silent for `liveness` intervals the session drops its socket, waits (doubling, up to 32 s) and
 //! registers again. Tasks running meanwhile still report; the broker ignores leases it gave away.
 //!
-//! Given a broker's primary and standbys, the worker connects one socket to all of them
+//! Given a broker's primary and standbys, the session connects one socket to all of them
 //! (`ZMQ_IMMEDIATE`: messages go only over a completed connection) and registers on every new
 //! connection, so it serves a standby the moment that has taken over.
 //!
-//! Before registering, the worker asks its broker for the cluster map (docs/protocol.md,
-//! "Clusters"). A lone broker answers nil (an older one refuses the question): the worker registers
-//! as always. A member answers with the map: the worker then serves each member that owns some of
-//! its pools through a connection of its own, with a share of the slots (src/cluster.rs), and
-//! follows the maps those connections hear: a pool a reload moved is served on its old member until
-//! that has drained it, and on its new one from then on.
+//! The first session of a worker asks its broker for the cluster map before registering
+//! ([`Role::Asking`]): a lone broker answers nil (an older one refuses the question) and the session
+//! serves it; a member's map ends the session for the worker to serve the cluster. A member's
+//! session asks for the map every few heartbeats and hands what it hears to the worker.
 //!
 //! A result over the broker's max_payload_bytes (from `welcome`) is not sent: the task fails with
 //! `InvalidArgument` instead, and failure texts are cut to bounded sizes, so one task's output never
 //! costs the connection and the other tasks on it.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
-use serde::Serialize;
 use tokio::sync::{mpsc, watch, Semaphore};
-use tokio::task::JoinSet;
 
-use crate::address::{self, Addresses};
-use crate::cluster::{split_slots, wanted_pools, ClusterMap};
+use crate::channel::{Channel, Endpoint, Outgoing};
+use crate::clustermap::ClusterMap;
 use crate::error::{Error, Result};
 use crate::handler::{self, Failure, Handler, Outcome};
-use crate::pool::PoolConfig;
 use crate::task::Payload;
-use crate::transport::{curve_public_key, Dealer, Options};
-use crate::wire::{self, Direction, Header, BATCH_BYTES, NIL_BODY};
+use crate::wire::{self, Header, NIL_BODY};
 
 const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(32);
-/// A member connection asks its member for the cluster map every this many heartbeats, to follow
+/// A member session asks its member for the cluster map every this many heartbeats, to follow
 /// reloads (as the Python worker does).
 const MAP_POLL_BEATS: u32 = 5;
 
-/// Serves the tasks of its pools that the broker at an address hands it, `concurrency` at a time.
-///
-/// ```no_run
-/// # async fn demo() -> cronoq::Result<()> {
-/// use cronoq::{Payload, PoolConfig, Worker};
-/// let worker = Worker::new("tcp://127.0.0.1:5556")
-///     .concurrency(8)
-///     .pool(PoolConfig::new("llm"), |payload: Payload| async move {
-///         let prompt: String = payload.decode()?;
-///         Ok::<_, cronoq::Error>(prompt.to_uppercase())
-///     });
-/// let stopper = worker.stopper();
-/// tokio::spawn(async move { tokio::time::sleep(std::time::Duration::from_secs(3600)).await; stopper.stop().await });
-/// worker.run().await?; // until stopped: running tasks finish first
-/// # Ok(()) }
-/// ```
-pub struct Worker {
-    addresses: Vec<String>,
-    token: Vec<u8>,
-    curve: Option<String>,
-    concurrency: u32,
-    heartbeat_interval: Duration,
-    liveness: u32,
-    pools: Vec<(PoolConfig, Handler)>,
-    stop_tx: watch::Sender<bool>,
-    done_rx: watch::Receiver<bool>,
-    done_tx: watch::Sender<bool>,
-}
-
-/// Stops a running [`Worker`] gracefully: it takes no more tasks, lets the running ones finish and
-/// report, then leaves. Cloneable.
-#[derive(Clone)]
-pub struct Stopper {
-    stop: watch::Sender<bool>,
-    done: watch::Receiver<bool>,
-}
-
-impl Stopper {
-    /// Ask the worker to stop, and wait until its `run` has returned.
-    pub async fn stop(&self) {
-        let _ = self.stop.send(true);
-        let mut done = self.done.clone();
-        let _ = done.wait_for(|d| *d).await;
-    }
-}
-
-impl Worker {
-    /// A worker for the broker's worker endpoint at `address` (4 slots, no pool yet).
-    ///
-    /// `address` may list the worker endpoints of a broker's primary and its standbys (a list, or
-    /// one string with commas): the worker serves whichever serves, and registers with a standby
-    /// the moment it has taken over. `run` fails with `InvalidArgument` when none is given.
-    pub fn new(address: impl Addresses) -> Worker {
-        let (stop_tx, _) = watch::channel(false);
-        let (done_tx, done_rx) = watch::channel(false);
-        Worker {
-            addresses: address.into_strings(),
-            token: Vec::new(),
-            curve: None,
-            concurrency: 4,
-            heartbeat_interval: Duration::from_secs(1),
-            liveness: 3,
-            pools: Vec::new(),
-            stop_tx,
-            done_rx,
-            done_tx,
-        }
-    }
-
-    /// The token to show the broker (a `worker` or `admin` role's secret).
-    pub fn token(mut self, token: impl AsRef<[u8]>) -> Worker {
-        self.token = token.as_ref().to_vec();
-        self
-    }
-
-    /// Encrypt with CURVE: the broker's public key (40 Z85 characters or its `NAME.key` file).
-    pub fn curve_server_key(mut self, key: impl Into<String>) -> Worker {
-        self.curve = Some(key.into());
-        self
-    }
-
-    /// At most `n` tasks at once over all pools (default 4; 0 is taken as 1).
-    pub fn concurrency(mut self, n: u32) -> Worker {
-        self.concurrency = n.max(1);
-        self
-    }
-
-    /// Heartbeat every `interval` (default 1 s); the broker is taken as lost after `liveness`
-    /// silent intervals (default 3).
-    pub fn heartbeat(mut self, interval: Duration, liveness: u32) -> Worker {
-        self.heartbeat_interval = interval.max(Duration::from_millis(10));
-        self.liveness = liveness.max(1);
-        self
-    }
-
-    /// Serve `pool` with `handler`: an async function of the task's [`Payload`] returning its value
-    /// (any `Serialize`) or an error (any `Display + Debug`, which the client sees as
-    /// `TaskFailed { type, message, traceback }`).
-    pub fn pool<F, Fut, T, E>(mut self, pool: PoolConfig, handler: F) -> Worker
-    where
-        F: Fn(Payload) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
-        T: Serialize + 'static,
-        E: std::fmt::Display + std::fmt::Debug + 'static,
-    {
-        self.pools.retain(|(p, _)| p.name != pool.name);
-        self.pools.push((pool, handler::handler(handler)));
-        self
-    }
-
-    /// A handle that stops this worker gracefully.
-    pub fn stopper(&self) -> Stopper {
-        Stopper { stop: self.stop_tx.clone(), done: self.done_rx.clone() }
-    }
-
-    /// Serve until stopped. Returns the broker's refusal (`NotFound` for an undeclared pool,
-    /// `FailedPrecondition` for settings that disagree with its config, `PermissionDenied`, ...)
-    /// if it rejects this worker.
-    ///
-    /// Given a cluster member's address, the worker serves the whole cluster: it reads the map,
-    /// registers with each member that owns some of its pools (through a connection of its own,
-    /// with a share of the slots) and follows the map as the members report it.
-    pub async fn run(self) -> Result<()> {
-        let done = self.done_tx.clone();
-        let result = self.serve().await;
-        let _ = done.send(true);
-        result
-    }
-
-    async fn serve(self) -> Result<()> {
-        if self.pools.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
-            ));
-        }
-        let addresses = address::parse(&self.addresses, "broker address")?;
-        let options = Options {
-            curve_server_key: self.curve.as_deref().map(curve_public_key).transpose()?,
-            // Handshakes: register on every new connection (a restarted broker, or a standby that
-            // took over, does not know this worker; a `ready` sent while none was up was dropped).
-            monitor: true,
-            heartbeat: None,
-        };
-        let shared = Arc::new(Shared {
-            token: self.token.clone(),
-            options,
-            heartbeat_interval: self.heartbeat_interval,
-            liveness: self.liveness,
-            handlers: self.pools.iter().map(|(p, h)| (p.name.clone(), h.clone())).collect(),
-            settings: self
-                .pools
-                .iter()
-                .map(|(p, _)| (p.name.clone(), p.explicit_settings()))
-                .filter(|(_, s)| !s.is_empty())
-                .collect(),
-            pools: self.pools.iter().map(|(p, _)| p.name.clone()).collect(),
-            concurrency: self.concurrency,
-        });
-        let stop = self.stop_tx.subscribe();
-        // Ask first whether the broker is a member of a cluster (a lone broker answers nil).
-        let first = Session::new(shared.clone(), addresses, shared.pools.clone(), self.concurrency, Role::Asking)?;
-        match first.drive(stop.clone()).await? {
-            End::Stopped => Ok(()),
-            End::Cluster(map) => serve_cluster(shared, map, stop).await,
-        }
-    }
-}
-
-/// What every connection of one worker shares.
-struct Shared {
-    token: Vec<u8>,
-    options: Options,
-    heartbeat_interval: Duration,
-    liveness: u32,
-    handlers: HashMap<String, Handler>,
+/// What every session of one worker shares.
+pub(super) struct Shared {
+    /// The endpoint the worker was given (a member's is the same at the member's addresses).
+    pub endpoint: Endpoint,
+    pub heartbeat_interval: Duration,
+    pub liveness: u32,
+    pub handlers: HashMap<String, Handler>,
     /// Each pool's settings set explicitly (only pools with some).
-    settings: HashMap<String, Vec<(Value, Value)>>,
+    pub settings: HashMap<String, Vec<(Value, Value)>>,
     /// The worker's pools, in the order given.
-    pools: Vec<String>,
-    concurrency: u32,
+    pub pools: Vec<String>,
+    pub concurrency: u32,
 }
 
 /// What a connection does besides serving.
-enum Role {
+pub(super) enum Role {
     /// Ask the broker for the cluster map before registering: nil makes this a lone broker's worker.
     Asking,
     /// Serve a lone broker.
@@ -243,159 +70,26 @@ enum Role {
 }
 
 /// A member connection's pools and slots.
-type Target = (Vec<String>, u32);
+pub(super) type Target = (Vec<String>, u32);
 
 /// How a connection's run ended.
-enum End {
+pub(super) enum End {
     Stopped,
     /// The broker is a cluster member: its map.
     Cluster(ClusterMap),
 }
 
-/// A member connection, as the worker of a cluster keeps it.
-struct MemberRun {
-    /// The pools and slots the connection serves: its current target.
-    target: watch::Sender<Target>,
-    stop: watch::Sender<bool>,
-}
-
-/// Serve a cluster from its first map: a connection per member that owns (or still drains) some of
-/// the worker's pools, each with its share of the slots, following the maps they report.
-async fn serve_cluster(shared: Arc<Shared>, first: ClusterMap, mut stop: watch::Receiver<bool>) -> Result<()> {
-    let (maps_tx, mut maps) = mpsc::unbounded_channel();
-    let mut c = ClusterWork {
-        shared: shared.clone(),
-        maps_tx,
-        gate: Arc::new(Semaphore::new(shared.concurrency as usize)),
-        members: HashMap::new(),
-        draining: HashMap::new(),
-        runs: JoinSet::new(),
-    };
-    let mut failure: Option<Error> = c.follow(&first).err();
-    while failure.is_none() && !*stop.borrow() {
-        tokio::select! {
-            Some(map) = maps.recv() => failure = c.follow(&map).err(),
-            Some(ended) = c.runs.join_next() => {
-                // A member connection ends by itself only on a refusal, which stops the whole worker
-                // as it would stop it alone; one left because it serves nothing more ends Ok.
-                match ended {
-                    Ok((_, Ok(_))) => {}
-                    Ok((_, Err(e))) => failure = Some(e),
-                    Err(e) => failure = Some(Error::Unavailable(format!("a member connection failed: {e}"))),
-                }
-            }
-            _ = stop.changed() => {}
-        }
-    }
-    for run in c.members.values() {
-        let _ = run.stop.send(true);
-    }
-    while let Some(ended) = c.runs.join_next().await {
-        if let Ok((_, Err(e))) = ended {
-            failure.get_or_insert(e);
-        }
-    }
-    failure.map_or(Ok(()), Err)
-}
-
-struct ClusterWork {
-    shared: Arc<Shared>,
-    maps_tx: mpsc::UnboundedSender<ClusterMap>,
-    gate: Arc<Semaphore>,
-    members: HashMap<String, MemberRun>,
-    /// What each member last said it drains (only a member knows its own).
-    draining: HashMap<String, Vec<String>>,
-    runs: JoinSet<(String, Result<End>)>,
-}
-
-impl ClusterWork {
-    /// Serve `map`: start, retarget or leave member connections so that each member that owns (or
-    /// still drains) some of the worker's pools serves them with its share of the slots.
-    fn follow(&mut self, map: &ClusterMap) -> Result<()> {
-        if let Some(name) = &map.member {
-            self.draining.insert(name.clone(), map.draining.clone());
-        }
-        let wanted = wanted_pools(map, &self.shared.pools, &self.draining);
-        let owned: Vec<(String, usize)> = wanted.iter().map(|(n, owned, _)| (n.clone(), owned.len())).collect();
-        let shares = match split_slots(self.shared.concurrency, &owned) {
-            Ok(shares) => shares,
-            Err(e) if self.members.is_empty() => return Err(e),
-            // Already serving: one slot each (the gate still holds handlers to `concurrency`).
-            Err(_) => owned.iter().map(|(n, _)| (n.clone(), 1)).collect(),
-        };
-        for (name, owned, leftover) in &wanted {
-            let existing = self.members.get(name);
-            // Only a member knows which pools it still drains: another's map may add pools to its
-            // connection, never take them away.
-            let kept: Vec<String> = match existing {
-                Some(run) if map.member.as_deref() != Some(name) => run.target.borrow().0.clone(),
-                _ => Vec::new(),
-            };
-            let pools: Vec<String> = self
-                .shared
-                .pools
-                .iter()
-                .filter(|p| owned.contains(p) || leftover.contains(p) || kept.contains(p))
-                .cloned()
-                .collect();
-            let share = shares[name]; // `owned` lists every member of `wanted`
-            match self.members.get(name) {
-                Some(run) => {
-                    let target = (pools, share);
-                    run.target.send_if_modified(|t| {
-                        let changed = *t != target;
-                        *t = target;
-                        changed
-                    });
-                }
-                None => {
-                    let Some(member) = map.members.iter().find(|m| &m.name == name) else { continue };
-                    if member.workers.is_empty() {
-                        continue;
-                    }
-                    self.start(name, &member.workers, pools, share)?;
-                }
-            }
-        }
-        let leaving: Vec<String> = self
-            .members
-            .keys()
-            .filter(|n| map.member.as_deref() == Some(n.as_str()) && !wanted.iter().any(|(w, _, _)| w == *n))
-            .cloned()
-            .collect();
-        for name in leaving {
-            // The member no longer owns or drains any pool of this worker: leave it.
-            if let Some(run) = self.members.remove(&name) {
-                let _ = run.stop.send(true);
-            }
-        }
-        Ok(())
-    }
-
-    fn start(&mut self, name: &str, workers: &[String], pools: Vec<String>, share: u32) -> Result<()> {
-        let addresses = address::parse(workers, "cluster member worker address")?;
-        let (target_tx, target) = watch::channel((pools.clone(), share));
-        let (stop_tx, stop) = watch::channel(false);
-        let role = Role::Member { maps: self.maps_tx.clone(), target, gate: self.gate.clone() };
-        let session = Session::new(self.shared.clone(), addresses, pools, share, role)?;
-        let member = name.to_string();
-        self.runs.spawn(async move { (member, session.drive(stop).await) });
-        self.members.insert(name.to_string(), MemberRun { target: target_tx, stop: stop_tx });
-        Ok(())
-    }
-}
-
 /// One connection of a worker: to a lone broker, or to one member of a cluster.
-struct Session {
+pub(super) struct Session {
     shared: Arc<Shared>,
     role: Role,
-    dealer: Dealer,
-    /// The broker's worker endpoints: its primary's, then its standbys'.
-    addresses: Vec<String>,
+    /// The broker's worker endpoints (its primary's, then its standbys'), to reconnect to.
+    endpoint: Endpoint,
+    channel: Channel,
     /// The pools served here, and the slots this connection offers.
     pools: Vec<String>,
     concurrency: u32,
-    posted: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    posted: Vec<Outgoing>,
     rid: i64,
     /// The rids of this connection's `cluster` questions and `ready`s not answered yet: each leaves with its
     /// answer, and all with the connection, so a long-lived worker's asking every few beats leaves nothing.
@@ -419,20 +113,22 @@ enum Next {
 }
 
 impl Session {
-    fn new(
+    /// A session with `endpoint` serving `pools` with `concurrency` slots; it connects at once and
+    /// registers when driven.
+    pub fn new(
         shared: Arc<Shared>,
-        addresses: Vec<String>,
+        endpoint: Endpoint,
         pools: Vec<String>,
         concurrency: u32,
         role: Role,
     ) -> Result<Session> {
-        let dealer = Dealer::connect(&addresses, &shared.options)?;
+        let channel = endpoint.open()?;
         let interval = shared.heartbeat_interval;
         Ok(Session {
             shared,
             role,
-            dealer,
-            addresses,
+            endpoint,
+            channel,
             pools,
             concurrency,
             posted: Vec::new(),
@@ -452,7 +148,7 @@ impl Session {
 
     /// Serve until `stop` (gracefully: running tasks finish and report), a refusal (`Err`), or the
     /// broker's answer that it is a cluster member (`End::Cluster`, for a connection that asked).
-    async fn drive(mut self, mut stop: watch::Receiver<bool>) -> Result<End> {
+    pub async fn drive(mut self, mut stop: watch::Receiver<bool>) -> Result<End> {
         let (finished_tx, mut finished) = mpsc::unbounded_channel::<(String, i64, Outcome)>();
         self.register();
         let mut tick = tokio::time::interval(self.shared.heartbeat_interval);
@@ -460,24 +156,18 @@ impl Session {
         let mut stopping: Option<Instant> = None;
         let mut ticked = false;
         loop {
-            if self.dealer.handshakes() > 0 {
+            if self.channel.dealer.handshakes() > 0 {
                 self.registered = false;
                 if stopping.is_none() {
                     self.register();
                 }
-            } else if let Some(why) = self.dealer.fatal() {
+            } else if let Some(why) = self.channel.dealer.fatal() {
                 // The CURVE handshake cannot succeed with any address: waiting serves nothing.
                 return Err(Error::Unavailable(why));
             }
-            while let Some(frames) = self.dealer.try_recv() {
+            while let Some(commands) = self.channel.recv() {
                 self.last_heard = Instant::now();
-                let (header, body) = match frames.as_slice() {
-                    [h] => (h.as_slice(), None),
-                    [h, b] => (h.as_slice(), Some(b.as_slice())),
-                    _ => continue,
-                };
-                let Ok(items) = wire::read(Direction::WorkerCommand, header, body) else { continue };
-                for (command, body) in items.into_iter().flatten() {
+                for (command, body) in commands {
                     match self.obey(command, body, &finished_tx, stopping.is_some()) {
                         Next::Serve => {}
                         Next::Stop(error) => {
@@ -515,7 +205,7 @@ impl Session {
                 }
             }
             self.flush();
-            if self.dealer.has_input() {
+            if self.channel.dealer.has_input() {
                 continue;
             }
             let retargeted = async {
@@ -525,7 +215,7 @@ impl Session {
                 }
             };
             tokio::select! {
-                _ = self.dealer.signals.changed() => {}
+                _ = self.channel.dealer.signals.changed() => {}
                 Some((id, attempt, outcome)) = finished.recv() => {
                     self.running -= 1;
                     self.report(id, attempt, outcome);
@@ -546,13 +236,9 @@ impl Session {
         if self.posted.is_empty() {
             return;
         }
-        let items = std::mem::take(&mut self.posted);
-        for (frames, _) in wire::pack(&items, BATCH_BYTES) {
-            let mut message = Vec::with_capacity(frames.len() + 1);
-            message.push(self.shared.token.clone());
-            message.extend(frames);
-            let _ = self.dealer.send(&message);
-        }
+        // What libzmq does not take (no connection is up) is not kept: the worker registers
+        // afresh on every new connection.
+        self.channel.send(&std::mem::take(&mut self.posted));
     }
 
     fn next_rid(&mut self) -> i64 {
@@ -749,7 +435,7 @@ impl Session {
             self.flush();
             tokio::time::sleep(self.reconnect_delay).await;
             self.reconnect_delay = (self.reconnect_delay * 2).min(RECONNECT_DELAY_MAX);
-            self.dealer = Dealer::connect(&self.addresses, &self.shared.options)?;
+            self.channel = self.endpoint.open()?;
             self.map_rids.clear(); // the old connection's questions are answered on it or not at all
             self.ready_rids.clear();
             self.registered = false;

@@ -1,0 +1,254 @@
+//! [`connect`] and [`Client`]: what a program that submits tasks holds.
+//!
+//! A client is one [`Connection`] to the broker it was given (its primary and standbys:
+//! src/client/connection.rs) and, unless `.routing(false)`, a [`Router`] over the cluster that
+//! broker may be a member of (src/client/cluster.rs). Requests about a pool go to the pool's owner,
+//! requests about a task to the member its id names; against a lone broker both are the one
+//! connection, as they always were.
+
+mod cluster;
+mod connection;
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmpv::Value;
+
+use self::cluster::Router;
+use self::connection::Connection;
+use crate::address::Addresses;
+use crate::answers::{Explanation, TaskInfo};
+use crate::channel::Endpoint;
+use crate::clustermap::ClusterMap;
+use crate::error::Result;
+use crate::handle::TaskHandle;
+use crate::task::Task;
+
+/// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The broker address the Python client defaults to.
+pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
+/// Start connecting to the broker's client endpoint at `address`; set options on the returned
+/// [`Connect`], then `.await` it.
+///
+/// `address` may list a broker's primary and its standbys (a list, or one string with commas):
+/// requests go to whichever serves, and after a takeover the client carries on with the new one by
+/// itself, re-sending what was outstanding. Awaiting fails with `InvalidArgument` when no address is
+/// given or libzmq cannot use one.
+///
+/// ```no_run
+/// # async fn demo() -> cronoq::Result<()> {
+/// let sched = cronoq::connect("tcp://127.0.0.1:5555")
+///     .token(std::env::var("CRONOQ_TOKEN").unwrap_or_default())
+///     .request_timeout(std::time::Duration::from_secs(10))
+///     .await?;
+/// let failover = cronoq::connect(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"]).await?;
+/// # Ok(()) }
+/// ```
+pub fn connect(address: impl Addresses) -> Connect {
+    Connect {
+        addresses: address.into_strings(),
+        token: Vec::new(),
+        curve: None,
+        request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        routing: true,
+    }
+}
+
+/// Options of a connection to a broker; `.await` it for a [`Client`].
+#[derive(Debug, Clone)]
+#[must_use = "a Connect does nothing until awaited"]
+pub struct Connect {
+    addresses: Vec<String>,
+    token: Vec<u8>,
+    curve: Option<String>,
+    request_timeout: Duration,
+    routing: bool,
+}
+
+impl Connect {
+    /// The token to show the broker (its secret's bytes); none for an open broker.
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Connect {
+        self.token = token.as_ref().to_vec();
+        self
+    }
+
+    /// Encrypt the connection with CURVE: the broker's public key as 40 Z85 characters, or the path
+    /// of its `NAME.key` file (from `cronoq keygen`).
+    pub fn curve_server_key(mut self, key: impl Into<String>) -> Connect {
+        self.curve = Some(key.into());
+        self
+    }
+
+    /// How long a request waits for its reply (default 30 s), re-sent meanwhile across reconnects.
+    pub fn request_timeout(mut self, timeout: Duration) -> Connect {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Route over the cluster the broker is a member of (the default), or, with `false`, talk to
+    /// this broker only: another member's pools are then refused with `FailedPrecondition` naming
+    /// their owner, and task ids naming another member are `NotFound`.
+    pub fn routing(mut self, routing: bool) -> Connect {
+        self.routing = routing;
+        self
+    }
+
+    async fn open(self) -> Result<Client> {
+        let endpoint = Endpoint::client(&self.addresses, self.token, self.curve.as_deref())?;
+        let home = Connection::open(endpoint, self.request_timeout)?;
+        let router = self.routing.then(|| Arc::new(Router::new(home.clone())));
+        Ok(Client { home, router })
+    }
+}
+
+impl IntoFuture for Connect {
+    type Output = Result<Client>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<Client>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.open())
+    }
+}
+
+/// A connection to a broker's client endpoint (in a cluster, to every member). Cheap to clone:
+/// clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    /// The broker this client was given.
+    home: Connection,
+    /// Routes over the broker's cluster; None: `.routing(false)`, the home broker only.
+    router: Option<Arc<Router>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("address", &self.home.endpoint().describe()).finish()
+    }
+}
+
+impl Client {
+    /// The connection that knows `task_id`: in a cluster, the member its id names.
+    async fn for_task(&self, task_id: &str) -> Result<Connection> {
+        match &self.router {
+            Some(router) => router.for_task(task_id).await,
+            None => Ok(self.home.clone()),
+        }
+    }
+
+    /// Queue a task; returns its handle once the broker has accepted it (durably, when the broker
+    /// keeps a data_dir). A payload over the broker's max_payload_bytes, or a name longer than it
+    /// takes, is refused here with `InvalidArgument` and nothing is sent.
+    ///
+    /// In a cluster it goes to the member that owns the task's pool (the handle then asks that
+    /// member); a member refusing the pool for another owner makes the client read the map again and
+    /// try once more there.
+    pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
+        let task = &task;
+        match &self.router {
+            Some(router) => router.on_owner(&task.pool, |conn| async move { conn.submit(task).await }).await,
+            None => Ok(self.home.submit(task).await?),
+        }
+    }
+
+    /// Wait for a task's value by id, also one another connection submitted (see
+    /// [`TaskHandle::result`]).
+    pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
+        let conn = self.for_task(task_id).await?;
+        conn.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
+    }
+
+    /// Like [`result`](Self::result), giving up with `Timeout` after `timeout`.
+    pub async fn result_timeout<T: serde::de::DeserializeOwned>(&self, task_id: &str, timeout: Duration) -> Result<T> {
+        let conn = self.for_task(task_id).await?;
+        conn.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
+    }
+
+    /// A snapshot of a task: state, attempts, timings. NotFound for a task this token may not see.
+    pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
+        self.for_task(task_id).await?.status(task_id).await
+    }
+
+    /// Why the task is where it is: what stands before it while it waits (higher classes, deadline
+    /// tasks, its place in its queue, its tenant's path in the fair share, a paused pool, busy
+    /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
+    /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
+    pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
+        self.for_task(task_id).await?.explain(task_id).await
+    }
+
+    /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
+    /// `Unavailable` when no reply comes.
+    pub async fn cancel(&self, task_id: &str) -> Result<bool> {
+        self.for_task(task_id).await?.cancel(task_id).await
+    }
+
+    /// Stop dispatching `pool` (admin token); in a cluster, on the member that owns it.
+    pub async fn pause(&self, pool: &str) -> Result<()> {
+        self.pool_request("pause", pool).await
+    }
+
+    /// Dispatch `pool` again (admin token); in a cluster, on the member that owns it.
+    pub async fn resume(&self, pool: &str) -> Result<()> {
+        self.pool_request("resume", pool).await
+    }
+
+    async fn pool_request(&self, tag: &'static str, pool: &str) -> Result<()> {
+        match &self.router {
+            Some(router) => router.on_owner(pool, |conn| async move { conn.pool_request(tag, pool).await }).await,
+            None => Ok(self.home.pool_request(tag, pool).await?),
+        }
+    }
+
+    /// The broker's per-pool statistics (admin token), as a msgpack map.
+    ///
+    /// In a cluster, every member's, merged as the Python client merges them: `pools` holds every
+    /// member's pools (each naming its `member`), `workers` the sum, `members` each member's own
+    /// answer, or `{"unreachable": why}` for one that did not answer within 5 s (or the
+    /// request_timeout, if shorter); `cluster` is the map's version.
+    pub async fn stats(&self) -> Result<Value> {
+        match &self.router {
+            Some(router) => router.stats().await,
+            None => self.home.stats().await,
+        }
+    }
+
+    /// The cluster map as the broker gives it (members, their addresses and pools, the map's
+    /// version; docs/protocol.md, "Clusters"), or `None` from a broker that is no member of a
+    /// cluster. Routing follows the map read here.
+    pub async fn cluster(&self) -> Result<Option<Value>> {
+        match &self.router {
+            Some(router) => router.cluster().await,
+            None => {
+                let value = self.home.cluster_map().await?;
+                Ok(ClusterMap::parse(&value)?.map(|_| value))
+            }
+        }
+    }
+
+    /// A round trip to the broker; `Unavailable` when it does not answer in time.
+    pub async fn ping(&self) -> Result<()> {
+        self.home.ping().await
+    }
+
+    /// The broker's max_payload_bytes, as it said on connecting (None until it has, or if it never says).
+    pub fn max_payload_bytes(&self) -> Option<usize> {
+        self.home.max_payload_bytes()
+    }
+
+    /// How many times the connection was made again (and what was outstanding re-sent).
+    pub fn reconnects(&self) -> usize {
+        self.home.reconnects()
+    }
+
+    /// Close the connection (every member's, in a cluster): requests still waiting fail with
+    /// `Unavailable`.
+    pub async fn close(&self) {
+        if let Some(router) = &self.router {
+            router.close();
+        }
+        self.home.close();
+    }
+}

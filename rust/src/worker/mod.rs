@@ -1,0 +1,186 @@
+//! [`Worker`]: serves pools for a broker, and [`Stopper`], which stops it gracefully.
+//!
+//! The worker talks to a broker through a [`Session`] (src/worker/session.rs: credit, heartbeats,
+//! reconnecting, registering with a standby that took over). Its first session asks the broker for
+//! the cluster map before it registers: a lone broker answers nil and that session serves it; a
+//! cluster member answers with the map, and the worker then serves the cluster through a session
+//! per member (src/worker/cluster.rs).
+
+mod cluster;
+mod session;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use self::cluster::serve_cluster;
+use self::session::{End, Role, Session, Shared};
+use crate::address::Addresses;
+use crate::channel::Endpoint;
+use crate::error::{Error, Result};
+use crate::handler::{self, Handler};
+use crate::pool::PoolConfig;
+use crate::task::Payload;
+
+/// Serves the tasks of its pools that the broker at an address hands it, `concurrency` at a time.
+///
+/// ```no_run
+/// # async fn demo() -> cronoq::Result<()> {
+/// use cronoq::{Payload, PoolConfig, Worker};
+/// let worker = Worker::new("tcp://127.0.0.1:5556")
+///     .concurrency(8)
+///     .pool(PoolConfig::new("llm"), |payload: Payload| async move {
+///         let prompt: String = payload.decode()?;
+///         Ok::<_, cronoq::Error>(prompt.to_uppercase())
+///     });
+/// let stopper = worker.stopper();
+/// tokio::spawn(async move { tokio::time::sleep(std::time::Duration::from_secs(3600)).await; stopper.stop().await });
+/// worker.run().await?; // until stopped: running tasks finish first
+/// # Ok(()) }
+/// ```
+pub struct Worker {
+    addresses: Vec<String>,
+    token: Vec<u8>,
+    curve: Option<String>,
+    concurrency: u32,
+    heartbeat_interval: Duration,
+    liveness: u32,
+    pools: Vec<(PoolConfig, Handler)>,
+    stop_tx: watch::Sender<bool>,
+    done_rx: watch::Receiver<bool>,
+    done_tx: watch::Sender<bool>,
+}
+
+/// Stops a running [`Worker`] gracefully: it takes no more tasks, lets the running ones finish and
+/// report, then leaves. Cloneable.
+#[derive(Clone)]
+pub struct Stopper {
+    stop: watch::Sender<bool>,
+    done: watch::Receiver<bool>,
+}
+
+impl Stopper {
+    /// Ask the worker to stop, and wait until its `run` has returned.
+    pub async fn stop(&self) {
+        let _ = self.stop.send(true);
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+    }
+}
+
+impl Worker {
+    /// A worker for the broker's worker endpoint at `address` (4 slots, no pool yet).
+    ///
+    /// `address` may list the worker endpoints of a broker's primary and its standbys (a list, or
+    /// one string with commas): the worker serves whichever serves, and registers with a standby
+    /// the moment it has taken over. `run` fails with `InvalidArgument` when none is given.
+    pub fn new(address: impl Addresses) -> Worker {
+        let (stop_tx, _) = watch::channel(false);
+        let (done_tx, done_rx) = watch::channel(false);
+        Worker {
+            addresses: address.into_strings(),
+            token: Vec::new(),
+            curve: None,
+            concurrency: 4,
+            heartbeat_interval: Duration::from_secs(1),
+            liveness: 3,
+            pools: Vec::new(),
+            stop_tx,
+            done_rx,
+            done_tx,
+        }
+    }
+
+    /// The token to show the broker (a `worker` or `admin` role's secret).
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Worker {
+        self.token = token.as_ref().to_vec();
+        self
+    }
+
+    /// Encrypt with CURVE: the broker's public key (40 Z85 characters or its `NAME.key` file).
+    pub fn curve_server_key(mut self, key: impl Into<String>) -> Worker {
+        self.curve = Some(key.into());
+        self
+    }
+
+    /// At most `n` tasks at once over all pools (default 4; 0 is taken as 1).
+    pub fn concurrency(mut self, n: u32) -> Worker {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Heartbeat every `interval` (default 1 s); the broker is taken as lost after `liveness`
+    /// silent intervals (default 3).
+    pub fn heartbeat(mut self, interval: Duration, liveness: u32) -> Worker {
+        self.heartbeat_interval = interval.max(Duration::from_millis(10));
+        self.liveness = liveness.max(1);
+        self
+    }
+
+    /// Serve `pool` with `handler`: an async function of the task's [`Payload`] returning its value
+    /// (any `Serialize`) or an error (any `Display + Debug`, which the client sees as
+    /// `TaskFailed { type, message, traceback }`).
+    pub fn pool<F, Fut, T, E>(mut self, pool: PoolConfig, handler: F) -> Worker
+    where
+        F: Fn(Payload) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: Serialize + 'static,
+        E: std::fmt::Display + std::fmt::Debug + 'static,
+    {
+        self.pools.retain(|(p, _)| p.name != pool.name);
+        self.pools.push((pool, handler::handler(handler)));
+        self
+    }
+
+    /// A handle that stops this worker gracefully.
+    pub fn stopper(&self) -> Stopper {
+        Stopper { stop: self.stop_tx.clone(), done: self.done_rx.clone() }
+    }
+
+    /// Serve until stopped. Returns the broker's refusal (`NotFound` for an undeclared pool,
+    /// `FailedPrecondition` for settings that disagree with its config, `PermissionDenied`, ...)
+    /// if it rejects this worker.
+    ///
+    /// Given a cluster member's address, the worker serves the whole cluster: it reads the map,
+    /// registers with each member that owns some of its pools (through a connection of its own,
+    /// with a share of the slots) and follows the map as the members report it.
+    pub async fn run(self) -> Result<()> {
+        let done = self.done_tx.clone();
+        let result = self.serve().await;
+        let _ = done.send(true);
+        result
+    }
+
+    async fn serve(self) -> Result<()> {
+        if self.pools.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
+            ));
+        }
+        let endpoint = Endpoint::worker(&self.addresses, self.token.clone(), self.curve.as_deref())?;
+        let shared = Arc::new(Shared {
+            endpoint: endpoint.clone(),
+            heartbeat_interval: self.heartbeat_interval,
+            liveness: self.liveness,
+            handlers: self.pools.iter().map(|(p, h)| (p.name.clone(), h.clone())).collect(),
+            settings: self
+                .pools
+                .iter()
+                .map(|(p, _)| (p.name.clone(), p.explicit_settings()))
+                .filter(|(_, s)| !s.is_empty())
+                .collect(),
+            pools: self.pools.iter().map(|(p, _)| p.name.clone()).collect(),
+            concurrency: self.concurrency,
+        });
+        let stop = self.stop_tx.subscribe();
+        // Ask first whether the broker is a member of a cluster (a lone broker answers nil).
+        let first = Session::new(shared.clone(), endpoint, shared.pools.clone(), self.concurrency, Role::Asking)?;
+        match first.drive(stop.clone()).await? {
+            End::Stopped => Ok(()),
+            End::Cluster(map) => serve_cluster(shared, map, stop).await,
+        }
+    }
+}
