@@ -96,15 +96,9 @@ KNOWN_TO_BE_FIXED: dict[tuple[str, str], str] = {
     # The client and the worker are being reworked (one broker connection, routers over several). These are
     # imports they make today against the table; delete each entry once its import is gone (the test below
     # fails while an entry excuses an import that no longer exists, so the list can only shrink).
-    ("cronoq.client.connection", "cronoq.book.submission"):
-        "the client checks name lengths with the book's MAX_NAME_LENGTH; the bound is the wire's "
-        "(cronoq.wire.protocol.MAX_NAME_CHARS), and importing the book loads it into every client",
     ("cronoq.client.text", "cronoq.core.settings"):
         "the `cronoq` command's text splits tenant paths with the core's tenant_path; the client may lean on "
         "the core only through the public vocabulary (pool.py)",
-    ("cronoq.worker.cli", "cronoq.client.cli"):
-        "cronoq-worker borrows the `cronoq` command's unset_token_hint: the worker and the client stand side "
-        "by side, and what both commands say belongs below them",
 }
 """Imports against the table that another change is removing: (importer, imported) -> why it is wrong."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any, Callable, Sequence
 
 import zmq
@@ -60,6 +61,14 @@ def token_bytes(token: str | bytes | None) -> bytes:
     if isinstance(token, bytes):
         return token
     raise InvalidArgument(f"token must be a str or bytes, got {type(token).__name__}")
+
+
+def unset_token_hint(variable: str) -> str:
+    """Why no token was sent, naming the variable `--token-env` points at (it is unset or empty): what the
+    `cronoq` and `cronoq-worker` commands say when a broker refuses the empty token frame."""
+    state = "is empty" if variable in os.environ else "is not set"
+    return (f"this broker requires a token, and the environment variable {variable} {state} "
+            f"(--token-env {variable}): export the token in it, or name another variable with --token-env")
 
 
 def context() -> zmq.Context:

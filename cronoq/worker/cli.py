@@ -17,9 +17,9 @@ import sys
 from typing import Any, Sequence
 
 from cronoq.wire import logs
-from cronoq.client.cli import unset_token_hint
 from cronoq.errors import CronoqError, Unauthenticated, UsageError
 from cronoq.pool import Pool
+from cronoq.wire.transport import unset_token_hint
 from cronoq.worker.worker import Worker
 
 DEFAULT_WORKER_ADDRESS = "tcp://127.0.0.1:5556"
