@@ -93,12 +93,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 """The layers each layer may import besides its own: the table of this module's docstring."""
 
 KNOWN_TO_BE_FIXED: dict[tuple[str, str], str] = {
-    # The client and the worker are being reworked (one broker connection, routers over several). These are
-    # imports they make today against the table; delete each entry once its import is gone (the test below
-    # fails while an entry excuses an import that no longer exists, so the list can only shrink).
-    ("cronoq.client.text", "cronoq.core.settings"):
-        "the `cronoq` command's text splits tenant paths with the core's tenant_path; the client may lean on "
-        "the core only through the public vocabulary (pool.py)",
+    # Imports made against the table while a change removes them. Delete each entry once its import is gone
+    # (the test below fails while an entry excuses an import that no longer exists, so the list can only
+    # shrink). The client's and the worker's, the last ones, went with their split into connections and routers.
 }
 """Imports against the table that another change is removing: (importer, imported) -> why it is wrong."""
 
