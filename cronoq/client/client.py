@@ -39,7 +39,11 @@ class Client:
         one that serves takes requests), or seeds of a cluster (any member's address will do; each member then
         gets a connection of its own, to its primary and standbys)."""
         self.address = self._connection.address
-        self.request_timeout = request_timeout
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds a request waits for its reply before it fails with Unavailable (each member's connection too)."""
+        return self._connection.request_timeout
 
     @property
     def max_payload_bytes(self) -> int | None:
