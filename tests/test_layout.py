@@ -92,13 +92,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 }
 """The layers each layer may import besides its own: the table of this module's docstring."""
 
-KNOWN_TO_BE_FIXED: dict[tuple[str, str], str] = {
-    # Imports made against the table while a change removes them. Delete each entry once its import is gone
-    # (the test below fails while an entry excuses an import that no longer exists, so the list can only
-    # shrink). The client's and the worker's, the last ones, went with their split into connections and routers.
-}
-"""Imports against the table that another change is removing: (importer, imported) -> why it is wrong."""
-
 NO_IO_LAYERS = ("core", "book", "answers")
 """Layers that do no I/O, read no clock and draw no random numbers: the time and an rng come in as parameters."""
 NO_IO_MODULES = frozenset({"asyncio", "os", "selectors", "socket", "sqlite3", "subprocess", "threading", "time",
@@ -218,18 +211,10 @@ def test_the_table_names_every_layer_once():
 def test_nothing_imports_upward(graph):
     wrong = []
     for imp in graph:
-        if (imp.importer, imp.imported) in KNOWN_TO_BE_FIXED:
-            continue
         mine, theirs = layer_of(imp.importer), layer_of(imp.imported)
         if theirs != mine and theirs not in MAY_IMPORT[mine]:
             wrong.append(f"{imp.importer} ({mine}) imports {imp.imported} ({theirs}), line {imp.line}")
     assert not wrong, "imports against the layers (see this file's docstring):\n" + "\n".join(wrong)
-
-
-def test_every_known_exception_to_the_table_still_exists(graph):
-    edges = {(imp.importer, imp.imported) for imp in graph}
-    gone = [pair for pair in KNOWN_TO_BE_FIXED if pair not in edges]
-    assert not gone, f"fixed: delete these from KNOWN_TO_BE_FIXED: {gone}"
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -299,15 +284,6 @@ BROKER_SIDE = ("cronoq.broker", "cronoq.store", "cronoq.book", "cronoq.embedded"
 """What a program that only submits tasks or serves a pool never loads."""
 
 
-def _excused() -> set[str]:
-    """Modules a KNOWN_TO_BE_FIXED import loads, and their packages."""
-    names = set()
-    for _, imported in KNOWN_TO_BE_FIXED:
-        parts = imported.split(".")
-        names.update(".".join(parts[:n]) for n in range(2, len(parts) + 1))
-    return names
-
-
 @pytest.mark.parametrize("code", [
     "import cronoq; cronoq.connect, cronoq.connect_sync, cronoq.Client, cronoq.Worker, cronoq.Pool, cronoq.TaskHandle",
     "from cronoq import connect, Worker, Pool, CronoqError, TaskInfo, Explanation",
@@ -316,7 +292,7 @@ def _excused() -> set[str]:
 ], ids=["package", "from-import", "cronoq-command", "worker-command"])
 def test_a_client_or_a_worker_loads_nothing_of_the_broker(code):
     loaded = _loaded_after(code)
-    wrong = [m for m in loaded if m.startswith(BROKER_SIDE) and m not in _excused()]
+    wrong = [m for m in loaded if m.startswith(BROKER_SIDE)]
     assert not wrong, f"`{code}` loads {wrong}"
 
 
