@@ -78,7 +78,7 @@ DRAIN_BATCH = 512
 # cut at the deadline too, 1 ms kept a saturated pass's own CPU under 2 ms nearly always (the commit and the
 # sends of what it handled come after), at no broker CPU per task measurable against 2 ms. Once a task's
 # handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
-# with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
+# with the same CPU per task (bench/history/2026-12-01-broker-cpu-per-task.md).
 PASS_BUDGET = 0.0008
 # Seconds between checks that data_dir's lock is still this broker's (cronoq.store.journal.fence): a broker that lost it
 # stops within about this long, and at its next journal write if another broker took data_dir over sooner.
