@@ -21,14 +21,14 @@ from cronoq.book.records import TaskRecord
 
 from cronoq.book.submission import SubmitRequest
 
+from cronoq.book.rates import DispatchRates
+from cronoq.book.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES
 from cronoq.book.taskbook import TaskBook
 from cronoq.core import SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.pool import Pool
 from cronoq.wire.protocol import decode_body, encode_body
-from cronoq.book.rates import DispatchRates
-from cronoq.book.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES
 
 LOCAL_WORKER = "local"
 # Seconds between samples of the dispatch counts (the broker samples at each heartbeat, once a second).

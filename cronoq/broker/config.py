@@ -28,13 +28,13 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from cronoq.wire.protocol import MAX_NAME_CHARS
-from cronoq.wire.clustermap import Cluster, Member
+from cronoq.book.retention import DEFAULT_RETENTION_BYTES
+from cronoq.broker.schedules import Schedule
 from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
-from cronoq.book.retention import DEFAULT_RETENTION_BYTES
-from cronoq.broker.schedules import Schedule, ScheduleError
-from cronoq.errors import ConfigError
+from cronoq.errors import ConfigError, ScheduleError
+from cronoq.wire.clustermap import Cluster, Member
+from cronoq.wire.protocol import MAX_NAME_CHARS
 
 __all__ = [
     "BrokerConfig",

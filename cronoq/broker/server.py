@@ -37,30 +37,30 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import msgspec
 import zmq
 
-from cronoq.wire import protocol
+from cronoq.book.rates import DispatchRates
 from cronoq.book.records import TaskRecord
 from cronoq.book.taskbook import TaskBook
 from cronoq.broker.auth import Authenticator, Principal
-from cronoq.broker.connections import Connection, Connections, peer_label
-from cronoq.wire.clustermap import TASK_ID_SEPARATOR
-from cronoq.broker.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
-from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
-from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
 from cronoq.broker.clients import ClientRequests, RestOfBatch
 from cronoq.broker.collector import CollectorPolicy
+from cronoq.broker.config import DEFAULTS_SOURCE, BrokerConfig, load_config
+from cronoq.broker.connections import Connection, Connections, peer_label
 from cronoq.broker.cron import CronRunner
+from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.failures import RecentFailures
 from cronoq.broker.membership import Membership
-from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
-from cronoq.wire.curve import load_secret_key, serve_encrypted
-from cronoq.broker.metrics import BrokerMetrics, registry_for, serve_metrics
-from cronoq.book.rates import DispatchRates
-from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
 )
+from cronoq.broker.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.outbox import Outbox
+from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.broker.workers import WorkerEntry, WorkerRegistry
+from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
+from cronoq.errors import ConfigError, CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
+from cronoq.wire import protocol
+from cronoq.wire.clustermap import TASK_ID_SEPARATOR
+from cronoq.wire.curve import load_secret_key, serve_encrypted
 from cronoq.wire.transport import recv_routed, tune
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from cronoq.wire import logs
 from cronoq.errors import CronoqError, Unauthenticated, UsageError
 from cronoq.pool import Pool
+from cronoq.wire import logs
 from cronoq.wire.transport import unset_token_hint
 from cronoq.worker.worker import Worker
 

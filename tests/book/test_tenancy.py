@@ -19,8 +19,8 @@ import cronoq
 from cronoq.book.submission import SubmitRequest
 from cronoq.book.taskbook import BULK_TENANTS, TaskBook
 from cronoq.broker.cron import STATE_FILE, CronRunner
-from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.broker.schedules import Schedule
+from cronoq.core import PoolSettings, SchedulerCore
 from tests.store.journal.test_journal import World
 
 HOUR = 3600.0

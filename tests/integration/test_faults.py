@@ -17,10 +17,10 @@ import pytest
 import zmq
 
 import cronoq
-import cronoq.wire.transport
-from cronoq.wire import protocol
 from cronoq.store.journal.frames import HEADER_SIZE, FrameReader
 from cronoq.store.journal.records import Accepted, decode_batch
+from cronoq.wire import protocol
+import cronoq.wire.transport
 from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
 
 WAIT = 30.0

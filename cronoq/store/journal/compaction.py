@@ -63,9 +63,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from cronoq.store.journal import frames
-from cronoq.store.lifeline import bind_to_parent, helper_environment
 from cronoq.store.journal.reading import SNAPSHOT, read_before
 from cronoq.store.journal.snapshot import snapshot_frames
+from cronoq.store.lifeline import bind_to_parent, helper_environment
 
 log = logging.getLogger("cronoq.store")
 

@@ -28,10 +28,10 @@ from typing import Callable
 
 import msgspec
 
+from cronoq.errors import DamagedFile, StoreError
 from cronoq.store.journal import frames
 from cronoq.store.journal.records import READABLE_FORMATS, End, Header, Record, batch_starts, decode_batch
 from cronoq.store.journal.replay import Replay
-from cronoq.errors import DamagedFile, StoreError
 
 SNAPSHOT = "snapshot"
 LOCK = "lock"

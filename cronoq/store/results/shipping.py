@@ -40,10 +40,10 @@ import msgspec
 
 from cronoq.book.records import TaskRecord, stored_form
 from cronoq.book.taskbook import TaskBook
-from cronoq.store.results import database as results
-from cronoq.store.results.archiver import FilterReady, FrameBuffer, FromArchiver, Put, Retention, Stored, Tick, frame
 from cronoq.errors import StoreError
 from cronoq.store.lifeline import helper_environment
+from cronoq.store.results import database as results
+from cronoq.store.results.archiver import FilterReady, FrameBuffer, FromArchiver, Put, Retention, Stored, Tick, frame
 from cronoq.store.results.scopes import ScopeFilter, key_scope, submission_scope
 
 log = logging.getLogger("cronoq.store")

@@ -13,14 +13,14 @@ import pytest
 
 from cronoq.book.submission import SubmitRequest
 
+from cronoq.answers import explain_text
 from cronoq.book.taskbook import TaskBook
 from cronoq.broker.auth import Authenticator
-from cronoq.broker.failures import RecentFailures
 from cronoq.broker.config import TokenSpec
-from cronoq.core import FAILED, PoolSettings, SchedulerCore
 from cronoq.broker.dashboard import BrokerParts, Dashboard
 from cronoq.broker.dashboard.http import Request
-from cronoq.answers import explain_text
+from cronoq.broker.failures import RecentFailures
+from cronoq.core import FAILED, PoolSettings, SchedulerCore
 
 TOKENS = (TokenSpec(b"admin-secret", "admin", None, "T_ADMIN"), TokenSpec(b"viewer-secret", "viewer", None, "T_VIEWER"),
           TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"))

@@ -31,10 +31,10 @@ from cronoq.book.taskbook import TaskBook
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import NotFound
 from cronoq.store.journal import frames
-from cronoq.store.results import database as results
-from cronoq.store.results.shipping import Archive, open_store
 from cronoq.store.journal.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path, sync_files
 from cronoq.store.journal.replay import Replay
+from cronoq.store.results import database as results
+from cronoq.store.results.shipping import Archive, open_store
 from tests.support import peer
 
 POOLS = [PoolSettings("a"), PoolSettings("b", tenant_weights={"acme": 3})]
