@@ -17,7 +17,7 @@ import pytest
 
 import cronoq
 from tests import support
-from tests.support import BrokerProcess, write_config
+from tests.support import BEATS, BrokerProcess, write_config
 
 WORKERS_PER_CORE = 2
 
@@ -129,7 +129,7 @@ class _BrokerBackend:
     async def open(self, pools: Iterable[cronoq.Pool], concurrency: int = 1) -> AsyncIterator[Any]:
         pools = list(pools)
         broker = self._broker_factory(pools_toml(pools))
-        worker = cronoq.Worker(broker.workers, pools, concurrency=concurrency, heartbeat_interval=0.2)
+        worker = cronoq.Worker(broker.workers, pools, concurrency=concurrency, **BEATS)
         runner = asyncio.get_running_loop().create_task(worker.run())
         try:
             async with cronoq.connect(broker.clients) as client:

@@ -20,6 +20,14 @@ from cronoq.broker.connections import Connection
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 15.0
 
+# The heartbeat of the tests' brokers and workers, both ways. Frequent, so that what rides on beats (a lost
+# worker noticed, a reconnect) happens within seconds; patient, so that a process a busy machine leaves
+# unscheduled for a while is not lost by mistake. Three beats of 0.2 s (0.6 s) were not: under a parallel run on
+# two busy cores, workers that were alive and well were lost and their tasks ran twice.
+HEARTBEAT = 0.2
+LIVENESS = 15  # beats missed before a peer counts as lost: 3 s
+BEATS = {"heartbeat_interval": HEARTBEAT, "liveness": LIVENESS}  # as cronoq.Worker's keyword arguments
+
 
 _peers: dict[bytes, Connection] = {}
 
@@ -136,8 +144,9 @@ def write_config(path: Path, body: str, *, clients: str | None = None, workers: 
     if "[broker]" not in body:
         clients = clients or f"tcp://127.0.0.1:{free_port()}"
         workers = workers or f"tcp://127.0.0.1:{free_port()}"
-        header = (f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = 0.2\n'
-                  f'data_dir = "{path.stem}-data"\n{broker_extra}\n')
+        liveness = "" if "liveness" in broker_extra else f"liveness = {LIVENESS}\n"
+        header = (f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = {HEARTBEAT}\n'
+                  f'{liveness}data_dir = "{path.stem}-data"\n{broker_extra}\n')
         body = header + body
     path.write_text(body)
     return path
@@ -240,7 +249,8 @@ def start_worker_process(broker_workers: str, target: str, log: Path, *, concurr
                          cwd: Path = ROOT, wait: bool = True) -> subprocess.Popen:
     """Start `cronoq-worker` as a child process (output to `log`); returns once it has registered (`wait`)."""
     proc = _spawn(["-m", "cronoq.worker.cli", "--broker", broker_workers, "--concurrency", str(concurrency),
-                   "--heartbeat-interval", "0.2", *(extra or []), target], log, env=env, cwd=cwd)
+                   "--heartbeat-interval", str(HEARTBEAT), "--liveness", str(LIVENESS), *(extra or []), target],
+                  log, env=env, cwd=cwd)
     if wait:
         wait_for_line(proc, log, "registered with")
     return proc

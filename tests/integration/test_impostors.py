@@ -21,7 +21,7 @@ import zmq
 import cronoq
 from cronoq import protocol
 from tests.integration.test_cluster import Cluster, cluster  # noqa: F401 - the fixture
-from tests.support import until
+from tests.support import BEATS, until
 
 POOLS = '[[pools]]\nname = "mine"\nmember = "b1"\n[[pools]]\nname = "theirs"\nmember = "b2"\n'
 
@@ -79,7 +79,7 @@ async def test_a_worker_ignores_a_map_from_a_peer_claiming_another_members_name(
                             lambda item: ok(item, forged) if isinstance(item, protocol.ClusterRequest) else None,
                             protocol.CommandBatch, protocol.decode_worker_message)
         impostor.start()
-        worker = cronoq.Worker(c.workers("b1"), [cronoq.Pool("mine", run)], concurrency=2, heartbeat_interval=0.2)
+        worker = cronoq.Worker(c.workers("b1"), [cronoq.Pool("mine", run)], concurrency=2, **BEATS)
         serving = asyncio.ensure_future(worker.run())
         try:
             with caplog.at_level(logging.WARNING, logger="cronoq.worker"):
