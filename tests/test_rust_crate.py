@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_ports
+from tests.support import cached_bytecode, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 CRATE = ROOT / "rust"
@@ -26,7 +26,7 @@ CARGO = shutil.which("cargo") or next(
 @pytest.mark.skipif(CARGO is None, reason="cargo is not installed: the Rust crate in rust/ is not built here")
 @pytest.mark.long_running
 def test_cargo_test_passes():
-    env = dict(os.environ)
+    env = cached_bytecode(dict(os.environ))  # for the brokers and Python peers its interop tests start
     env["CRONOQ_PYTHON"] = sys.executable  # the interop tests start this checkout's broker with it
     env["CARGO_TARGET_DIR"] = str(CRATE / "target")
     ports = free_ports(200)  # the interop tests' brokers bind these, not ports the OS may give someone else
