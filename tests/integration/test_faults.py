@@ -122,6 +122,13 @@ async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_fac
 
             broker.kill()  # SIGKILL: no flush, no goodbye
             await asyncio.sleep(1.2)  # the deadline=1.0 tasks expire while no broker runs
+
+            # And the workers find the broker gone before another serves: each reconnects once, then registers
+            # with the restarted one. (Restarted within their liveness window instead, a worker may register on
+            # its old connection and then give it up as silent, and a running task would run a third time.)
+            async def both_noticed() -> bool:
+                return not any(worker.registered for worker in workers)
+            await until(both_noticed, "both workers notice that the broker is gone")
             broker = restarted(broker)
 
             stats = await client.stats()
