@@ -10,13 +10,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 from typing import Any, AsyncIterator, Iterable
 
 import pytest
 
 import cronoq
 from tests import support
-from tests.support import BrokerProcess, write_config
+from tests.support import BEATS, BrokerProcess, write_config
+
+WORKERS_PER_CORE = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Run the suite on several workers (pytest-xdist) unless told how many: most of its time is real brokers
+    and workers waiting on each other, which overlaps well. `-n 0` or `-p no:xdist` runs it serially (this is
+    not in addopts because `-n` there would make `-p no:xdist` an unknown option)."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput") or config.option.tx:
+        return
+    if config.option.numprocesses is None and not config.option.usepdb:
+        config.option.numprocesses = "auto"
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "worksteal"  # tests take from 0.01 s to minutes: an idle worker takes queued ones
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """What `-n auto` means here: WORKERS_PER_CORE workers per core (measured on 2 cores: see README.md)."""
+    return max(2, WORKERS_PER_CORE * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                      else os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked long_running start first, each module's on a worker of its own, so that the others fill the
+    workers meanwhile instead of everyone waiting at the end for one that started last. `--dist worksteal` first
+    hands the N workers equal runs of the collection, in order: each such run starts with one module's long tests
+    (a module's stay together: the Rust crate's share one build)."""
+    long_modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("long_running") is not None:
+            long_modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    if not long_modules:
+        return
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    runs: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for i, module in enumerate(long_modules.values()):
+        runs[i % workers] += module
+    rest = iter([item for item in items if item.get_closest_marker("long_running") is None])
+    left = len(items)
+    for i, run in enumerate(runs):  # the sizes worksteal gives: what is left over the workers still to serve
+        size = left // (workers - i)
+        run += [next(rest) for _ in range(max(0, size - len(run)))]
+        left -= len(run)
+    items[:] = [item for run in runs for item in run] + list(rest)
 
 
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
@@ -82,7 +129,7 @@ class _BrokerBackend:
     async def open(self, pools: Iterable[cronoq.Pool], concurrency: int = 1) -> AsyncIterator[Any]:
         pools = list(pools)
         broker = self._broker_factory(pools_toml(pools))
-        worker = cronoq.Worker(broker.workers, pools, concurrency=concurrency, heartbeat_interval=0.2)
+        worker = cronoq.Worker(broker.workers, pools, concurrency=concurrency, **BEATS)
         runner = asyncio.get_running_loop().create_task(worker.run())
         try:
             async with cronoq.connect(broker.clients) as client:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import resource
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -17,6 +19,14 @@ from cronoq.broker.connections import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 15.0
+
+# The heartbeat of the tests' brokers and workers, both ways. Frequent, so that what rides on beats (a lost
+# worker noticed, a reconnect) happens within seconds; patient, so that a process a busy machine leaves
+# unscheduled for a while is not lost by mistake. Three beats of 0.2 s (0.6 s) were not: under a parallel run on
+# two busy cores, workers that were alive and well were lost and their tasks ran twice.
+HEARTBEAT = 0.2
+LIVENESS = 15  # beats missed before a peer counts as lost: 3 s
+BEATS = {"heartbeat_interval": HEARTBEAT, "liveness": LIVENESS}  # as cronoq.Worker's keyword arguments
 
 
 _peers: dict[bytes, Connection] = {}
@@ -32,11 +42,97 @@ def peer(identity: bytes) -> Connection:
     return conn
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+# Ports. The usual trick, binding port 0 and closing the socket, races once tests run side by side: another
+# pytest-xdist worker, or any outgoing connection (those take their port from the same ephemeral range), may be
+# given that number before the broker binds it. So each test process hands out ports from a range of its own,
+# below the ephemeral range, one after another; a port is handed out only if it binds right now and no other
+# test run on this machine holds it (a byte-range lock per port on one shared file: the kernel drops it when
+# the process that took it exits, so a killed run leaves nothing behind).
+PORTS_FROM = 20000
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "cronoq-test-ports.lock"
+
+
+def _ephemeral_ports_from() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default when it cannot say)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _this_process_ports() -> range:
+    """This test process's share of the ports from PORTS_FROM up to the ephemeral range: all of it in a serial
+    run, the N-th of equal slices for pytest-xdist's worker gwN (disjoint, so no two workers meet)."""
+    end = _ephemeral_ports_from()
+    if end - PORTS_FROM < 1000:  # the kernel hands out (nearly) every port: only the checks below guard
+        end = 65536
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return range(PORTS_FROM, end)
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) % count
+    span = (end - PORTS_FROM) // count
+    return range(PORTS_FROM + index * span, PORTS_FROM + (index + 1) * span)
+
+
+class _PortDealer:
+    """Hands out this process's ports in turn, skipping any that is bound or that another test run holds."""
+
+    def __init__(self) -> None:
+        self.ports = _this_process_ports()
+        self.next = 0
+        self.locks: int | None = None
+
+    def take(self, count: int = 1) -> int:
+        """The first of `count` consecutive ports, all free, reserved for this process until it exits."""
+        for _ in range(len(self.ports)):
+            if self.next + count > len(self.ports):
+                self.next = 0  # wrap around: ports handed out long ago were released with their test
+            first = self.ports[self.next]
+            self.next += count
+            if self._reserve(first, count) and all(_bindable(port) for port in range(first, first + count)):
+                return first
+        raise AssertionError(f"no {count} free consecutive ports left in {self.ports}")
+
+    def _reserve(self, first: int, count: int) -> bool:
+        """Hold ports [first, first + count) against other test processes on this machine; True if it could."""
+        if self.locks is None:
+            try:
+                self.locks = os.open(_PORT_LOCKS, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError:
+                self.locks = -1  # no shared lock file here: the disjoint range and the bind check still hold
+        if self.locks < 0:
+            return True
+        try:
+            fcntl.lockf(self.locks, fcntl.LOCK_EX | fcntl.LOCK_NB, count, first, os.SEEK_SET)
+            return True
+        except OSError:
+            return False
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:`port` now (without SO_REUSEADDR: a port that still has
+    connections in TIME_WAIT counts as taken, as it would for some listeners)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+_dealer = _PortDealer()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on and no other test (of this run or another) is given."""
+    return _dealer.take()
+
+
+def free_ports(count: int) -> range:
+    """`count` consecutive free ports, reserved like free_port's (for a child that hands them out itself)."""
+    first = _dealer.take(count)
+    return range(first, first + count)
 
 
 def write_config(path: Path, body: str, *, clients: str | None = None, workers: str | None = None,
@@ -48,15 +144,27 @@ def write_config(path: Path, body: str, *, clients: str | None = None, workers: 
     if "[broker]" not in body:
         clients = clients or f"tcp://127.0.0.1:{free_port()}"
         workers = workers or f"tcp://127.0.0.1:{free_port()}"
-        header = (f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = 0.2\n'
-                  f'data_dir = "{path.stem}-data"\n{broker_extra}\n')
+        liveness = "" if "liveness" in broker_extra else f"liveness = {LIVENESS}\n"
+        header = (f'[broker]\nclients = "{clients}"\nworkers = "{workers}"\nheartbeat_interval = {HEARTBEAT}\n'
+                  f'{liveness}data_dir = "{path.stem}-data"\n{broker_extra}\n')
         body = header + body
     path.write_text(body)
     return path
 
 
+def cached_bytecode(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a child Python that keeps its compiled bytecode even where PYTHONDONTWRITEBYTECODE is set (as in
+    many containers): the suite starts some thousand brokers, workers and commands, and compiling cronoq afresh
+    in each cost about half a second of CPU, a third of the whole run. The bytecode then goes to a directory of
+    the tests' own (PYTHONPYCACHEPREFIX), not beside the sources the setting keeps clean."""
+    if env.get("PYTHONDONTWRITEBYTECODE") and not env.get("PYTHONPYCACHEPREFIX"):
+        env = {key: value for key, value in env.items() if key != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"cronoq-test-bytecode-{os.getuid()}")
+    return env
+
+
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = cached_bytecode(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
     if extra:
@@ -152,7 +260,8 @@ def start_worker_process(broker_workers: str, target: str, log: Path, *, concurr
                          cwd: Path = ROOT, wait: bool = True) -> subprocess.Popen:
     """Start `cronoq-worker` as a child process (output to `log`); returns once it has registered (`wait`)."""
     proc = _spawn(["-m", "cronoq.worker.cli", "--broker", broker_workers, "--concurrency", str(concurrency),
-                   "--heartbeat-interval", "0.2", *(extra or []), target], log, env=env, cwd=cwd)
+                   "--heartbeat-interval", str(HEARTBEAT), "--liveness", str(LIVENESS), *(extra or []), target],
+                  log, env=env, cwd=cwd)
     if wait:
         wait_for_line(proc, log, "registered with")
     return proc

@@ -378,4 +378,4 @@ CoreVersusModel.TestCase.settings = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestCoreVersusModel = CoreVersusModel.TestCase
+TestCoreVersusModel = pytest.mark.long_running(CoreVersusModel.TestCase)

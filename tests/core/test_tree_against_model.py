@@ -9,6 +9,7 @@ with the model, the core must never start a task of a node at its ceiling.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -185,4 +186,4 @@ TreeVersusModel.TestCase.settings = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestTreeVersusModel = TreeVersusModel.TestCase
+TestTreeVersusModel = pytest.mark.long_running(TreeVersusModel.TestCase)

@@ -22,7 +22,7 @@ import zmq
 
 import cronoq
 from cronoq.wire import protocol
-from tests.support import rss_kib, start_worker_process, until
+from tests.support import BEATS, rss_kib, start_worker_process, until
 
 V = protocol.PROTOCOL_VERSION
 WAIT = 30.0
@@ -140,7 +140,7 @@ async def test_claiming_the_identities_libzmq_would_generate_does_not_crash_the_
     for sock in ordinary[:40]:
         assert isinstance(first_reply(sock, decode=protocol.decode_client_reply), protocol.Ok)
     alive(broker)
-    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", _echo), heartbeat_interval=0.2)
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", _echo), **BEATS)
     runner = asyncio.get_running_loop().create_task(worker.run())
     try:
         async with cronoq.connect(broker.clients) as client:
@@ -320,7 +320,7 @@ async def test_idle_connections_cannot_exhaust_the_brokers_descriptors(broker_fa
     async with cronoq.connect(broker.clients, token="client-secret") as client:
         await client.ping()
         worker = cronoq.Worker(broker.workers, cronoq.Pool("default", _echo), token="worker-secret",
-                               heartbeat_interval=0.2)
+                               **BEATS)
         runner = asyncio.get_running_loop().create_task(worker.run())
         try:
             task = await client.submit("served")

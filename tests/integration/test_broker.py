@@ -8,7 +8,7 @@ import signal
 import pytest
 
 import cronoq
-from tests.support import BrokerProcess, free_port, run_command, start_worker_process, write_config
+from tests.support import BEATS, BrokerProcess, free_port, run_command, start_worker_process, write_config
 
 TOKENS = {
     "T_ACME": "acme-client-secret",
@@ -52,7 +52,7 @@ async def echo(payload):
 
 async def test_tokens_roles_and_pinned_tenants(broker_factory):
     broker = broker_factory(AUTH_TOML, env=TOKENS)
-    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", echo), token=TOKENS["T_WORKER"], heartbeat_interval=0.2)
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", echo), token=TOKENS["T_WORKER"], **BEATS)
     running = asyncio.get_running_loop().create_task(worker.run())
     try:
         async with cronoq.connect(broker.clients) as anonymous:
@@ -95,7 +95,7 @@ async def test_tokens_roles_and_pinned_tenants(broker_factory):
         async with cronoq.connect(broker.clients, token=TOKENS["T_WORKER"]) as as_worker:
             with pytest.raises(cronoq.PermissionDenied):
                 await as_worker.submit("x")
-        intruder = cronoq.Worker(broker.workers, cronoq.Pool("default", echo), token=TOKENS["T_CLIENT"], heartbeat_interval=0.2)
+        intruder = cronoq.Worker(broker.workers, cronoq.Pool("default", echo), token=TOKENS["T_CLIENT"], **BEATS)
         with pytest.raises(cronoq.PermissionDenied):
             await asyncio.wait_for(intruder.run(), 10)
     finally:
@@ -112,7 +112,7 @@ async def test_workers_for_unknown_pools_or_conflicting_settings_are_refused(bro
         await asyncio.wait_for(conflicting.run(), 10)
     # Settings left at their defaults carry no opinion; agreeing ones are fine.
     for pool in (cronoq.Pool("llm", echo), cronoq.Pool("llm", echo, max_in_flight=4)):
-        worker = cronoq.Worker(broker.workers, pool, heartbeat_interval=0.2)
+        worker = cronoq.Worker(broker.workers, pool, **BEATS)
         running = asyncio.get_running_loop().create_task(worker.run())
         async with cronoq.connect(broker.clients) as client:
             assert await (await client.submit(1, pool="llm")).result(timeout=10) == 1
@@ -149,7 +149,7 @@ async def test_max_in_flight_holds_across_two_workers(broker_factory):
             return payload
         return cronoq.Pool("capped", slow)
 
-    workers = [cronoq.Worker(broker.workers, pool_for(i), concurrency=4, heartbeat_interval=0.2) for i in range(2)]
+    workers = [cronoq.Worker(broker.workers, pool_for(i), concurrency=4, **BEATS) for i in range(2)]
     runs = [asyncio.get_running_loop().create_task(w.run()) for w in workers]
     try:
         async with cronoq.connect(broker.clients) as client:

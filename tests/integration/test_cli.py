@@ -13,7 +13,7 @@ import time
 
 import cronoq
 from cronoq.client.cli import build_parser
-from tests.support import _env, free_port, run_command, start_worker_process, until
+from tests.support import BEATS, _env, free_port, run_command, start_worker_process, until
 
 TWO_TENANTS = """
 [[pools]]
@@ -156,7 +156,7 @@ async def test_status_reports_the_dispatch_rate(broker_factory):
     async def echo(payload):
         return payload
 
-    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", echo), heartbeat_interval=0.2)
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", echo), **BEATS)
     running = asyncio.get_running_loop().create_task(worker.run())
     try:
         async with cronoq.connect(broker.clients) as client:
@@ -204,7 +204,7 @@ async def test_a_payload_that_is_not_json_is_refused_unless_sent_as_text(broker_
     async def echo(payload):
         return payload
 
-    worker = cronoq.Worker(broker.workers, cronoq.Pool("llm", echo), token=ENV["T_ADMIN"], heartbeat_interval=0.2)
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("llm", echo), token=ENV["T_ADMIN"], **BEATS)
     running = asyncio.get_running_loop().create_task(worker.run())
     try:
         as_text = await asyncio.to_thread(cli, broker, "submit", "{bad json", "--text", "--pool", "llm", "--wait")

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 import cronoq
-from tests.support import BrokerProcess, free_port, run_command, until, wait_for_line
+from tests.support import BEATS, HEARTBEAT, LIVENESS, BrokerProcess, free_port, run_command, until, wait_for_line
 
 SIX_POOLS = ["p1", "p2", "p3", "p4", "p5", "p6"]
 WEIGHTS = "[pools.tenant_weights]\nacme = 3\nglobex = 1\n"
@@ -35,7 +35,8 @@ class Cluster:
         members = "".join(
             f'[[cluster.members]]\nname = "{name}"\nclients = "tcp://127.0.0.1:{c}"\n'
             f'workers = "tcp://127.0.0.1:{w}"\n' for name, (c, w) in self.ports.items())
-        self.config.write_text(f"[broker]\nheartbeat_interval = 0.2\n{broker}\n[cluster]\n{members}\n{pools}")
+        self.config.write_text(f"[broker]\nheartbeat_interval = {HEARTBEAT}\nliveness = {LIVENESS}\n{broker}\n"
+                               f"[cluster]\n{members}\n{pools}")
 
     def start(self, name: str) -> BrokerProcess:
         """Start member `name` (again, on the same data_dir, after a kill)."""
@@ -102,7 +103,7 @@ async def test_six_pools_over_three_members_keep_exact_fair_order_each(cluster):
         c.start(name)
     pools, _ = recording_pools(SIX_POOLS)
     # The worker and the client each know one address only, of different members.
-    worker = cronoq.Worker(c.workers("b2"), pools, concurrency=6, heartbeat_interval=0.2)
+    worker = cronoq.Worker(c.workers("b2"), pools, concurrency=6, **BEATS)
     serving = asyncio.create_task(worker.run())
     try:
         async with cronoq.connect(c.clients("b3")) as client:
@@ -156,7 +157,7 @@ async def test_a_member_killed_stalls_only_its_pools_and_loses_nothing_acknowled
     for name in ("b1", "b2", "b3"):
         c.start(name)
     pools, _ = recording_pools(SIX_POOLS)
-    worker = cronoq.Worker(c.workers("b1"), pools, concurrency=6, heartbeat_interval=0.2)
+    worker = cronoq.Worker(c.workers("b1"), pools, concurrency=6, **BEATS)
     serving = asyncio.create_task(worker.run())
     try:
         async with cronoq.connect(c.clients("b1"), request_timeout=3) as client:
@@ -207,7 +208,7 @@ async def test_a_reload_moves_a_pool_which_drains_on_its_old_member(cluster):
         return payload
 
     worker = cronoq.Worker(c.workers("b2"), [cronoq.Pool("moving", held), cronoq.Pool("staying", held)],
-                           concurrency=4, heartbeat_interval=0.2)
+                           concurrency=4, **BEATS)
     serving = asyncio.create_task(worker.run())
     try:
         async with cronoq.connect(c.clients("b2")) as client:
@@ -279,7 +280,7 @@ async def test_a_member_restarted_while_it_drains_a_moved_pool_still_runs_its_ta
         async def echo(payload: Any) -> Any:
             return payload
 
-        worker = cronoq.Worker(c.workers("b2"), [cronoq.Pool("moving", echo)], concurrency=2, heartbeat_interval=0.2)
+        worker = cronoq.Worker(c.workers("b2"), [cronoq.Pool("moving", echo)], concurrency=2, **BEATS)
         serving = asyncio.create_task(worker.run())
         try:
             assert [await h.result(timeout=30) for h in old] == [f"old-{i}" for i in range(5)]
@@ -295,7 +296,7 @@ async def test_a_member_s_standby_takes_over_for_the_clients_and_workers_of_the_
     c = cluster(["b1", "b2"])
     (c1, w1), (s1, sw1), (c2, w2) = c.ports["b1"], (free_port(), free_port()), c.ports["b2"]
     c.config.write_text(
-        "[broker]\nheartbeat_interval = 0.2\n\n[cluster]\n"
+        f"[broker]\nheartbeat_interval = {HEARTBEAT}\nliveness = {LIVENESS}\n\n[cluster]\n"
         f'[[cluster.members]]\nname = "b1"\nclients = ["tcp://127.0.0.1:{c1}", "tcp://127.0.0.1:{s1}"]\n'
         f'workers = ["tcp://127.0.0.1:{w1}", "tcp://127.0.0.1:{sw1}"]\n'
         f'[[cluster.members]]\nname = "b2"\nclients = "tcp://127.0.0.1:{c2}"\nworkers = "tcp://127.0.0.1:{w2}"\n\n'
@@ -313,7 +314,7 @@ async def test_a_member_s_standby_takes_over_for_the_clients_and_workers_of_the_
         return payload
 
     worker = cronoq.Worker(c.workers("b2"), [cronoq.Pool("one", echo), cronoq.Pool("two", echo)], concurrency=4,
-                           heartbeat_interval=0.2)
+                           **BEATS)
     serving = asyncio.create_task(worker.run())
     try:
         async with cronoq.connect(c.clients("b2"), request_timeout=60) as client:

@@ -21,12 +21,16 @@ async def test_a_low_task_starved_by_normal_work_is_told_its_start_cannot_be_tol
         fed = asyncio.Event()
 
         async def feed() -> None:
-            # One more normal task each time one ends: normal work arrives exactly as fast as the slot serves it.
-            n = len(backlog)
+            # One more normal task each time one ends, and every fourth time two: normal work arrives a quarter
+            # faster than the slot serves it. Not exactly as fast: the rates are counts over a few seconds, and
+            # on a loaded machine this feeder, one await behind each end, falls that few percent behind.
+            n, ended = len(backlog), 0
             while not fed.is_set():
                 await backlog.pop(0).result(timeout=30)
-                backlog.append(await sched.submit(n, pool="llm", tenant="acme"))
-                n += 1
+                ended += 1
+                for _ in range(2 if ended % 4 == 0 else 1):
+                    backlog.append(await sched.submit(n, pool="llm", tenant="acme"))
+                    n += 1
 
         feeder = asyncio.get_running_loop().create_task(feed())
         try:

@@ -1,8 +1,9 @@
 """Faults against the real broker process: kill -9, SIGTERM, frozen workers, lost replies, overload.
 
 Every test waits on conditions with generous timeouts; none asserts speed.
-The broker runs with heartbeat_interval 0.2 (liveness 3: a worker silent for
-0.6 s is lost) and durable state in a data_dir beside its config.
+The broker runs with the heartbeat of tests/support.py (a beat every 0.2 s; a
+worker silent for 15 of them, 3 s, is lost) and durable state in a data_dir
+beside its config.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import pytest
 import zmq
 
 import cronoq
+import cronoq.wire.transport
 from cronoq.store.journal.frames import HEADER_SIZE, FrameReader
 from cronoq.store.journal.records import Accepted, decode_batch
 from cronoq.wire import protocol
-import cronoq.wire.transport
-from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
+from tests.support import (BEATS, HEARTBEAT, LIVENESS, BrokerProcess, free_port, rss_kib, run_command,
+                           start_worker_process, until)
 
 WAIT = 30.0
 
@@ -65,8 +67,8 @@ async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_fac
     ran: list[Any] = []
     work, slow, held = fault_pools(ran)
     loop = asyncio.get_running_loop()
-    workers = [cronoq.Worker(broker.workers, [work, held], concurrency=8, heartbeat_interval=0.2),
-               cronoq.Worker(broker.workers, [slow], concurrency=4, heartbeat_interval=0.2)]
+    workers = [cronoq.Worker(broker.workers, [work, held], concurrency=8, **BEATS),
+               cronoq.Worker(broker.workers, [slow], concurrency=4, **BEATS)]
     runs = [loop.create_task(w.run()) for w in workers]
     expected: dict[str, Any] = {}  # task id -> the value, or the exception class, its result must give
     allowed_runs: dict[int, range] = {}  # payload number -> how many times its handler may run
@@ -120,11 +122,21 @@ async def test_kill_9_with_a_thousand_tasks_in_every_state_loses_none(broker_fac
 
             broker.kill()  # SIGKILL: no flush, no goodbye
             await asyncio.sleep(1.2)  # the deadline=1.0 tasks expire while no broker runs
+
+            # And the workers find the broker gone before another serves: each reconnects once, then registers
+            # with the restarted one. (Restarted within their liveness window instead, a worker may register on
+            # its old connection and then give it up as silent, and a running task would run a third time.)
+            async def both_noticed() -> bool:
+                return not any(worker.registered for worker in workers)
+            await until(both_noticed, "both workers notice that the broker is gone")
             broker = restarted(broker)
 
             stats = await client.stats()
             assert stats["pools"]["held"]["paused"], "a paused pool stays paused"
-            assert pool_stats(stats, "held")[0] == 460  # 460 queued; the 50 expired, the 20 cancelled
+
+            async def held_left() -> bool:  # the 50 expire on the restarted broker's first wake-up, not before
+                return pool_stats(await client.stats(), "held")[0] == 460  # the 20 cancelled stay cancelled
+            await until(held_left, "460 of held's tasks are left queued: the 50 whose deadline passed expire")
             for n in range(0, 300, 15):  # keys still find their tasks
                 again = await client.submit({"n": -1}, pool="work", key=f"key-{n}")
                 assert again.duplicate and again.id == done_before[n].id
@@ -199,7 +211,7 @@ async def test_sigterm_then_restart_carries_on_where_it_stopped(broker_factory, 
 
 
 async def test_durability_none_keeps_nothing_over_a_restart(broker_factory, restarted):
-    broker = broker_factory('[broker]\ndurability = "none"\nheartbeat_interval = 0.2\n'
+    broker = broker_factory(f'[broker]\ndurability = "none"\nheartbeat_interval = {HEARTBEAT}\nliveness = {LIVENESS}\n'
                             f'clients = "tcp://127.0.0.1:{free_port()}"\nworkers = "tcp://127.0.0.1:{free_port()}"\n',
                             name="memory.toml")
     async with cronoq.connect(broker.clients) as client:
@@ -219,7 +231,7 @@ class _worker:
     """An in-process worker for the length of an `async with`."""
 
     def __init__(self, broker: BrokerProcess, pool: cronoq.Pool, concurrency: int = 4) -> None:
-        self.worker = cronoq.Worker(broker.workers, pool, concurrency=concurrency, heartbeat_interval=0.2)
+        self.worker = cronoq.Worker(broker.workers, pool, concurrency=concurrency, **BEATS)
 
     async def __aenter__(self) -> cronoq.Worker:
         self.run = asyncio.get_running_loop().create_task(self.worker.run())

@@ -26,7 +26,7 @@ from cronoq.broker.config import parse_config
 from cronoq.broker.server import Broker
 from cronoq.wire import protocol
 from tests.integration.test_faults import WAIT
-from tests.support import peer, rss_kib, until
+from tests.support import BEATS, peer, rss_kib, until
 from tests.wire.test_protocol_fuzz import TAGS, values
 
 V = protocol.PROTOCOL_VERSION
@@ -261,7 +261,7 @@ async def test_garbage_over_tcp_on_both_sockets_leaves_the_broker_serving(broker
         await until(drained, "the broker answers again")
         assert [(await client.status(h.id)).state for h in waiting] == ["queued"] * 10
         await client.resume("default")
-        worker = cronoq.Worker(broker.workers, cronoq.Pool("default", _echo), heartbeat_interval=0.2)
+        worker = cronoq.Worker(broker.workers, cronoq.Pool("default", _echo), **BEATS)
         run = asyncio.get_running_loop().create_task(worker.run())
         try:
             assert [await h.result(timeout=WAIT) for h in waiting] == list(range(10))

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import cronoq
-from tests.support import BrokerProcess, free_port, run_command, until
+from tests.support import BEATS, BrokerProcess, free_port, run_command, until
 
 ADMIN_ENV = {"T_ADMIN": "admin-secret", "T_OLD": "old-client-secret", "T_NEW": "new-client-secret"}
 
@@ -33,7 +33,7 @@ async def echo(payload):
 
 
 def serve(broker: BrokerProcess, pool: cronoq.Pool, **options) -> tuple[cronoq.Worker, asyncio.Task]:
-    worker = cronoq.Worker(broker.workers, pool, heartbeat_interval=0.2, **options)
+    worker = cronoq.Worker(broker.workers, pool, **BEATS, **options)
     return worker, asyncio.get_running_loop().create_task(worker.run())
 
 

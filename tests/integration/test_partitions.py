@@ -67,11 +67,12 @@ async def test_a_worker_given_its_own_running_task_again_runs_it_once_and_the_la
     worker = start_worker_process(broker.workers, "tests.apps.counted:pools", tmp_path / "worker.log", concurrency=2)
     try:
         async with cronoq.connect(broker.clients) as client:
-            handle = await client.submit({"n": 1, "sleep": 5.0, "runs": str(runs)}, pool="counted")
-            # (Long enough that the worker has registered again, and been given attempt 2, before attempt 1 ends.)
+            handle = await client.submit({"n": 1, "sleep": 8.0, "runs": str(runs)}, pool="counted")
+            # (Long enough that the worker has been lost (3 s), registered again and been given attempt 2 before
+            # attempt 1 ends, with seconds to spare on a busy machine.)
             await started(client, handle)
 
-            # A cut the worker does not outlast (liveness: 3 x 0.2 s): the broker takes the task back, and gives
+            # A cut the worker does not outlast (liveness: 15 x 0.2 s): the broker takes the task back, and gives
             # it, as attempt 2, to the only worker there is -- the one still running attempt 1.
             async def taken_back() -> bool:
                 return (await client.stats())["workers"] == 0

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import cronoq
-from tests.support import ROOT, BrokerProcess, until
+from tests.support import BEATS, ROOT, BrokerProcess, until
 
 WAIT = 60.0
 
@@ -33,7 +33,7 @@ class _worker:
 
     def __init__(self, broker: BrokerProcess, concurrency: int = 8) -> None:
         self.worker = cronoq.Worker(broker.workers, cronoq.Pool("default", _echo), concurrency=concurrency,
-                                    heartbeat_interval=0.2)
+                                    **BEATS)
 
     async def __aenter__(self) -> cronoq.Worker:
         self.runner = asyncio.get_running_loop().create_task(self.worker.run())

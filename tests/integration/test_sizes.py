@@ -20,7 +20,7 @@ from zmq.utils.monitor import recv_monitor_message
 import cronoq
 from cronoq.wire import protocol
 from tests.integration.test_faults import WAIT
-from tests.support import BrokerProcess, free_port, until
+from tests.support import BEATS, BrokerProcess, free_port, until
 
 V = protocol.PROTOCOL_VERSION
 LIMIT = 1 << 20  # the broker's default max_payload_bytes
@@ -45,7 +45,7 @@ class Serving:
     def __init__(self, broker: BrokerProcess) -> None:
         self.broker = broker
         self.worker = cronoq.Worker(broker.workers, cronoq.Pool("default", sized), concurrency=4,
-                                    heartbeat_interval=0.2)
+                                    **BEATS)
         self.run = asyncio.get_running_loop().create_task(self.worker.run())
 
     async def stop(self) -> None:

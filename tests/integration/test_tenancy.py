@@ -22,7 +22,7 @@ import zmq
 
 import cronoq
 from cronoq.wire import protocol
-from tests.support import BrokerProcess, until, write_config
+from tests.support import BEATS, BrokerProcess, until, write_config
 
 V = protocol.PROTOCOL_VERSION
 TOKENS = {"T_ACME": "acme-secret", "T_GLOBEX": "globex-secret", "T_ADMIN": "admin-secret", "T_WORKER": "worker-secret"}
@@ -90,7 +90,7 @@ def broker(broker_factory):
 
 
 def serve(broker: BrokerProcess, *pools: cronoq.Pool) -> tuple[cronoq.Worker, asyncio.Task]:
-    worker = cronoq.Worker(broker.workers, list(pools), token=TOKENS["T_WORKER"], heartbeat_interval=0.2)
+    worker = cronoq.Worker(broker.workers, list(pools), token=TOKENS["T_WORKER"], **BEATS)
     return worker, asyncio.get_running_loop().create_task(worker.run())
 
 

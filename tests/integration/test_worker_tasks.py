@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import cronoq
-from tests.support import until
+from tests.support import BEATS, until
 
 WAIT = 30.0
 
@@ -19,7 +19,7 @@ async def test_running_counts_the_tasks_still_running_and_none_once_they_end(bro
             await release.wait()
         return payload
 
-    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", handler), concurrency=4, heartbeat_interval=0.2)
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", handler), concurrency=4, **BEATS)
 
     def running(n: int):
         async def check() -> bool:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cached_bytecode, free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 CRATE = ROOT / "rust"
 CARGO = shutil.which("cargo") or next(
@@ -22,10 +24,13 @@ CARGO = shutil.which("cargo") or next(
 
 
 @pytest.mark.skipif(CARGO is None, reason="cargo is not installed: the Rust crate in rust/ is not built here")
+@pytest.mark.long_running
 def test_cargo_test_passes():
-    env = dict(os.environ)
+    env = cached_bytecode(dict(os.environ))  # for the brokers and Python peers its interop tests start
     env["CRONOQ_PYTHON"] = sys.executable  # the interop tests start this checkout's broker with it
     env["CARGO_TARGET_DIR"] = str(CRATE / "target")
+    ports = free_ports(200)  # the interop tests' brokers bind these, not ports the OS may give someone else
+    env["CRONOQ_TEST_PORTS"] = f"{ports[0]}-{ports[-1]}"
     env.setdefault("CARGO_BUILD_JOBS", "2")  # a shared 2-core machine
     env.setdefault("CARGO_TERM_COLOR", "never")
     proc = subprocess.run(
@@ -38,6 +43,7 @@ def test_cargo_test_passes():
 
 
 @pytest.mark.skipif(CARGO is None, reason="cargo is not installed: the Rust crate in rust/ is not built here")
+@pytest.mark.long_running
 def test_the_documented_fair_share_example_runs():
     """rust/examples/fair_share.rs holds the documentation's Rust snippet verbatim; it prints the 3:1 order."""
     env = dict(os.environ, CARGO_TARGET_DIR=str(CRATE / "target"))

@@ -18,8 +18,26 @@ pub fn python() -> String {
     std::env::var("CRONOQ_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// A free TCP port on 127.0.0.1 right now.
+/// A free TCP port on 127.0.0.1 right now. Under the Python suite (which may run other tests beside this one)
+/// it comes from the block of ports that suite set aside for this run, `CRONOQ_TEST_PORTS=FIRST-LAST`, in
+/// turn: a port the OS picks (bind to 0, close) could be picked again for someone else before the broker binds
+/// it. Run by hand, without the variable, the OS picks.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    if let Some((first, last)) = std::env::var("CRONOQ_TEST_PORTS").ok().and_then(|v| {
+        let (a, b) = v.split_once('-')?;
+        Some((a.parse::<u16>().ok()?, b.parse::<u16>().ok()?))
+    }) {
+        let count = usize::from(last - first) + 1;
+        for _ in 0..count {
+            let port = first + (NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % count) as u16;
+            if bindable(port) {
+                return port;
+            }
+        }
+        panic!("no free port left in CRONOQ_TEST_PORTS={first}-{last}");
+    }
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
