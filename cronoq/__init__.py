@@ -10,7 +10,6 @@ import importlib as _importlib
 import typing as _typing
 
 from cronoq.answers import AttemptEnd, Explanation, TaskInfo
-from cronoq.client import Client, SyncClient, connect, connect_sync
 from cronoq.errors import (
     Cancelled,
     CronoqError,
@@ -24,18 +23,25 @@ from cronoq.errors import (
     Unauthenticated,
     Unavailable,
 )
-from cronoq.handles import TaskHandle
-from cronoq.pool import Pool
-from cronoq.worker import Worker
 
 if _typing.TYPE_CHECKING:
+    from cronoq.client import Client, SyncClient, connect, connect_sync
     from cronoq.embedded import Scheduler
+    from cronoq.handles import TaskHandle
+    from cronoq.pool import Pool
+    from cronoq.worker import Worker
 
 __version__ = "0.1.0"
 
-# The embedded Scheduler drives the task book and the scheduling core in this process. A program that only
-# submits tasks or serves a pool never needs them, so `cronoq.Scheduler` is imported the first time it is named.
-_LAZY = {"Scheduler": "cronoq.embedded"}
+# Each process loads only what it uses: a broker or a worker imports `cronoq.<its part>`, which runs this file
+# first, and need not pay for the client's modules (nor a client for the worker's, nor either for the embedded
+# Scheduler's task book and scheduling core). So the public names below are imported the first time they are
+# named (`cronoq.connect`, `from cronoq import Worker`); the errors and answer types are small leaves, loaded now.
+_LAZY = {
+    "Client": "cronoq.client", "SyncClient": "cronoq.client", "connect": "cronoq.client",
+    "connect_sync": "cronoq.client", "Worker": "cronoq.worker", "Pool": "cronoq.pool",
+    "TaskHandle": "cronoq.handles", "Scheduler": "cronoq.embedded",
+}
 
 __all__ = [
     "AttemptEnd", "Cancelled", "Client", "Explanation", "SyncClient", "connect_sync", "CronoqError", "DeadlineExceeded", "FailedPrecondition", "InvalidArgument",

@@ -420,3 +420,11 @@ def test_every_folder_of_the_package_is_a_regular_package():
         if folder.is_dir() and any(folder.glob("*.py")) and not (folder / "__init__.py").exists()
     )
     assert not missing, f"folders of cronoq without __init__.py (left out of the wheel): {missing}"
+
+
+def test_the_broker_loads_no_client_worker_or_embedded_scheduler():
+    """The broker process (and each of its helper processes, which start from its modules) pays only for its own
+    modules: the package's public names are imported when first named, so `import cronoq.broker...` loads no client."""
+    loaded = _loaded_after("import cronoq.broker.cli")
+    wrong = [m for m in loaded if m.startswith(("cronoq.client", "cronoq.worker", "cronoq.embedded"))]
+    assert not wrong, f"the broker loads {wrong}"
