@@ -1,6 +1,7 @@
 """Pools that test workers serve from a separate process (`cronoq-worker tests.apps.echo:pools`)."""
 
 import os
+import sys
 import time
 
 import cronoq
@@ -11,7 +12,9 @@ async def echo(payload):
 
 
 def sleepy(payload):
-    """Sleeps `payload` seconds in a thread; reports which process ran it."""
+    """Sleeps `payload` seconds in a thread; reports which process ran it. Says on stderr when it starts: the
+    broker calls a task running once it is sent, before the worker process has it."""
+    print(f"sleepy: started, sleeping {payload} s", file=sys.stderr, flush=True)
     time.sleep(float(payload))
     return os.getpid()
 

@@ -182,8 +182,12 @@ async def test_a_standby_takes_over_after_kill_9_under_load_losing_and_rerunning
                                   tmp_path / "worker.log", concurrency=CONCURRENCY)
     try:
         async with cronoq.connect([primary.clients, standby.clients], request_timeout=WAIT) as client:
+            go = tmp_path / "go"
+
             def payload(n: int) -> dict:
-                return {"n": n, "runs": str(runs), "sleep": 0.01}
+                # Past the first 40, the tasks wait for `go`, made after the kill: the kill comes while the load
+                # runs however slow or fast the machine is.
+                return {"n": n, "runs": str(runs), "sleep": 0.01, **({"after": str(go)} if n >= 40 else {})}
 
             handles = [await client.submit(payload(n), pool="counted") for n in range(300)]
             results = [asyncio.ensure_future(handle.result(timeout=WAIT)) for handle in handles]
@@ -195,6 +199,7 @@ async def test_a_standby_takes_over_after_kill_9_under_load_losing_and_rerunning
             finished_before = {n for n, result in enumerate(results) if result.done()}
             assert len(finished_before) < 300, "the kill must come while the load runs"
             primary.kill()
+            go.touch()
             # Submits made while no broker serves wait for the standby; the waiting results carry on.
             later = [asyncio.ensure_future(client.submit(payload(n), pool="counted")) for n in range(300, 400)]
             await asyncio.to_thread(standby.wait_ready)

@@ -13,10 +13,13 @@ POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "slow"\n[[pools]]\nname 
 INFO = ["--log-level", "INFO"]
 
 
-async def running(client: cronoq.Client, task_id: str) -> None:
+async def running(client: cronoq.Client, task_id: str, worker, log) -> None:
+    """Until the worker process runs the task: the broker says `running` once it has sent it, and a Ctrl-C
+    that came between the two would find the worker with nothing to finish."""
     async def started() -> bool:
         return (await client.status(task_id)).state == "running"
     await until(started, f"task {task_id} runs")
+    await asyncio.to_thread(wait_for_line, worker, log, "sleepy: started")
 
 
 async def test_a_first_ctrl_c_finishes_the_running_task_and_says_so(broker_factory, tmp_path):
@@ -26,7 +29,7 @@ async def test_a_first_ctrl_c_finishes_the_running_task_and_says_so(broker_facto
     try:
         async with cronoq.connect(broker.clients) as client:
             task = await client.submit(1.5, pool="slow")
-            await running(client, task.id)
+            await running(client, task.id, worker, log)
             worker.send_signal(signal.SIGINT)
             said = "Ctrl-C: finishing 1 running task (Ctrl-C again to stop now)"
             await asyncio.to_thread(wait_for_line, worker, log, said)
@@ -50,7 +53,7 @@ async def test_a_second_ctrl_c_stops_at_once_and_the_broker_requeues_the_task(br
     try:
         async with cronoq.connect(broker.clients) as client:
             task = await client.submit(600, pool="slow")  # a plain `def` handler: its thread cannot be stopped
-            await running(client, task.id)
+            await running(client, task.id, worker, log)
             worker.send_signal(signal.SIGINT)
             await asyncio.to_thread(wait_for_line, worker, log, "Ctrl-C again to stop now")
             worker.send_signal(signal.SIGINT)
