@@ -367,7 +367,8 @@ case("status-cancel-wait",
 case("explain",
      "explain answers ok with a map: the task's fields as info has them, history (how each attempt ended: none "
      "yet) and waiting (what stands before it; here its delay, and no worker serving default; default shares "
-     "nothing fairly, so no tenant nodes). An unknown id is "
+     "nothing fairly, so no tenant nodes; how many tasks of higher classes are queued there depends on the vectors "
+     "run before it on the same broker). An unknown id is "
      "NOT_FOUND, as for status (and so is another tenant's task, to a token pinned to a tenant).") \
     .send("client", msg("submit", 150, tenant="acme", delay=300.0), OK_PAYLOAD,
           expect={"client": [accepted(150, cap("task"))]}) \
@@ -377,7 +378,7 @@ case("explain",
             "attempts": 0, "submitted_at": FLOAT, "not_before": FLOAT, "history": [],
             "waiting": {"type": "map", "has": {
                 "delayed_for": {"type": "float"}, "retry": False, "paused": False, "workers": 0,
-                "higher_classes_ahead": 0, "queue_ahead": None, "estimate": None,
+                "higher_classes_ahead": {"type": "int"}, "queue_ahead": None, "estimate": None,
                 "estimate_note": says("no worker serves pool 'default'"),
                 "fair": False, "nodes": []}}}})]}) \
     .refused("client", msg("explain", 152, "0123456789abcdef0123456789abcdef"), rid=152, code="NOT_FOUND")
