@@ -136,30 +136,19 @@ class AttemptEnd:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class Explanation:
+@dataclass(frozen=True, kw_only=True)
+class Explanation(TaskInfo):
     """Why a task is where it is (`cronoq.Explanation`): `cronoq explain`, `Scheduler.explain()` and
     `Client.explain()` return it.
 
-    The task's fields as `TaskInfo` has them (times are Unix seconds), `max_retries`, `not_before` (when a
-    delayed task may run), `history` (how each attempt ended, first first) and, while it is queued or
-    delayed, `waiting` (`Waiting`: what stands before it, and when it may start).
-    docs/scheduling.md ("Why is my task waiting?") describes every field.
+    The task's fields as `TaskInfo` has them (it is one: the fields are defined there, once; times are Unix
+    seconds), then `max_retries`, `not_before` (when a delayed task may run), `history` (how each attempt ended,
+    first first) and, while it is queued or delayed, `waiting` (`Waiting`: what stands before it, and when it
+    may start). docs/scheduling.md ("Why is my task waiting?") describes every field.
     """
 
-    id: str
-    pool: str
-    tenant: str | None
-    priority: str
-    state: str
-    attempts: int
     max_retries: int
-    submitted_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-    deadline: float | None = None
     not_before: float | None = None
-    error: str | None = None
     history: tuple[AttemptEnd, ...] = ()
     waiting: Waiting | None = None
 
