@@ -52,7 +52,7 @@ Time is never read here: every operation that depends on it takes `now`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from heapq import heappush
+from heapq import heappop, heappush
 from operator import attrgetter
 from typing import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 
@@ -74,12 +74,23 @@ from cronoq.core.checks import check_settings, check_task, is_time, no_pool_mess
 from cronoq.core.explain import ClassRates, Waiting, explain_waiting
 from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
+from cronoq.core.weights import QUANTA_PER_UNIT, quantize
 from cronoq.core.workers import Worker
 from cronoq.errors import InvalidArgument, NotFound
 
 _FINISHED = {SUCCEEDED: SUCCEEDED, FAILED: FAILED}  # maps to our own constants (identity checks)
 _NO_RUN = object()  # restore(): the pool name of no run of tasks (no task's pool is this)
 _POOL = attrgetter("pool")
+
+RECHARGE_MIN = 1.0
+"""Seconds charged ahead, at least, each time a task of a pool that shares by run time runs past what it was
+charged: it is charged its time so far plus this or an eighth of that time, whichever is more, so that a task of
+hours is re-charged a few dozen times, not at every dispatch."""
+
+
+def _check_ran_for(ran_for: object) -> None:
+    if ran_for is not None and not (is_time(ran_for) and ran_for >= 0):  # type: ignore[operator]
+        raise InvalidArgument(f"ran_for must be a number of seconds >= 0 or None, got {ran_for!r}")
 
 
 class SchedulerCore:
@@ -103,6 +114,11 @@ class SchedulerCore:
         self._expiry = TimerHeap(QUEUED)
         self._seq = 0
         self._now: float | None = None  # the last `now` given to expire(), for configure()
+        # Pools with tenant rates: their nodes out of tokens are let go at expire()/dispatch() when due.
+        self._rated: list[Pool] = []
+        # (charged until, seq, task): running tasks of pools that share by run time, by when their run passes
+        # what they were charged; re-charged at expire()/dispatch() (stale entries are skipped).
+        self._overruns: list[tuple[float, int, Task]] = []
         # Pools that are dispatchable and have a ready worker: 0 means dispatch()
         # can return [] at once, which is the common case for an idle broker.
         self._matchable = 0
@@ -140,6 +156,7 @@ class SchedulerCore:
             if pool.name not in names:
                 pool.draining = True
                 self._drop_if_drained(pool)
+        self._rated = [pool for pool in self._pools.values() if pool.settings.tenant_rates]
 
     def pool_names(self) -> list[str]:
         """Names of the pools that accept tasks (draining pools excluded)."""
@@ -195,6 +212,7 @@ class SchedulerCore:
             or not_before is not None
             or attempts.__class__ is not int
             or attempts < 0
+            or task.cost is not None
         ):
             check_task(task)
         if task._seq:
@@ -366,6 +384,7 @@ class SchedulerCore:
         Returns the expired tasks (state EXPIRED, no longer held).
         """
         self._now = now
+        self._catch_up(now)
         expired: list[Task] = []
         touched: set[Pool] = set()
         for task in self._timers.pop_due(now):
@@ -399,9 +418,14 @@ class SchedulerCore:
         return expired
 
     def next_wakeup(self) -> float | None:
-        """The earliest time a delayed task becomes due or a queued/delayed task's deadline passes."""
+        """The earliest time a delayed task becomes due, a queued/delayed task's deadline passes, or a tenant out
+        of tokens may start again."""
         timer = self._timers.peek_key()
         deadline = self._expiry.peek_key()
+        for pool in self._rated:
+            refill = pool.next_refill()
+            if refill is not None and (timer is None or refill < timer):
+                timer = refill
         if timer is None:
             return deadline
         if deadline is None:
@@ -484,7 +508,8 @@ class SchedulerCore:
             self._make_ready(worker)
 
     def remove_worker(self, worker_id: Hashable, now: float) -> list[Task]:
-        """Forget a worker; its running tasks go back to their class (QUEUED) and are returned."""
+        """Forget a worker; its running tasks go back to their class (QUEUED) and are returned. In a pool that
+        shares by run time, each lost run is charged from its dispatch to `now` (the slot was held that long)."""
         worker = self._workers.pop(worker_id, None)
         if worker is None:
             return []
@@ -496,7 +521,7 @@ class SchedulerCore:
         worker.running.clear()
         for task in back:
             pool = self._pools[task.pool]
-            self._release(pool, task)
+            self._release(pool, task, now)
             self._enqueue(pool, task)
             self._refresh(pool)
         return back
@@ -526,6 +551,8 @@ class SchedulerCore:
         many as possible). Returned tasks are RUNNING with `worker` set and
         `attempts` incremented.
         """
+        if self._rated or self._overruns:
+            self._catch_up(now)
         if not self._matchable or limit == 0:
             return []
         remaining = -1 if limit is None else limit
@@ -558,6 +585,9 @@ class SchedulerCore:
                 task.state = RUNNING
                 task.worker = worker_id = worker.id
                 task.attempts += 1
+                task._started = now
+                if pool.by_runtime and task._charge is not None:
+                    heappush(self._overruns, (now + task._charge / QUANTA_PER_UNIT, task._seq, task))
                 worker.free -= 1
                 worker.running[task.id] = task
                 if task.deadline is not None:
@@ -594,20 +624,25 @@ class SchedulerCore:
             candidates = [w for w in served if w.free]
         return out
 
-    def finish(self, task_id: str, now: float, *, worker_id: Hashable, attempt: int, state: str) -> Task | None:
+    def finish(self, task_id: str, now: float, *, worker_id: Hashable, attempt: int, state: str,
+               ran_for: float | None = None) -> Task | None:
         """Close the lease (task_id, attempt) of worker_id as SUCCEEDED or FAILED and return the task.
 
         A stale lease (the task is not running that attempt on that worker)
-        returns None and changes nothing. Does not grant slots.
+        returns None and changes nothing. Does not grant slots. In a pool
+        that shares by run time the task's tenant is charged the run's time:
+        `ran_for` seconds, or when None, `now` less the `now` it was
+        dispatched at (docs/scheduling.md, "Sharing by run time").
         """
         final = _FINISHED.get(state)
         if final is None:
             raise InvalidArgument(f"a finished task is {SUCCEEDED!r} or {FAILED!r}, not {state!r}")
+        _check_ran_for(ran_for)
         task = self._lease(task_id, worker_id, attempt)
         if task is None:
             return None
         pool = self._pools[task.pool]
-        self._release(pool, task)
+        self._release(pool, task, now, ran_for)
         self._forget(task, final)
         self._refresh(pool)
         self._drop_if_drained(pool)
@@ -621,19 +656,23 @@ class SchedulerCore:
         worker_id: Hashable,
         attempt: int,
         not_before: float | None = None,
+        ran_for: float | None = None,
     ) -> Task | None:
         """Send a running lease back to run again: QUEUED now, or DELAYED until `not_before`.
 
         The task keeps its deadline and attempts and gets a fresh arrival (and
-        start tag). A stale lease returns None and changes nothing.
+        start tag). A stale lease returns None and changes nothing. The run
+        that ended is charged as `finish` charges it; the next run is charged
+        again when it is dispatched.
         """
         if not_before is not None and not is_time(not_before):
             raise InvalidArgument(f"not_before must be a number or None, got {not_before!r}")
+        _check_ran_for(ran_for)
         task = self._lease(task_id, worker_id, attempt)
         if task is None:
             return None
         pool = self._pools[task.pool]
-        self._release(pool, task)
+        self._release(pool, task, now, ran_for)
         if not_before is not None:
             task.not_before = not_before
         if not_before is not None and not_before > now:
@@ -826,8 +865,15 @@ class SchedulerCore:
             return None
         return task
 
-    def _release(self, pool: Pool, task: Task) -> None:
-        """A running task leaves its worker: uncount it as running."""
+    def _release(self, pool: Pool, task: Task, now: float, ran_for: float | None = None) -> None:
+        """A running task leaves its worker: uncount it as running, and charge its run where runs are charged."""
+        if task._charge is not None:
+            if pool.by_runtime:
+                seconds = ran_for if ran_for is not None else max(0.0, now - task._started)  # type: ignore[operator]
+                pool.correct(task, quantize(seconds))
+                pool.observe(task._ts, seconds)  # type: ignore[arg-type]
+            task._charge = None
+        task._started = None
         worker = self._workers.get(task.worker)
         if worker is not None:
             worker.running.pop(task.id, None)
@@ -838,6 +884,24 @@ class SchedulerCore:
         ts.running -= 1  # type: ignore[union-attr]
         if ts.ceilings:  # type: ignore[union-attr]
             pool.uncharge(ts.ceilings)  # type: ignore[union-attr]
+
+    def _catch_up(self, now: float) -> None:
+        """Let go the tenants whose rate bucket has refilled by `now`, and charge the running tasks of pools that
+        share by run time for the time they have run past their charge."""
+        for pool in self._rated:
+            if pool.refills and pool.refills[0][0] <= now and pool.refill(now):
+                self._refresh(pool)
+        overruns = self._overruns
+        while overruns and overruns[0][0] < now:
+            due, seq, task = heappop(overruns)
+            charge = task._charge
+            if task.state is not RUNNING or task._seq != seq or charge is None or \
+                    task._started + charge / QUANTA_PER_UNIT != due:  # type: ignore[operator]
+                continue  # ended, re-dispatched or re-charged since: stale
+            ran = quantize(now - task._started)  # type: ignore[operator]
+            ahead = max(quantize(RECHARGE_MIN), ran // 8)
+            self._pools[task.pool].correct(task, ran + ahead)
+            heappush(overruns, (task._started + task._charge / QUANTA_PER_UNIT, seq, task))  # type: ignore
 
     def _choose_pool(self, worker: Worker, now: float) -> Pool | None:
         """Of the worker's pools, the one whose next task has the best class, then the
