@@ -227,3 +227,32 @@ def test_a_reload_adds_and_drops_a_minimum_on_a_live_backlog():
     core.configure([PoolSettings("p", fair_share=True, tenant_minimums={"s": 2})])
     core.add_worker("w", ["p"], 2)
     assert [t.tenant for _, t in core.dispatch(0.0)] == ["s", "s"]
+
+
+# -- what explain and stats say ---------------------------------------------------------------------------
+
+
+def test_explain_says_rate_limited_and_when_it_starts_next():
+    from cronoq.answers import explain_text  # noqa: F401  (the text is the shell's; the fields are the core's)
+
+    core = SchedulerCore([PoolSettings("p", tenant_rates={"acme": 2}, tenant_minimums={"globex": 1})])
+    backlog(core, "p", "acme", 4)
+    core.add_worker("w", ["p"], 10)
+    core.dispatch(0.0)
+    waiting = core.explain("acme-2-2", 0.1, dispatch_rate=10.0)
+    (node,) = waiting.nodes
+    assert node.rate == 2 and node.rate_limited_for == pytest.approx(0.4)
+    assert waiting.estimate == pytest.approx(0.4)
+    assert "rate-limited: next start in 0.4 s" in waiting.estimate_note
+    later = core.explain("acme-3-2", 0.1, dispatch_rate=10.0)
+    assert later.estimate == pytest.approx(0.4 + 1 / 2)  # one more token ahead of it
+    core.submit(Task("g", "p", tenant="globex"), 0.1)
+    core.pause("p")
+    (gnode,) = core.explain("g", 0.1).nodes
+    assert gnode.minimum == 1 and gnode.under_minimum
+
+
+def test_explain_speaks_in_the_pools_unit():
+    core = SchedulerCore([PoolSettings("p", share_by="runtime", fair_share=True)])
+    core.submit(Task("a", "p", tenant="acme"), 0.0)
+    assert core.explain("a", 0.0).share_unit == "seconds"
