@@ -11,8 +11,9 @@ to float tags.
 A pool that shares by cost or run time charges a dispatch more than one
 step: `charge` quanta of 1/QUANTA_PER_UNIT of a unit (a thousandth of a cost
 unit, a millisecond), each charged `step * charge / QUANTA_PER_UNIT` tag
-units. Such a pool's scale is a multiple of QUANTA_PER_UNIT, so that is an
-exact integer too: ties between charged tags stay true ties.
+units. Such a pool's scale is a multiple of each weight's numerator times
+QUANTA_PER_UNIT, so every step is a multiple of QUANTA_PER_UNIT and that is
+an exact integer too: ties between charged tags stay true ties.
 
 One `Weights` serves every level of a pool's tenant tree: tags of all levels
 are in the same units, and a weight is looked up by the node's full name.
@@ -60,11 +61,10 @@ class Weights:
         default_exact = _as_fraction(self.default if default is None else default)
         scale: int | None = 1 if previous is None else previous.scale
         if scale is not None:
-            factors = [*exact.values(), default_exact]
-            if charged:
-                factors.append(Fraction(QUANTA_PER_UNIT))
-            for f in factors:
-                scale = lcm(scale, f.numerator)
+            # Charged: every step must hold whole thousandths, so each numerator counts a thousand times over.
+            per_unit = QUANTA_PER_UNIT if charged else 1
+            for f in (*exact.values(), default_exact):
+                scale = lcm(scale, f.numerator * per_unit)
                 if scale > _MAX_SCALE:
                     scale = None
                     break
