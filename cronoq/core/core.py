@@ -17,7 +17,12 @@ docs/scheduling.md explains them at length):
                     rest  FairQueue: the tenant tree; per group of siblings, a heap
                           of their tags (S, arrival); a leaf is a flow of tasks
                           or FifoQueue: one chain in arrival order
-                  ceilings   node -> running count of its subtree, capped or not
+                  ceilings   node -> running count of its subtree, capped or not, and its
+                             rate bucket and minimum (a node with any of the three)
+                  refills    heap of (when, node) of the nodes out of tokens
+      _rated    the pools with tenant rates (their refills enter next_wakeup)
+      _overruns heap of running tasks of pools that share by run time, by when their run
+                passes what they were charged
       (a flow or FifoQueue is a Chain: a FIFO linked through Task._next)
 
 A dispatch walks a pool's classes from critical to low and takes the first
@@ -33,6 +38,15 @@ re-tagging: O(depth * log siblings). Because only joined children are
 tagged, new weights reach the whole backlog by re-tagging (O(nodes)) on a
 reload. A tenant at its ceiling leaves every heap it is in (it keeps its
 tasks and tags) and rejoins at max(V, F) when one of its tasks ends.
+
+What a fair dispatch adds to the tags is the pool's `share_by`: one step
+`1/w`, or `charge/w` for a charge in thousandths of a unit (the task's cost,
+or its estimated run time). In a pool that shares by run time the charge is
+corrected when the run ends (`finish`, `requeue`, `remove_worker` measure it
+from the `now` of its dispatch) and raised while it runs past it (`expire`).
+A node out of rate tokens is held back as a capped one is, until `expire` or
+`dispatch` reaches its refill time; a node under its minimum is served ahead
+of its class's fair order (`FairQueue.pop_needy`).
 
 Deadlines live in two heaps that share each entry tuple: the class's EDF heap
 orders dispatch, the core's expiry heap finds what `expire(now)` must remove
@@ -113,7 +127,7 @@ class SchedulerCore:
         self._timers = TimerHeap(DELAYED)
         self._expiry = TimerHeap(QUEUED)
         self._seq = 0
-        self._now: float | None = None  # the last `now` given to expire(), for configure()
+        self._now: float | None = None  # the last `now` given to expire() or dispatch(), for configure()
         # Pools with tenant rates: their nodes out of tokens are let go at expire()/dispatch() when due.
         self._rated: list[Pool] = []
         # (charged until, seq, task): running tasks of pools that share by run time, by when their run passes
@@ -423,7 +437,7 @@ class SchedulerCore:
         timer = self._timers.peek_key()
         deadline = self._expiry.peek_key()
         for pool in self._rated:
-            refill = pool.next_refill()
+            refill = pool.next_refill() if pool.queued else None  # a tenant with nothing queued need not wake
             if refill is not None and (timer is None or refill < timer):
                 timer = refill
         if timer is None:
@@ -551,6 +565,7 @@ class SchedulerCore:
         many as possible). Returned tasks are RUNNING with `worker` set and
         `attempts` incremented.
         """
+        self._now = now
         if self._rated or self._overruns:
             self._catch_up(now)
         if not self._matchable or limit == 0:
@@ -737,7 +752,8 @@ class SchedulerCore:
         "queued", "delayed", "running", "dispatched", "lag", "weighted_share",
         "own_weighted_share", "own_lag"}}, "tree_nodes": {node: {"weight", "lag",
         "weighted_share"}}, "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since",
-        "capped_for"}}, "ceiling_count"}}
+        "capped_for"}}, "ceiling_count", "share_by", "share_unit", "rates": {node: {"rate", "tokens", "limited",
+        "next_start_in"}}, "minimums": {node: {"minimum", "running", "under"}}}}
 
         `tenants` names, for some pools, the only tenants to list (None in
         it stands for the untenanted); the other pools list all of theirs,
