@@ -70,7 +70,7 @@ INITIAL = [
     PoolSettings("plain", max_in_flight=2),
     PoolSettings("share", fair_share=True, max_in_flight=3),
     PoolSettings("limits", share_by="cost", tenant_weights={"a": 2}, tenant_rates={"a": 2, "b": 0.5},
-                 tenant_minimums={"c": 1}),
+                 tenant_minimums={"c": 1, "b": 1}),
 ]
 
 
