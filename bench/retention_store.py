@@ -243,7 +243,7 @@ def record_memory(tasks: int) -> None:
     core = SchedulerCore([PoolSettings("default")])
     ids = iter(range(10**9))
     book = TaskBook(core, new_id=lambda: os.urandom(16).hex() if next(ids) >= 0 else "", on_terminal=lambda r: None,
-                    result_retention_bytes=1 << 40)
+                    result_retention_bytes=1 << 40, rng=random.Random(0), pacing_clock=time.perf_counter)
     core.add_worker("w", ["default"], tasks)
     requests = [SubmitRequest(msgspec.msgpack.encode({"n": n}), submission=f"{os.urandom(8).hex()}-{n:x}")
                 for n in range(tasks)]

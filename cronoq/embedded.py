@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 import traceback
 import uuid
@@ -20,14 +21,14 @@ from cronoq.book.records import TaskRecord
 
 from cronoq.book.submission import SubmitRequest
 
+from cronoq.book.rates import DispatchRates
+from cronoq.book.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES
 from cronoq.book.taskbook import TaskBook
 from cronoq.core import SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument
 from cronoq.handles import TaskHandle, outcome_value
 from cronoq.pool import Pool
 from cronoq.wire.protocol import decode_body, encode_body
-from cronoq.book.rates import DispatchRates
-from cronoq.book.retention import DEFAULT_RESULT_TTL, DEFAULT_RETENTION_BYTES
 
 LOCAL_WORKER = "local"
 # Seconds between samples of the dispatch counts (the broker samples at each heartbeat, once a second).
@@ -76,6 +77,7 @@ class Scheduler:
         self._book = TaskBook(
             self._core, new_id=lambda: uuid.uuid4().hex, on_terminal=self._on_terminal,
             max_payload_bytes=max_payload_bytes, result_ttl=result_ttl, result_retention_bytes=result_retention_bytes,
+            rng=random.Random(), pacing_clock=time.perf_counter,
         )
         self._rates = DispatchRates(self._core)
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}

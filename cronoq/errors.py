@@ -1,13 +1,24 @@
-"""The one error tree of cronoq.
+"""The one error tree of cronoq: everything a program or a command line can meet derives from `CronoqError`.
 
-Every refusal a user can meet is a `CronoqError` whose `code` is one of the
-strings below (docs/api.md, "Errors", says when each is raised). The same
-code crosses the wire, so the broker and the embedded Scheduler raise the
-same classes.
+    CronoqError
+      refusals of a request; the code crosses the wire, so the broker and the embedded Scheduler raise
+      the same classes:
+        InvalidArgument, Unauthenticated, PermissionDenied, NotFound, FailedPrecondition,
+        ResourceExhausted, DeadlineExceeded, Cancelled, Unavailable, TaskFailed
+      a process that cannot start as asked; raised before it serves or sends anything, never on the wire:
+        ConfigError     the broker's config file         (ScheduleError: one of its schedules; a ValueError too)
+        StoreError      the broker's data directory      (DamagedFile: a file of it is damaged)
+        UsageError      the command line of `cronoq` or `cronoq-worker`
+
+docs/api.md, "Errors", says when each is raised. Two exceptions the broker raises and handles inside itself
+are OSErrors, as the failures they stand for are, and never reach a program or a command line:
+cronoq.broker.held.HoldError (a standby cannot hold an address yet) and cronoq.store.journal.fence.Fenced
+(another broker has taken the data directory over). tests/test_layout.py holds the tree to this.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -102,6 +113,50 @@ class TaskFailed(CronoqError):
 
 def _rebuild_task_failed(message: str, type: str, traceback: str) -> TaskFailed:
     return TaskFailed(message, type=type, traceback=traceback)
+
+
+# ------------------------------------------------------------- a process that cannot start as asked
+
+
+class ConfigError(CronoqError):
+    """The broker's config file, or a command-line value that overrides it, is unreadable or invalid; the
+    message names the file, the key, what is wrong and what would be valid."""
+
+    code = "INVALID_CONFIG"
+
+
+class ScheduleError(ConfigError, ValueError):
+    """A schedule's cron expression, time zone or priority is not valid (also a ValueError, as it always was)."""
+
+
+class StoreError(CronoqError):
+    """The data directory cannot be used (locked, unreadable, damaged, of an unknown format); the message says why."""
+
+    code = "STORE_UNUSABLE"
+
+
+class DamagedFile(StoreError):
+    """A file of data_dir is damaged (more than a torn tail); `cronoq-broker --repair` recovers its intact frames."""
+
+    def __init__(self, path: Path, offset: int, what: str) -> None:
+        super().__init__(f"{path} is damaged at offset {offset}: {what}")
+        self.path, self.offset, self.what = path, offset, what
+        self.repair_command = "cronoq-broker --repair"
+        """How to repair it: the broker's command line fills in its config file."""
+
+    def __str__(self) -> str:
+        return (f"{self.path} is damaged at offset {self.offset}: {self.what}; refusing to start, nothing was "
+                f"changed. To recover every intact frame (a copy of the original is kept), run: {self.repair_command}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.offset, self.what))
+
+
+class UsageError(CronoqError):
+    """A mistake on a command line (`cronoq`, `cronoq-worker`) found after parsing: reported in one line, exit
+    status 2."""
+
+    code = "USAGE"
 
 
 ERROR_CLASSES: dict[str, type[CronoqError]] = {

@@ -10,9 +10,14 @@ from typing import Any, Callable, Mapping
 
 from cronoq.core import PoolSettings
 from cronoq.core.checks import tenant_problem
+from cronoq.core.settings import tenant_path
 from cronoq.errors import FailedPrecondition, InvalidArgument
 
+__all__ = ["Handler", "Pool", "tenant_path"]
+
 Handler = Callable[[Any], Any]
+# tenant_path (the nodes a tenant path names, top down) is the core's rule, passed on here as part of the pool's
+# vocabulary: the client's text draws a pool's tenant tree as the broker builds it, without leaning on the core.
 
 
 class Pool:

@@ -6,5 +6,10 @@
 - retention.py: how long finished tasks stay answerable, and where they wait meanwhile;
 - rates.py: the dispatch and arrival rates `explain` estimates with.
 
-None of them does I/O or reads a clock: the shell (broker or Scheduler) passes the time.
+None of them does I/O, reads a clock or draws a random number: the shell (the
+broker or the embedded Scheduler) passes `now` to every change, and gives the
+TaskBook the rng its retries draw their jitter from and the monotonic clock it
+paces long work by. The book stands on the core, the wire's bounds, the answers
+and the errors; the store and the broker stand on it, and a client or a worker
+never loads it (tests/test_layout.py holds both).
 """

@@ -12,8 +12,11 @@ from typing import Iterable
 from cronoq.core import PRIORITIES, PRIORITY_CLASS
 from cronoq.core.checks import tenant_problem
 from cronoq.errors import InvalidArgument, NotFound
+from cronoq.wire.protocol import MAX_NAME_CHARS
 
-MAX_NAME_LENGTH = 200
+MAX_NAME_LENGTH = MAX_NAME_CHARS
+"""The longest pool, tenant, key or submission id: the wire's bound, so a name the wire carries is never
+refused here for its length, and the embedded Scheduler refuses what a broker would."""
 
 RESERVED_KEY_PREFIX = "cronoq:"
 """Idempotency keys starting with this belong to the broker itself (schedule ticks): clients may not use them."""

@@ -11,12 +11,10 @@ sends the messages; the optional journal makes the changes durable.
 
 from __future__ import annotations
 
-import random
-import time
 from dataclasses import asdict
 from itertools import compress, repeat
 from operator import attrgetter, eq
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from cronoq.answers import AttemptEnd, Explanation, TaskInfo
 from cronoq.book.records import TaskRecord, attempt_ended
@@ -43,6 +41,9 @@ from cronoq.core import (
 )
 from cronoq.core.shards import ShardedMap
 from cronoq.errors import NotFound, ResourceExhausted
+
+if TYPE_CHECKING:
+    from random import Random
 
 RETRY_BACKOFF_BASE = 0.5
 """Seconds before the first retry; each further retry waits twice as long (with jitter)."""
@@ -76,6 +77,12 @@ class TaskBook:
     does not hold yet (the shell ships them with `take_finished` and lets
     them go with `release_archived`). Lookups ask memory first, then the
     archive (cronoq.book.retention).
+
+    The book reads no clock and draws no random number of its own: every
+    change takes `now` (the shell's time, in seconds), retries draw their
+    jitter from `rng`, and `pacing_clock` (a monotonic clock, in seconds) is
+    read only to bound how long one call may hold the shell's loop
+    (RELEASE_BUDGET), never for a task's times.
     """
 
     def __init__(
@@ -84,12 +91,13 @@ class TaskBook:
         *,
         new_id: Callable[[], str],
         on_terminal: Callable[[TaskRecord], None],
+        rng: Random,
+        pacing_clock: Callable[[], float],
         max_payload_bytes: int = 1 << 20,
         max_deliveries: int = 5,
         result_ttl: float = DEFAULT_RESULT_TTL,
         result_retention_bytes: int = DEFAULT_RETENTION_BYTES,
         limits: Callable[[str], tuple[int | None, int | None]] = lambda pool: (None, None),
-        rng: random.Random | None = None,
         journal: ChangeLog | None = None,
     ) -> None:
         self.core = core
@@ -98,7 +106,8 @@ class TaskBook:
         self.max_payload_bytes = max_payload_bytes
         self.max_deliveries = max_deliveries
         self._limits = limits
-        self._rng = rng or random.Random()
+        self._rng = rng
+        self._pacing_clock = pacing_clock
         self.journal = journal
         self._accepting = frozenset(core.pool_names())  # asked on every submit: kept, not rebuilt
         # Maps that hold an entry per task are ShardedMaps: a million tasks grow them without one long pause
@@ -588,13 +597,14 @@ class TaskBook:
         `finished.releasable(through)`)."""
         finished = self.finished
         gone: list[TaskRecord] = []
-        until = time.perf_counter() + RELEASE_BUDGET
+        clock = self._pacing_clock
+        until = clock() + RELEASE_BUDGET
         while True:
             chunk = finished.release(through, RELEASE_CHUNK)
             for record in chunk:
                 self._forget(record)
             gone += chunk
-            if len(chunk) < RELEASE_CHUNK or time.perf_counter() >= until:
+            if len(chunk) < RELEASE_CHUNK or clock() >= until:
                 return gone
 
     def _forget(self, record: TaskRecord) -> None:

@@ -20,14 +20,13 @@ from typing import Sequence
 
 import zmq
 
-from cronoq.wire import logs
-from cronoq.broker.server import Broker
-from cronoq.errors import CronoqError
+from cronoq.broker.config import BrokerConfig, default_config, load_config, override
 from cronoq.broker.held import HeldAddresses
+from cronoq.broker.server import Broker
 from cronoq.broker.standby import Complaint, servers_of, stand_by
-from cronoq.broker.config import BrokerConfig, ConfigError, default_config, load_config, override
-from cronoq.store.journal.journal import DamagedFile, StoreError
+from cronoq.errors import ConfigError, CronoqError, DamagedFile, StoreError
 from cronoq.store.journal.repair import repair
+from cronoq.wire import logs
 
 log = logging.getLogger("cronoq.broker")
 

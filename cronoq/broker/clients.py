@@ -17,7 +17,6 @@ import math
 import time
 from typing import Any, Callable
 
-from cronoq.wire import protocol
 from cronoq.book.records import TaskRecord
 from cronoq.book.submission import SubmitRequest
 from cronoq.book.taskbook import TaskBook, unknown_task
@@ -29,6 +28,7 @@ from cronoq.broker.messages import (
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.statistics import visible_stats
 from cronoq.errors import CronoqError, NotFound, PermissionDenied, ResourceExhausted, Unavailable
+from cronoq.wire import protocol
 
 log = logging.getLogger("cronoq.broker")
 

@@ -28,12 +28,13 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from cronoq.book.submission import MAX_NAME_LENGTH
-from cronoq.wire.clustermap import Cluster, Member
+from cronoq.book.retention import DEFAULT_RETENTION_BYTES
+from cronoq.broker.schedules import Schedule
 from cronoq.core.checks import tenant_problem
 from cronoq.core.settings import PRIORITIES, PoolSettings
-from cronoq.book.retention import DEFAULT_RETENTION_BYTES
-from cronoq.broker.schedules import Schedule, ScheduleError
+from cronoq.errors import ConfigError, ScheduleError
+from cronoq.wire.clustermap import Cluster, Member
+from cronoq.wire.protocol import MAX_NAME_CHARS
 
 __all__ = [
     "BrokerConfig",
@@ -62,10 +63,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A line whose key is a tenant path written bare (acme/search = 2): TOML's bare keys cannot hold "/".
 _BARE_TENANT_PATH = re.compile(r"^\s*(?P<key>[A-Za-z0-9_-]+(?:\s*/\s*[A-Za-z0-9_.-]+)+)\s*=")
 _TOML_POSITION = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
-
-
-class ConfigError(Exception):
-    """The config file is unreadable or invalid; the message says where and why."""
 
 
 @dataclass(frozen=True)
@@ -561,8 +558,8 @@ def _tenant(value: Any) -> str:
     problem = tenant_problem(value)
     if problem is not None:
         raise _Invalid(problem)
-    if len(value) > MAX_NAME_LENGTH:
-        raise _Invalid(f"a tenant has at most {MAX_NAME_LENGTH} characters, got one of {len(value)}")
+    if len(value) > MAX_NAME_CHARS:
+        raise _Invalid(f"a tenant has at most {MAX_NAME_CHARS} characters, got one of {len(value)}")
     return value
 
 

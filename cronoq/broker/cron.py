@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 
 from cronoq.book.submission import FormerKey, SubmitRequest
-from cronoq.wire.protocol import encode_body
 from cronoq.broker.schedules import Schedule, ScheduleClock
+from cronoq.wire.protocol import encode_body
 
 log = logging.getLogger("cronoq.broker")
 

@@ -30,10 +30,11 @@ from typing import Any, Callable
 from cronoq.book.taskbook import TaskBook
 from cronoq.broker.config import BrokerConfig
 from cronoq.broker.metrics import BrokerMetrics
+from cronoq.errors import StoreError
+from cronoq.store.journal.compaction import FORK_MAX_RSS, BackgroundSnapshot, resident_bytes
+from cronoq.store.journal.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, sync_files
 from cronoq.store.results import database as results
 from cronoq.store.results.shipping import Archive, open_store
-from cronoq.store.journal.compaction import FORK_MAX_RSS, BackgroundSnapshot, resident_bytes
-from cronoq.store.journal.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, StoreError, sync_files
 
 log = logging.getLogger("cronoq.broker")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from cronoq.wire.clustermap import cluster_map
 from cronoq.broker.config import BrokerConfig
 from cronoq.core import SchedulerCore
 from cronoq.errors import FailedPrecondition
+from cronoq.wire.clustermap import cluster_map
 
 
 class Membership:

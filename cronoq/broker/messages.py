@@ -7,8 +7,8 @@ from typing import Any, get_args
 
 import msgspec
 
-from cronoq.wire import protocol
 from cronoq.errors import CronoqError, InvalidArgument
+from cronoq.wire import protocol
 
 
 def check_frame_count(frames: list[bytes], rule: str) -> None:

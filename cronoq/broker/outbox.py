@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import zmq
 
-from cronoq.wire import protocol
 from cronoq.broker.connections import Connection, Connections
+from cronoq.wire import protocol
 from cronoq.wire.transport import send_frames
 
 

@@ -30,10 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from cronoq.core import PRIORITIES
-
-
-class ScheduleError(ValueError):
-    """A schedule's cron expression or time zone is not valid."""
+from cronoq.errors import ScheduleError
 
 
 @dataclass(frozen=True)

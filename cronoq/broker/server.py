@@ -27,6 +27,7 @@ import itertools
 import logging
 import math
 import os
+import random
 import resource
 import socket
 import time
@@ -36,30 +37,30 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import msgspec
 import zmq
 
-from cronoq.wire import protocol
+from cronoq.book.rates import DispatchRates
 from cronoq.book.records import TaskRecord
 from cronoq.book.taskbook import TaskBook
 from cronoq.broker.auth import Authenticator, Principal
-from cronoq.broker.connections import Connection, Connections, peer_label
-from cronoq.wire.clustermap import TASK_ID_SEPARATOR
-from cronoq.broker.config import DEFAULTS_SOURCE, BrokerConfig, ConfigError, load_config
-from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
-from cronoq.errors import CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
 from cronoq.broker.clients import ClientRequests, RestOfBatch
 from cronoq.broker.collector import CollectorPolicy
+from cronoq.broker.config import DEFAULTS_SOURCE, BrokerConfig, load_config
+from cronoq.broker.connections import Connection, Connections, peer_label
 from cronoq.broker.cron import CronRunner
+from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.failures import RecentFailures
 from cronoq.broker.membership import Membership
-from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
-from cronoq.wire.curve import load_secret_key, serve_encrypted
-from cronoq.broker.metrics import BrokerMetrics, registry_for, serve_metrics
-from cronoq.book.rates import DispatchRates
-from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
 )
+from cronoq.broker.metrics import BrokerMetrics, registry_for, serve_metrics
 from cronoq.broker.outbox import Outbox
+from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.broker.workers import WorkerEntry, WorkerRegistry
+from cronoq.core import FAILED, PRIORITIES, PoolSettings, SchedulerCore
+from cronoq.errors import ConfigError, CronoqError, FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
+from cronoq.wire import protocol
+from cronoq.wire.clustermap import TASK_ID_SEPARATOR
+from cronoq.wire.curve import load_secret_key, serve_encrypted
 from cronoq.wire.transport import recv_routed, tune
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ DRAIN_BATCH = 512
 # cut at the deadline too, 1 ms kept a saturated pass's own CPU under 2 ms nearly always (the commit and the
 # sends of what it handled come after), at no broker CPU per task measurable against 2 ms. Once a task's
 # handling got cheaper, 1 ms held more tasks and the passes over 2 ms grew by 30 %; 0.8 ms brought them back,
-# with the same CPU per task (bench/README.md, "The broker's CPU per task at full rate").
+# with the same CPU per task (bench/history/2026-12-01-broker-cpu-per-task.md).
 PASS_BUDGET = 0.0008
 # Seconds between checks that data_dir's lock is still this broker's (cronoq.store.journal.fence): a broker that lost it
 # stops within about this long, and at its next journal write if another broker took data_dir over sooner.
@@ -126,7 +127,7 @@ class Broker:
             self._core, new_id=_task_ids(prefix), on_terminal=self._on_terminal,
             max_payload_bytes=config.max_payload_bytes, max_deliveries=config.max_deliveries,
             result_ttl=config.result_ttl, result_retention_bytes=config.result_retention_bytes,
-            limits=self._pool_limits,
+            limits=self._pool_limits, rng=random.Random(), pacing_clock=time.perf_counter,
         )
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)

@@ -37,8 +37,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable
 
+from cronoq.broker.config import BrokerConfig
 from cronoq.broker.held import HeldAddresses
-from cronoq.broker.config import BrokerConfig, ConfigError
+from cronoq.errors import ConfigError
 from cronoq.store.journal.reading import LOCK, holder, wait_for_lock
 
 log = logging.getLogger("cronoq.broker")

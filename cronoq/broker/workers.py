@@ -26,12 +26,12 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from cronoq.wire import protocol
 from cronoq.book.taskbook import TaskBook
 from cronoq.broker.connections import Connection
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound
 from cronoq.pool import settings_disagreement
+from cronoq.wire import protocol
 
 log = logging.getLogger("cronoq.broker")
 

@@ -17,11 +17,12 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import msgspec
 
-from cronoq.wire import curve
-
+from cronoq.answers import explain_text
 from cronoq.client import text as views
-from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, Client
-from cronoq.errors import CronoqError, Unauthenticated
+from cronoq.client.client import DEFAULT_CLIENT_ADDRESS, Client
+from cronoq.errors import CronoqError, Unauthenticated, UsageError
+from cronoq.wire import curve
+from cronoq.wire.transport import unset_token_hint
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -139,10 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class UsageError(Exception):
-    """A mistake on the command line found after parsing; reported in one line, exit status 2."""
-
-
 def _payload(args: argparse.Namespace) -> Any:
     """The task's payload from PAYLOAD: JSON, or the text itself with --text."""
     if args.text:
@@ -217,7 +214,7 @@ async def _explain(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(msgspec.to_builtins(explanation), indent=2))
     else:
-        print(views.explain_text(explanation))
+        print(explain_text(explanation))
     return 0
 
 
@@ -275,13 +272,6 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[int]]] = {
     "status": _status, "top": _top, "submit": _submit, "inspect": _inspect, "explain": _explain,
     "cancel": _cancel, "pause": _pause, "resume": _resume, "reload": _reload,
 }
-
-
-def unset_token_hint(variable: str) -> str:
-    """Why no token was sent, naming the variable `--token-env` points at (it is unset or empty)."""
-    state = "is empty" if variable in os.environ else "is not set"
-    return (f"this broker requires a token, and the environment variable {variable} {state} "
-            f"(--token-env {variable}): export the token in it, or name another variable with --token-env")
 
 
 async def _run(args: argparse.Namespace) -> int:

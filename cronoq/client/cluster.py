@@ -1,26 +1,28 @@
-"""A client's view of a cluster: the map it learnt, one connection per member, and where each request goes.
+"""The cluster client: a router over one `Connection` per member, and the map it routes by.
 
-`cronoq.connect(addr)` talks to one broker. When that broker's `hello` names a cluster member, the client asks
-it for the cluster map (`cluster`) and from then on routes by itself: a submit (and pause, resume) to the
-member that owns its pool, a task id's requests (result, status, cancel) to the member whose name starts the
-id, `stats` to every member. A member that refuses a pool with FAILED_PRECONDITION naming another owner (a
-reload moved the pool) makes the client read the map again and retry once, at the new owner.
+`cronoq.connect(addr)` starts with one connection, to the broker at the addresses given (the seed). When that
+broker's `hello` names a cluster member, the `Router` asks it for the cluster map (`cluster`) and from then on
+sends each request where it belongs: a submit (and pause, resume) to the member that owns its pool
+(`Router.at_owner`), a task id's requests (result, status, explain, cancel) to the member whose name starts
+the id (`Router.for_task`), `stats` to every member (`cluster_stats`). A member that refuses a pool with
+FAILED_PRECONDITION naming another owner (a reload moved the pool) makes the router read the map again and
+retry once, at the new owner. A lone broker's requests all go to the seed, as if there were no router.
 
-Each member's connection is an ordinary single-broker `Client`, made by `member_connection` from the
-member's addresses: the first is the primary, the others its standbys.
+Each member's connection is an ordinary one-broker `Connection` (`cronoq.client.connection`), made from the
+member's addresses: the first is the primary, the others its standbys. This module leans on it and on
+`cronoq.wire.clustermap` (how a task id names its member, whose map may be followed); nothing here talks to
+a socket itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
-from cronoq.wire.clustermap import member_of_task, not_from
+from cronoq.client.connection import Connection
 from cronoq.errors import CronoqError, FailedPrecondition, NotFound, Unavailable
-
-if TYPE_CHECKING:
-    from cronoq.client.connection import Client
+from cronoq.wire.clustermap import member_of_task, not_from
 
 T = TypeVar("T")
 
@@ -36,10 +38,10 @@ class ClusterRoutes:
     `connect` makes the connection to one member from its client addresses (a primary, then standbys).
     """
 
-    def __init__(self, connect: Callable[[Sequence[str]], "Client"]) -> None:
+    def __init__(self, connect: Callable[[Sequence[str]], Connection]) -> None:
         self._connect = connect
         self.version: str | None = None
-        self.members: dict[str, "Client"] = {}
+        self.members: dict[str, Connection] = {}
         self._addresses: dict[str, tuple[str, ...]] = {}
         self._owners: dict[str, str] = {}
 
@@ -67,7 +69,7 @@ class ClusterRoutes:
         self._addresses, self._owners = addresses, owners
         self.version = value.get("version")
 
-    def update_from(self, conn: "Client", value: Any) -> None:
+    def update_from(self, conn: Connection, value: Any) -> None:
         """Take a `cluster` answer heard on member connection `conn`: only if it is that member's own (a peer at
         its address claiming to be another member is ignored, with a WARNING: cronoq.wire.clustermap.not_from)."""
         name = next((n for n, c in self.members.items() if c is conn), None)
@@ -81,12 +83,12 @@ class ClusterRoutes:
         """The member that owns `pool` by the map, or None for a pool the map does not list."""
         return self._owners.get(pool)
 
-    def for_pool(self, pool: str) -> "Client | None":
+    def for_pool(self, pool: str) -> Connection | None:
         """The connection to the owner of `pool`; None when the map does not know the pool."""
         owner = self._owners.get(pool)
         return None if owner is None else self.members.get(owner)
 
-    def for_task(self, task_id: str) -> "Client | None":
+    def for_task(self, task_id: str) -> Connection | None:
         """The connection to the member whose name starts `task_id`; None for an id that names no member."""
         member = member_of_task(task_id) if isinstance(task_id, str) else None
         return None if member is None else self.members.get(member)
@@ -106,25 +108,92 @@ def moved_to(exc: CronoqError) -> str | None:
     return None
 
 
-async def routed(routes: ClusterRoutes, pool: str, fallback: "Client", call: Callable[["Client"], Awaitable[T]],
-                 refresh: Callable[["Client"], Awaitable[None]]) -> T:
-    """`call` on the connection to `pool`'s owner (`fallback` for a pool the map does not know: it answers
-    NOT_FOUND as a lone broker would). A refusal naming another owner re-reads the map from the member that
-    refused, and tries once more at the owner."""
-    conn = routes.for_pool(pool) or fallback
-    try:
-        return await call(conn)
-    except FailedPrecondition as exc:
-        owner = moved_to(exc)
-        if owner is None:
-            raise
-        await refresh(conn)
-        again = routes.for_pool(pool)
-        if again is None or again is conn:
-            again = routes.members.get(owner)
-        if again is None:
-            raise
-        return await call(again)
+class Router:
+    """Where each request of a client goes: to the seed `Connection` of a lone broker, or to the member of a
+    cluster it concerns, over a connection of that member's own made by `connect` (from the member's client
+    addresses: a primary, then its standbys)."""
+
+    def __init__(self, seed: Connection, connect: Callable[[Sequence[str]], Connection]) -> None:
+        self.seed = seed
+        self._connect = connect
+        self.routes: ClusterRoutes | None = None
+        seed.on_member = self._learn_early
+
+    def _learn_early(self) -> None:
+        """The seed's broker said it is a cluster member: ask for the map now, so the first request need not."""
+        if self.routes is None:
+            self.seed.ask_cluster()
+
+    @property
+    def lone(self) -> bool:
+        """The seed's broker is known to be a lone broker: every request is the seed's, without waiting."""
+        return self.seed.heard_hello and self.seed.member is None
+
+    async def routing(self) -> ClusterRoutes | None:
+        """The cluster's routes, learning them first if need be (the seed's `hello`, then its map); None for a
+        lone broker. Raises what the seed's `hello` met if it could not tell (see `Connection.rules`)."""
+        seed = self.seed
+        if self.lone:
+            return None
+        if await seed.rules() is None:
+            return None
+        if self.routes is None:
+            value = await seed.cluster()
+            if value is None:  # the broker left its cluster since its hello (a restart with another config)
+                return None
+            if self.routes is None:  # (unless another request learnt them meanwhile)
+                routes = ClusterRoutes(self._connect)
+                routes.update(value)
+                self.routes = routes
+        return self.routes
+
+    async def for_task(self, task_id: Any) -> Connection:
+        """The connection that knows `task_id`: the member's its id names (learning the map if need be), else
+        the seed's. An id that names no member is the seed's at once, without waiting for its `hello`."""
+        if not isinstance(task_id, str) or member_of_task(task_id) is None:
+            return self.seed
+        routes = await self.routing()
+        return (None if routes is None else routes.for_task(task_id)) or self.seed
+
+    async def at_owner(self, pool: str, call: Callable[[Connection], Awaitable[T]]) -> T:
+        """`call` on the connection to `pool`'s owner: the seed for a lone broker, or for a pool the map does not
+        know (it answers NOT_FOUND as a lone broker would). A refusal naming another owner re-reads the map from
+        the member that refused, and tries once more at the owner."""
+        routes = await self.routing()
+        if routes is None:
+            return await call(self.seed)
+        conn = routes.for_pool(pool) or self.seed
+        try:
+            return await call(conn)
+        except FailedPrecondition as exc:
+            owner = moved_to(exc)
+            if owner is None:
+                raise
+            await self._reread(conn)
+            again = routes.for_pool(pool)
+            if again is None or again is conn:
+                again = routes.members.get(owner)
+            if again is None:
+                raise
+            return await call(again)
+
+    async def _reread(self, conn: Connection) -> None:
+        """Read the cluster map again, from `conn`'s member (it refused a pool: it has the newer config)."""
+        assert self.routes is not None
+        value = await conn.cluster()
+        if value is not None:
+            self.routes.update_from(conn, value)
+
+    def learnt(self, value: Any) -> None:
+        """A map the seed's broker gave (`Client.cluster()`): follow it, once routing has begun."""
+        if value is not None and self.routes is not None:
+            self.routes.update(value)
+
+    async def close(self) -> None:
+        """Close every member's connection (not the seed's: its owner closes that)."""
+        if self.routes is not None:
+            routes, self.routes = self.routes, None
+            await routes.close()
 
 
 async def cluster_stats(routes: ClusterRoutes, wait: float) -> dict[str, Any]:
@@ -133,9 +202,9 @@ async def cluster_stats(routes: ClusterRoutes, wait: float) -> dict[str, Any]:
     that did not answer `{"unreachable": why}`."""
     names = list(routes.members)
 
-    async def ask(conn: "Client") -> dict[str, Any]:
+    async def ask(conn: Connection) -> dict[str, Any]:
         try:
-            return await asyncio.wait_for(conn._stats_here(), wait)
+            return await asyncio.wait_for(conn.stats(), wait)
         except (asyncio.TimeoutError, TimeoutError):
             return {"unreachable": f"no answer within {wait:g} s"}
         except CronoqError as exc:

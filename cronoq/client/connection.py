@@ -1,4 +1,8 @@
-"""cronoq.connect: one DEALER socket to the broker, many requests in flight on it.
+"""One broker's client connection: one DEALER socket, many requests in flight on it.
+
+`Connection` talks to ONE broker, given as its primary and standbys; what
+routes requests over the members of a cluster is `cronoq.client.cluster`,
+and the public `Client` (`cronoq.client.client`) is one or the other.
 
 Every request gets a request id; replies are matched to waiting futures by
 that id, so submits pipeline instead of taking one round trip each.
@@ -12,13 +16,16 @@ id of its own, so the broker answers a re-sent one with the first task.
 On each connection the client also asks the broker for its rules (`hello`):
 `submit` refuses a payload over the broker's max_payload_bytes itself,
 before anything is sent. Sent, libzmq would drop the connection for it, and
-the re-sent submit would drop the next one too.
+the re-sent submit would drop the next one too. The answer also says
+whether the broker is a cluster member (`member`), which is all a router
+needs to know from it.
 
 The address may list a broker's primary and its standbys: the one socket
-connects to all of them with ZMQ_IMMEDIATE, so requests are only queued on
-a completed connection — the broker that serves (standbys bind nothing
-until they take over). A request made while no connection is up is held
-here and leaves with the next one, as re-sent requests do.
+(`cronoq.wire.dealer`) connects to all of them with ZMQ_IMMEDIATE, so
+requests are only queued on a completed connection — the broker that
+serves (standbys bind nothing until they take over). A request made while
+no connection is up is held here and leaves with the next one, as re-sent
+requests do.
 
 Waiting is only for a broker that may yet answer. The socket monitor tells
 why a connection fails (`cronoq.wire.link`): when waiting cannot help — nothing
@@ -29,9 +36,8 @@ under request id 0 answers a whole message it could not read (this is its
 worker endpoint, or it speaks another protocol version): every request of
 the connection fails with it until the connection is made again.
 
-A broker whose `hello` names a cluster member makes the client learn the
-cluster map and route every request to the member it concerns
-(`cronoq.client.cluster`); a lone broker is talked to as it always was.
+Leans on the wire (`protocol`, `transport`, `dealer`, `link`, `curve`), the
+answer types (`cronoq.answers`), `cronoq.handles` and `cronoq.errors`.
 """
 
 from __future__ import annotations
@@ -44,32 +50,25 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Generator, Sequence
+from typing import Any, Callable, Sequence
 
 import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from cronoq.wire import protocol
-
-from cronoq.wire import transport
 from cronoq.answers import Explanation, TaskInfo, seconds_from_now
-from cronoq.book.submission import MAX_NAME_LENGTH
-from cronoq.client.cluster import STATS_WAIT, ClusterRoutes, cluster_stats, routed
-from cronoq.wire.curve import connect_encrypted, public_key
 from cronoq.errors import (
     CronoqError, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable, error_from_code,
 )
 from cronoq.handles import TaskHandle, outcome_value
-from cronoq.wire.link import EVENTS as LINK_EVENTS, Links, parse_addresses
-from cronoq.wire.transport import Channel, context, token_bytes, tune
+from cronoq.wire import protocol, transport
+from cronoq.wire.curve import public_key
+from cronoq.wire.dealer import broker_dealer
+from cronoq.wire.link import Links, parse_addresses
+from cronoq.wire.transport import Channel, token_bytes
 
 DEFAULT_CLIENT_ADDRESS = "tcp://127.0.0.1:5555"
 DEFAULT_REQUEST_TIMEOUT = 30.0
-# ZeroMQ heartbeats on the connection, so a broker that vanished without closing it (its host died)
-# is noticed and the connection made again, which re-sends what is outstanding.
-ZMTP_HEARTBEAT_MS = 1000
-ZMTP_HEARTBEAT_TIMEOUT_MS = 5000
 # Seconds before requests libzmq would not queue while a connection was up are offered again.
 HELD_RETRY = 0.02
 
@@ -100,7 +99,7 @@ class _Watch:
 
     __slots__ = ("client", "task_id", "settled", "outcome", "_waiters")
 
-    def __init__(self, client: "Client") -> None:
+    def __init__(self, client: "Connection") -> None:
         self.client = client
         self.task_id: str | None = None
         self.settled = False
@@ -146,21 +145,22 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-class Client:
-    """A connection to a broker's client endpoint. Await it, or use it as an async context manager."""
+class Connection:
+    """A connection to one broker's client endpoint (its primary and standbys): `start()` it, `close()` it.
+
+    It never routes: each request goes to this broker. `on_member` is called when a `hello` answer names a
+    cluster member (a router then learns the map early).
+    """
 
     def __init__(self, address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
                  *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 curve_public_key: str | bytes | os.PathLike[str] | None = None, routing: bool = True) -> None:
+                 curve_public_key: str | bytes | os.PathLike[str] | None = None) -> None:
         self.addresses = parse_addresses(address, "broker address")
-        """Every address given: one broker's primary and standbys (one DEALER connects to them all, and only the
-        one that serves takes requests), or seeds of a cluster (any member's address will do; each member then
-        gets a connection of its own, to its primary and standbys)."""
+        """One broker's addresses: its primary and standbys (one DEALER connects to them all, and only the one that
+        serves takes requests)."""
         self.address = " or ".join(self.addresses)
-        self._curve_public_key = curve_public_key
-        self._routing = routing
         self._member: str | None = None  # the member name the broker's hello gave, in a cluster
-        self._routes: ClusterRoutes | None = None
+        self.on_member: Callable[[], None] | None = None
         self._map: asyncio.Future[tuple[Any, bytes | None]] | None = None  # the `cluster` request in flight
         self.request_timeout = request_timeout
         self._token = token_bytes(token)
@@ -201,43 +201,29 @@ class Client:
         says (an older broker): `submit` then leaves the check to the broker."""
         return self._max_payload_bytes
 
+    @property
+    def heard_hello(self) -> bool:
+        """Whether the broker has answered a `hello` (or refused it as an older broker does)."""
+        return self._heard_hello
+
+    @property
+    def member(self) -> str | None:
+        """The cluster member the broker's latest `hello` named; None for a lone broker (or none heard yet)."""
+        return self._member
+
     # ----------------------------------------------------------------- lifecycle
 
-    def __await__(self) -> Generator[Any, None, "Client"]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> "Client":
-        return await self._open()
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
-
-    async def _open(self) -> "Client":
+    def start(self) -> None:
+        """Start connecting (at once: requests made meanwhile wait for the connection); InvalidArgument for an
+        address libzmq refuses."""
         if self._channel is None:
             self._connect()
             self._ask_rules()  # goes out with the first connection
-        return self
 
     def _connect(self) -> None:
         """Make the socket (and its monitor) and start connecting; InvalidArgument for an address libzmq refuses."""
-        sock = context().socket(zmq.DEALER)
-        tune(sock)
-        if self._server_key is not None:
-            connect_encrypted(sock, self._server_key)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
-        # Queue only on connections whose handshake completed: with a primary and standbys listed, only the
-        # broker that serves ever gets a request (a waiting standby completes no handshake until it takes over).
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        monitor = sock.get_monitor_socket(LINK_EVENTS)
-        for address in self.addresses:
-            try:
-                sock.connect(address)
-            except zmq.ZMQError as exc:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-                sock.close(linger=0)
-                raise InvalidArgument(f"cannot connect to broker address {address!r}: {exc}") from None
+        sock, monitor = broker_dealer(self.addresses, server_key=self._server_key, zmtp_heartbeat=True)
+        assert monitor is not None
         self._channel = Channel(sock, self._on_reply, pack=functools.partial(protocol.pack, protocol.RequestBatch),
                                 prefix=[self._token], on_unsent=self._on_unsent)
         self._monitor = Channel(monitor, self._on_connection_event)
@@ -254,10 +240,7 @@ class Client:
             self._channel = None
 
     async def close(self) -> None:
-        """Close the connection (every member's, in a cluster); requests still waiting fail with Unavailable."""
-        if self._routes is not None:
-            routes, self._routes = self._routes, None
-            await routes.close()
+        """Close the connection; requests still waiting fail with Unavailable."""
         self._disconnect()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -335,98 +318,44 @@ class Client:
             self._heard_hello = True
             self._max_payload_bytes = protocol.advertised_limit(reply.value)
             self._member = protocol.hello_member(reply.value)
-            if self._member is not None and self._routing and self._routes is None:
-                self._ask_map()
+            if self._member is not None and self.on_member is not None:
+                self.on_member()
         elif not isinstance(error, Unavailable):
             # A broker that does not know `hello` (or refuses our token): it checks sizes on its own.
             self._heard_hello = True
             self._max_payload_bytes = None
 
-    # ----------------------------------------------------------------- cluster
+    # ----------------------------------------------------------------- the broker's rules
 
-    def _ask_map(self) -> asyncio.Future[tuple[Any, bytes | None]]:
-        """Ask this connection's broker for the cluster map, unless a request for it is on its way already."""
-        if self._map is None or self._map.done():
-            self._map = self._send(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, next(self._rids)))
-        return self._map
-
-    async def _cluster_map_here(self) -> Any:
-        """This connection's broker's answer to `cluster` (None: it is no member of a cluster)."""
-        reply, _ = await asyncio.shield(self._ask_map())
-        return reply.value
-
-    async def _route_table(self) -> ClusterRoutes | None:
-        """The cluster's routes, learning them first if need be; None when the broker is no member of a cluster
-        (or this connection is itself one member's, which never routes)."""
-        if not self._routing:
-            return None
+    async def rules(self) -> str | None:
+        """Wait for the broker's answer to a `hello` if none came yet; the cluster member it named (None: a lone
+        broker, or an older one that does not know `hello`). Raises what the `hello` met when that was no
+        answer (Unavailable) or a refused token (Unauthenticated, PermissionDenied: the broker answers such a
+        connection once a second and drops the rest, so no request may follow it)."""
         if not self._heard_hello:
-            self._check_sendable()
-            self._ask_rules()
-            hello = self._hello
-            assert hello is not None
-            try:
-                await asyncio.shield(hello)
-            except (Unavailable, Unauthenticated, PermissionDenied):
-                # A refused token: the broker answers such a connection once a second and drops the rest, so
-                # the request must not follow; it fails as its `hello` did.
-                raise
-            except CronoqError:
-                pass  # a broker that does not know `hello`: a lone broker
-            self._take_rules(hello)
-        if self._member is None:
-            return None
-        if self._routes is None:
-            value = await self._cluster_map_here()
-            if value is None:  # the broker left its cluster since its hello (a restart with another config)
-                self._member = None
-                return None
-            if self._routes is None:
-                routes = ClusterRoutes(self._member_connection)
-                routes.update(value)
-                self._routes = routes
-        return self._routes
+            await self._hello_answer((Unavailable, Unauthenticated, PermissionDenied))
+        return self._member
 
-    def _member_connection(self, addresses: Sequence[str]) -> "Client":
-        """The connection to one member, from its client addresses (a primary, then its standbys)."""
-        conn = Client(list(addresses), self._token, request_timeout=self.request_timeout,
-                      curve_public_key=self._curve_public_key, routing=False)
-        conn._connect()
-        conn._ask_rules()
-        return conn
-
-    async def _refresh_map(self, conn: "Client") -> None:
-        """Read the cluster map again, from `conn`'s member (it refused a pool: it has the newer config)."""
-        assert self._routes is not None
-        value = await conn._cluster_map_here()
-        if value is not None:
-            self._routes.update_from(conn, value)
-
-    def _for_task(self, routes: ClusterRoutes | None, task_id: str) -> "Client":
-        """The connection that knows `task_id`: its member's in a cluster, else this one."""
-        if routes is None:
-            return self
-        return routes.for_task(task_id) or self
-
-    def _named_member(self, task_id: Any) -> bool:
-        """Whether `task_id` names a cluster member, so routing must be known before it is asked about."""
-        return self._routing and isinstance(task_id, str) and ":" in task_id
+    async def _hello_answer(self, fatal: tuple[type[CronoqError], ...]) -> None:
+        """Wait for the answer to a `hello` (asking again if none waits: the last went unanswered), raising the
+        errors in `fatal`; any other refusal is an older broker's, which has no rules to tell."""
+        self._check_sendable()  # not the stale failure of an earlier `hello`
+        self._ask_rules()
+        hello = self._hello
+        assert hello is not None
+        try:
+            await asyncio.shield(hello)  # shared by every request waiting: one's cancellation is not all's
+        except fatal:
+            raise
+        except CronoqError:
+            pass
+        self._take_rules(hello)  # whichever of the two callbacks runs first, the answer is kept
 
     async def _payload_limit(self) -> int | None:
         """The broker's max_payload_bytes, waiting for its answer to a `hello` if none came yet (at most
         request_timeout: Unavailable then, as a submit would get). None: the broker does not say."""
         if not self._heard_hello:
-            self._check_sendable()  # not the stale failure of an earlier `hello`
-            self._ask_rules()  # none waiting means the last went unanswered: ask again
-            hello = self._hello
-            assert hello is not None
-            try:
-                await asyncio.shield(hello)  # shared by every submit waiting: one's cancellation is not all's
-            except Unavailable:
-                raise
-            except CronoqError:
-                pass
-            self._take_rules(hello)  # whichever of the two callbacks runs first, the answer is kept
+            await self._hello_answer((Unavailable,))
         return self._max_payload_bytes
 
     # ----------------------------------------------------------------- requests
@@ -572,30 +501,11 @@ class Client:
         self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
         deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
     ) -> TaskHandle:
-        """Queue a task; returns its handle once the broker has accepted it (durably, with a data_dir).
-
-        A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the broker
-        takes, is refused here with InvalidArgument, and nothing is sent. In a cluster it goes to the
-        member that owns `pool`.
-        """
-        if self._routing and (self._member is not None or not self._heard_hello):
-            routes = await self._route_table()
-            if routes is not None:
-                now = time.time()  # a deadline or delay given as a datetime counts from here, not from a retry
-                deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
-                return await routed(routes, pool, self, lambda conn: conn._submit_here(
-                    payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
-                    max_retries=max_retries), self._refresh_map)
-        return await self._submit_here(payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline,
-                                       delay=delay, key=key, max_retries=max_retries)
-
-    async def _submit_here(
-        self, payload: Any, *, pool: str, tenant: str | None, priority: str, deadline: Any, delay: Any,
-        key: str | None, max_retries: int,
-    ) -> TaskHandle:
-        """`submit` on this connection's broker."""
+        """Queue a task on this broker; returns its handle once the broker has accepted it (durably, with a
+        data_dir). A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the
+        broker takes, is refused here with InvalidArgument, and nothing is sent."""
         body = protocol.encode_body(payload)
-        longest = MAX_NAME_LENGTH  # one test of the three names, as submit is the hot path
+        longest = protocol.MAX_NAME_CHARS  # one test of the three names, as submit is the hot path
         if ((type(pool) is str and len(pool) > longest) or (type(tenant) is str and len(tenant) > longest)
                 or (type(key) is str and len(key) > longest)):
             raise InvalidArgument(_long_name(pool=pool, tenant=tenant, key=key))
@@ -620,10 +530,6 @@ class Client:
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
-        if self._named_member(task_id):
-            conn = self._for_task(await self._route_table(), task_id)
-            if conn is not self:
-                return await conn.result(task_id, timeout)
         watch = self._watched.get(task_id)
         if watch is not None:  # a task this connection submitted, still in flight
             return await watch.result(task_id, timeout)
@@ -642,10 +548,6 @@ class Client:
 
     async def status(self, task_id: str) -> TaskInfo:
         """A snapshot of a task: state, attempts, timings."""
-        if self._named_member(task_id):
-            conn = self._for_task(await self._route_table(), task_id)
-            if conn is not self:
-                return await conn.status(task_id)
         reply, _ = await self._request(protocol.Status(protocol.PROTOCOL_VERSION, next(self._rids), task_id))
         return TaskInfo(
             id=reply.id, pool=reply.pool, tenant=reply.tenant, priority=reply.priority, state=reply.state,
@@ -657,10 +559,6 @@ class Client:
         """Why the task is where it is: what stands before a waiting task and when it may start, or how each
         attempt of one that ran ended (docs/scheduling.md, "Why is my task waiting?"). NotFound if unknown,
         or another tenant's to a pinned token."""
-        if self._named_member(task_id):
-            conn = self._for_task(await self._route_table(), task_id)
-            if conn is not self:
-                return await conn.explain(task_id)
         reply, _ = await self._request(protocol.Explain(protocol.PROTOCOL_VERSION, next(self._rids), task_id))
         try:
             return msgspec.convert(reply.value, Explanation)
@@ -669,56 +567,38 @@ class Client:
 
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task not yet dispatched; False if it already runs or has finished."""
-        if self._named_member(task_id):
-            conn = self._for_task(await self._route_table(), task_id)
-            if conn is not self:
-                return await conn.cancel(task_id)
         # Not re-sent on a new connection: a second cancel of a cancelled task would answer False.
         reply, _ = await self._request(protocol.Cancel(protocol.PROTOCOL_VERSION, next(self._rids), task_id),
                                        resend=False)
         return bool(reply.value)
 
     async def pause(self, pool: str) -> None:
-        """Stop dispatching `pool` (admin); in a cluster, on the member that owns it."""
-        await self._pool_request(pool, protocol.Pause)
+        """Stop dispatching `pool` (admin)."""
+        await self._request(protocol.Pause(protocol.PROTOCOL_VERSION, next(self._rids), pool))
 
     async def resume(self, pool: str) -> None:
-        """Dispatch `pool` again (admin); in a cluster, on the member that owns it."""
-        await self._pool_request(pool, protocol.Resume)
-
-    async def _pool_request(self, pool: str, kind: Any) -> None:
-        routes = await self._route_table()
-        if routes is None:
-            await self._request(kind(protocol.PROTOCOL_VERSION, next(self._rids), pool))
-            return
-
-        async def here(conn: Client) -> None:
-            await conn._request(kind(protocol.PROTOCOL_VERSION, next(conn._rids), pool))
-
-        await routed(routes, pool, self, here, self._refresh_map)
+        """Dispatch `pool` again (admin)."""
+        await self._request(protocol.Resume(protocol.PROTOCOL_VERSION, next(self._rids), pool))
 
     async def stats(self) -> dict[str, Any]:
-        """The broker's per-pool statistics (admin).
-
-        In a cluster, every member's, merged: `pools` holds all of them (each names its `member`), `members`
-        each member's own statistics, or `{"unreachable": why}` for a member that did not answer in time.
-        """
-        routes = await self._route_table()
-        if routes is not None:
-            return await cluster_stats(routes, min(STATS_WAIT, self.request_timeout))
-        return await self._stats_here()
-
-    async def _stats_here(self) -> dict[str, Any]:
+        """The broker's per-pool statistics (admin)."""
         reply, _ = await self._request(protocol.Stats(protocol.PROTOCOL_VERSION, next(self._rids)))
         return reply.value
+
+    def ask_cluster(self) -> asyncio.Future[tuple[Any, bytes | None]]:
+        """Ask the broker for the cluster map, unless a request for it is on its way already (one answer serves
+        every caller waiting)."""
+        if self._map is None or self._map.done():
+            self._map = self._send(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, next(self._rids)))
+        return self._map
 
     async def cluster(self) -> dict[str, Any] | None:
         """The cluster map as the broker gave it: members, their addresses and pools, and the map's version;
         None from a broker that is no member of a cluster."""
-        value = await self._cluster_map_here()
-        if value is not None and self._routing and self._routes is not None:
-            self._routes.update(value)
-        return value
+        reply, _ = await asyncio.shield(self.ask_cluster())
+        if reply.value is None:
+            self._member = None  # it left its cluster since its hello (a restart with another config)
+        return reply.value
 
     async def reload(self) -> dict[str, Any]:
         """Make the broker reread its config file (admin); returns what changed."""
@@ -734,21 +614,6 @@ def _long_name(**names: Any) -> str:
     """Which of a submit's names is longer than the broker takes (it would refuse it; a huge one, unsent,
     would even cost the connection)."""
     what, name = next((what, name) for what, name in names.items()
-                      if type(name) is str and len(name) > MAX_NAME_LENGTH)
-    return f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got one of {len(name)}"
-
-
-def connect(address: str | Sequence[str] = DEFAULT_CLIENT_ADDRESS, token: str | bytes | None = None,
-            *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-            curve_public_key: str | bytes | os.PathLike[str] | None = None) -> Client:
-    """A client for the broker at `address`: `await connect(...)` or `async with connect(...) as sched`.
-
-    `address` may list the client endpoints of a broker's primary and its standbys (a list, or one string
-    with commas): requests go to whichever serves, and after a takeover the client carries on with the new
-    one by itself, re-sending what was outstanding. The address of any member of a cluster (or a list of
-    them) gives a client of the whole cluster: it routes each request to the member it concerns, over a
-    connection to that member's primary and standbys.
-
-    With `curve_public_key` (the broker's, from `cronoq keygen`) the connection is encrypted.
-    """
-    return Client(address, token, request_timeout=request_timeout, curve_public_key=curve_public_key)
+                      if type(name) is str and len(name) > protocol.MAX_NAME_CHARS)
+    return (f"{what} must be a non-empty string of at most {protocol.MAX_NAME_CHARS} characters, "
+            f"got one of {len(name)}")

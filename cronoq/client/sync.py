@@ -12,7 +12,7 @@ import threading
 from typing import Any, Coroutine, Sequence, TypeVar
 
 from cronoq.answers import Explanation, TaskInfo
-from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT, Client
+from cronoq.client.client import DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT, Client
 
 T = TypeVar("T")
 

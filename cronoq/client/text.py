@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronoq.answers import clock_time, duration_text
-from cronoq.core.settings import tenant_path
+from cronoq.pool import tenant_path
 
 BAR_WIDTH = 20
 CLASSES = ("critical", "high", "normal", "low")

@@ -14,10 +14,10 @@ from cronoq.core.task import Task
 from cronoq.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from cronoq.core.pool import Pool
+    from cronoq.core.pool import PoolState
 
 
-def no_pool_message(name: object, pool: Pool | None, accepting: list[str]) -> str:
+def no_pool_message(name: object, pool: PoolState | None, accepting: list[str]) -> str:
     """Why `name` takes no tasks (unknown, or draining after a reload), and what does."""
     if pool is not None:
         return f"pool {name!r} was removed from the config and is draining; use one of {accepting}"

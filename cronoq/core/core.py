@@ -9,8 +9,9 @@ docs/scheduling.md explains them at length):
                 (a ShardedMap: a million ids grow it without one long pause, core/shards.py)
       _timers   heap of delayed tasks by min(not_before, deadline)
       _expiry   heap of queued tasks that have a deadline, by deadline
-      _ready    workers with a free slot, least recently ready first
-      _pools    name -> Pool
+      _workers  id -> WorkerState (workers.py): the pools a worker serves, its free slots, its leases
+      _ready    the workers with a free slot, least recently ready first
+      _pools    name -> PoolState (pool.py)
                   classes[0..3]  critical, high, normal, low: strict order
                     edf   heap (deadline, arrival) of queued deadline tasks
                           (with ceilings: an EdfTree, one heap per capped-able node)
@@ -24,6 +25,11 @@ docs/scheduling.md explains them at length):
       _overruns heap of running tasks of pools that share by run time, by when their run
                 passes what they were charged
       (a flow or FifoQueue is a Chain: a FIFO linked through Task._next)
+
+PoolState and WorkerState are what the core keeps of a pool and of a worker;
+the public `cronoq.Pool` declares a pool and `cronoq.Worker` is the process
+that serves one. `explain` (explain.py) answers in the public answer types
+of cronoq.answers, the one module below the core besides cronoq.errors.
 
 A dispatch walks a pool's classes from critical to low and takes the first
 task it finds: in a class, the EDF heap goes first (a task with a deadline
@@ -70,7 +76,7 @@ from heapq import heappop, heappush
 from operator import attrgetter
 from typing import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 
-from cronoq.core.pool import ClassQueue, Pool, TenantStats
+from cronoq.core.pool import ClassQueue, PoolState, TenantStats
 from cronoq.core.settings import PoolSettings, tenant_path
 from cronoq.core.shards import ShardedMap
 from cronoq.core.task import (
@@ -89,7 +95,7 @@ from cronoq.core.explain import ClassRates, Waiting, explain_waiting
 from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
 from cronoq.core.weights import QUANTA_PER_UNIT, quantize
-from cronoq.core.workers import Worker
+from cronoq.core.workers import WorkerState
 from cronoq.errors import InvalidArgument, NotFound
 
 _FINISHED = {SUCCEEDED: SUCCEEDED, FAILED: FAILED}  # maps to our own constants (identity checks)
@@ -118,18 +124,18 @@ class SchedulerCore:
     """
 
     def __init__(self, pools: Iterable[PoolSettings]) -> None:
-        self._pools: dict[str, Pool] = {}
+        self._pools: dict[str, PoolState] = {}
         self._tasks: ShardedMap[str, Task] = ShardedMap()
         self._index: Mapping[str, Task] | None = None
         self._indexed = 0  # live tasks found through _index rather than _tasks
-        self._workers: dict[Hashable, Worker] = {}
-        self._ready: OrderedDict[Hashable, Worker] = OrderedDict()
+        self._workers: dict[Hashable, WorkerState] = {}
+        self._ready: OrderedDict[Hashable, WorkerState] = OrderedDict()
         self._timers = TimerHeap(DELAYED)
         self._expiry = TimerHeap(QUEUED)
         self._seq = 0
         self._now: float | None = None  # the last `now` given to expire() or dispatch(), for configure()
         # Pools with tenant rates: their nodes out of tokens are let go at expire()/dispatch() when due.
-        self._rated: list[Pool] = []
+        self._rated: list[PoolState] = []
         # (charged until, seq, task): running tasks of pools that share by run time, by when their run passes
         # what they were charged; re-charged at expire()/dispatch() (stale entries are skipped).
         self._overruns: list[tuple[float, int, Task]] = []
@@ -161,7 +167,7 @@ class SchedulerCore:
         for s in settings:
             pool = self._pools.get(s.name)
             if pool is None:
-                self._pools[s.name] = Pool(s)
+                self._pools[s.name] = PoolState(s)
             else:
                 pool.draining = False
                 pool.apply(s, self._now if now is None else now)
@@ -371,7 +377,7 @@ class SchedulerCore:
             self._refresh(pool)
 
     @staticmethod
-    def _end_run(pool: Pool, ts: TenantStats, cls: ClassQueue, tail: Task, run: int) -> None:
+    def _end_run(pool: PoolState, ts: TenantStats, cls: ClassQueue, tail: Task, run: int) -> None:
         """`restore` appended `run` more tasks to `cls`'s FIFO chain, the last one `tail`: count them."""
         tail._next = None
         cls.rest.tail = tail  # type: ignore[union-attr]
@@ -400,7 +406,7 @@ class SchedulerCore:
         self._now = now
         self._catch_up(now)
         expired: list[Task] = []
-        touched: set[Pool] = set()
+        touched: set[PoolState] = set()
         for task in self._timers.pop_due(now):
             pool = self._pools[task.pool]
             touched.add(pool)
@@ -484,7 +490,7 @@ class SchedulerCore:
         `draining_ok`, a draining pool is served until it is empty). With
         free slots it becomes the most recently ready worker.
         """
-        wanted: list[Pool] = []
+        wanted: list[PoolState] = []
         for name in pools:
             pool = self._pools.get(name)
             if pool is None or (pool.draining and not draining_ok):
@@ -495,7 +501,7 @@ class SchedulerCore:
             raise InvalidArgument(f"free_slots must be an int >= 0, got {free_slots!r}")
         worker = self._workers.get(worker_id)
         if worker is None:
-            worker = self._workers[worker_id] = Worker(worker_id)
+            worker = self._workers[worker_id] = WorkerState(worker_id)
         else:
             if worker.free:
                 self._unready(worker)
@@ -573,13 +579,13 @@ class SchedulerCore:
         remaining = -1 if limit is None else limit
         out: list[tuple[Hashable, Task]] = []
         ready = self._ready
-        candidates: Iterable[Worker] = ready.values()
+        candidates: Iterable[WorkerState] = ready.values()
         while True:
             # One round: each candidate, in LRU order, gets at most one task.
             # `_ready` is not reordered during the round (it is being iterated);
             # the workers served move to its back afterwards, in the order
             # served, which is exactly where one-at-a-time dispatch puts them.
-            served: list[Worker] | None = None  # made only if a second task is wanted
+            served: list[WorkerState] | None = None  # made only if a second task is wanted
             for worker in candidates:
                 pools = worker.pools
                 if len(pools) == 1:
@@ -798,13 +804,13 @@ class SchedulerCore:
 
     # -- internals ---------------------------------------------------------
 
-    def _pool(self, name: str) -> Pool:
+    def _pool(self, name: str) -> PoolState:
         pool = self._pools.get(name)
         if pool is None:
             raise NotFound(f"no pool named {name!r}; known pools: {list(self._pools)}")
         return pool
 
-    def _enqueue(self, pool: Pool, task: Task) -> None:
+    def _enqueue(self, pool: PoolState, task: Task) -> None:
         """Put a held task into its class as QUEUED with a fresh arrival number."""
         self._seq = seq = self._seq + 1
         task._seq = seq
@@ -825,7 +831,7 @@ class SchedulerCore:
             pool.stuck = False
             self._refresh(pool)
 
-    def _delay(self, pool: Pool, task: Task) -> None:
+    def _delay(self, pool: PoolState, task: Task) -> None:
         """Hold a task as DELAYED until its not_before (or its deadline, if that comes first)."""
         self._seq += 1
         task._seq = self._seq
@@ -841,7 +847,7 @@ class SchedulerCore:
         top = task._ts.top  # type: ignore[union-attr]
         pool.tree_backlog[top] = pool.tree_backlog.get(top, 0) + 1
 
-    def _unqueue(self, pool: Pool, task: Task, state: str) -> None:
+    def _unqueue(self, pool: PoolState, task: Task, state: str) -> None:
         """Remove a queued or delayed task from its structures (lazily) and end it in `state`."""
         cls = pool.classes[task.priority]
         ts = task._ts
@@ -881,7 +887,7 @@ class SchedulerCore:
             return None
         return task
 
-    def _release(self, pool: Pool, task: Task, now: float, ran_for: float | None = None) -> None:
+    def _release(self, pool: PoolState, task: Task, now: float, ran_for: float | None = None) -> None:
         """A running task leaves its worker: uncount it as running, and charge its run where runs are charged."""
         if task._charge is not None:
             if pool.by_runtime:
@@ -919,12 +925,12 @@ class SchedulerCore:
             self._pools[task.pool].correct(task, ran + ahead)
             heappush(overruns, (task._started + task._charge / QUANTA_PER_UNIT, seq, task))  # type: ignore
 
-    def _choose_pool(self, worker: Worker, now: float) -> Pool | None:
+    def _choose_pool(self, worker: WorkerState, now: float) -> PoolState | None:
         """Of the worker's pools, the one whose next task has the best class, then the
         earliest deadline; ties go round-robin, starting after the pool chosen last."""
         pools = worker.pools
         n = len(pools)
-        best: Pool | None = None
+        best: PoolState | None = None
         best_key: tuple[int, float] | None = None
         best_at = 0
         for i in range(n):
@@ -939,7 +945,7 @@ class SchedulerCore:
             worker.rr = best_at + 1
         return best
 
-    def _refresh(self, pool: Pool) -> None:
+    def _refresh(self, pool: PoolState) -> None:
         """Recompute whether `pool` can be dispatched from and keep `_matchable` in step."""
         dispatchable = pool.should_dispatch()
         if dispatchable is not pool.dispatchable:
@@ -947,21 +953,21 @@ class SchedulerCore:
             if pool.ready_workers:
                 self._matchable += 1 if dispatchable else -1
 
-    def _make_ready(self, worker: Worker) -> None:
+    def _make_ready(self, worker: WorkerState) -> None:
         self._ready[worker.id] = worker
         for pool in worker.pools:
             pool.ready_workers += 1
             if pool.ready_workers == 1 and pool.dispatchable:
                 self._matchable += 1
 
-    def _unready(self, worker: Worker) -> None:
+    def _unready(self, worker: WorkerState) -> None:
         del self._ready[worker.id]
         for pool in worker.pools:
             pool.ready_workers -= 1
             if not pool.ready_workers and pool.dispatchable:
                 self._matchable -= 1
 
-    def _drop_if_drained(self, pool: Pool) -> None:
+    def _drop_if_drained(self, pool: PoolState) -> None:
         """A draining pool disappears once it holds no task."""
         if not pool.draining or pool.live():
             return

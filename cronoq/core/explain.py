@@ -57,7 +57,7 @@ from cronoq.core.settings import tenant_path
 from cronoq.core.task import DELAYED, QUEUED, Task
 
 if TYPE_CHECKING:
-    from cronoq.core.pool import ClassQueue, Pool
+    from cronoq.core.pool import ClassQueue, PoolState
 
 EXPLAIN_SCAN = 1000
 """Entries a count looks at, at most, before it settles for a lower bound."""
@@ -83,7 +83,7 @@ class ClassRates:
     deadline_arrivals: float = 0.0
 
 
-def explain_waiting(pool: Pool, task: Task, now: float, dispatch_rate: float | None,
+def explain_waiting(pool: PoolState, task: Task, now: float, dispatch_rate: float | None,
                     scan: int = EXPLAIN_SCAN, *, arrival_rates: Sequence[ClassRates] | None = None,
                     scope: str | None = None) -> Waiting:
     """Why `task` (queued or delayed, in `pool`) has not started; see the module's docstring. `arrival_rates`:
@@ -145,7 +145,7 @@ def explain_waiting(pool: Pool, task: Task, now: float, dispatch_rate: float | N
     return waiting if scope is None else _scoped(waiting, pool, task, scope, now, scan)
 
 
-def _scoped(waiting: Waiting, pool: Pool, task: Task, scope: str, now: float, scan: int) -> Waiting:
+def _scoped(waiting: Waiting, pool: PoolState, task: Task, scope: str, now: float, scan: int) -> Waiting:
     """`waiting` as a caller pinned to `scope` may read it: the counts of its subtree's tasks only, no rates, no
     share that depends on other tenants (the estimate and its note were made coarse already)."""
     cls = pool.classes[task.priority]
@@ -202,7 +202,7 @@ def _in_scope(scope: str) -> Callable[[Task], bool]:
     return lambda t: scope in t._ts.path  # type: ignore[union-attr]
 
 
-def _scoped_higher(pool: Pool, task: Task, visible: Callable[[Task], bool], scope: str, now: float,
+def _scoped_higher(pool: PoolState, task: Task, visible: Callable[[Task], bool], scope: str, now: float,
                    scan: int) -> tuple[int, bool]:
     """Queued tasks of `scope`'s subtree in classes above the task's, and whether that is exact."""
     total, exact = 0, True
@@ -250,7 +250,7 @@ def _hide_above(nodes: list[NodeState], scope: str) -> list[NodeState]:
     return out
 
 
-def _walk_path(pool: Pool, root: FairQueue, task: Task, now: float, nodes: list[NodeState]) -> Flow | None:
+def _walk_path(pool: PoolState, root: FairQueue, task: Task, now: float, nodes: list[NodeState]) -> Flow | None:
     """Fill `nodes` with the task's tenant path in its class's fair tree; return the flow holding its own queue
     (None if its tenant has none in this class yet: it is delayed, or it has a deadline)."""
     path = task._ts.path  # type: ignore[union-attr]
@@ -267,7 +267,7 @@ def _walk_path(pool: Pool, root: FairQueue, task: Task, now: float, nodes: list[
     return flow
 
 
-def _node(pool: Pool, name: str | None, flow: Flow | None, now: float, *, own: bool) -> NodeState:
+def _node(pool: PoolState, name: str | None, flow: Flow | None, now: float, *, own: bool) -> NodeState:
     if flow is None:
         weight = 1.0 if own else pool.weight(name)
         node = NodeState("" if name is None else name, own, weight, False, 0.0, 0.0,
@@ -283,7 +283,7 @@ def _node(pool: Pool, name: str | None, flow: Flow | None, now: float, *, own: b
                    minimum=limits.minimum, under_minimum=limits.under_minimum())
 
 
-def _ceiling(pool: Pool, name: str | None, now: float) -> CeilingState | None:
+def _ceiling(pool: PoolState, name: str | None, now: float) -> CeilingState | None:
     ceiling = pool.ceilings.get(name)
     if ceiling is not None and ceiling.limit is None:
         return None  # a rate or a minimum, no ceiling
@@ -354,7 +354,7 @@ def _count_in_chain(head: Task | None, task: Task | None, scan: int,
     return count, current is None or current is task
 
 
-def _estimate(pool: Pool, task: Task, nodes: list[NodeState], ahead: int, queue_ahead: int | None,
+def _estimate(pool: PoolState, task: Task, nodes: list[NodeState], ahead: int, queue_ahead: int | None,
               share: float | None, delayed_for: float | None, rate: float | None, arriving: _Arriving | None,
               *, exact: bool, coarse: bool, now: float) -> tuple[float | None, str]:
     """Seconds until the task starts, or None; and a sentence saying why or how. `ahead`: queued tasks of higher

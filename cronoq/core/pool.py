@@ -2,8 +2,8 @@
 
 Each `ClassQueue` holds one priority class of one pool: an EDF heap of its
 queued tasks that have a deadline, ahead of a `FairQueue` or `FifoQueue` for
-the rest. A `Pool` walks its classes from critical to low and takes the first
-task it finds. Counts (per class, per tenant, per pool) are kept as tasks
+the rest. A `PoolState` walks its classes from critical to low and takes the
+first task it finds. Counts (per class, per tenant, per pool) are kept as tasks
 move so that stats and the broker's backlog limits cost O(1).
 
 A pool with tenant ceilings (ceilings.py) also counts the running tasks of
@@ -33,7 +33,7 @@ from cronoq.core.timers import TimedEntry
 from cronoq.core.weights import QUANTA_PER_UNIT, Weights, quantize
 
 if TYPE_CHECKING:
-    from cronoq.core.workers import Worker
+    from cronoq.core.workers import WorkerState
 
 INF = float("inf")
 
@@ -171,8 +171,9 @@ class ClassQueue:
             self.edf_stale = 0
 
 
-class Pool:
-    """One pool: its settings, its four classes, its counts, its ceilings and its place in dispatch."""
+class PoolState:
+    """One pool as the core keeps it: its settings, its four classes, its counts, its ceilings and its place in
+    dispatch (the public `cronoq.Pool` only declares a pool and its handler)."""
 
     __slots__ = (
         "name",
@@ -232,7 +233,7 @@ class Pool:
         # Maintained by SchedulerCore: a queued task, not paused, under max_in_flight.
         self.dispatchable = False
         self.ready_workers = 0  # workers serving this pool that have a free slot
-        self.workers: set[Worker] = set()
+        self.workers: set[WorkerState] = set()
         # (time, node) of the nodes out of tokens, when each may start again: a heap, stale entries allowed.
         self.refills: list[tuple[float, str | None]] = []
         self.minimum_nodes: list[Ceiling] = []  # the nodes with a minimum

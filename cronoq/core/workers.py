@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Hashable
 
 if TYPE_CHECKING:
-    from cronoq.core.pool import Pool
+    from cronoq.core.pool import PoolState
     from cronoq.core.task import Task
 
 
-class Worker:
-    """A worker as the dispatcher sees it.
+class WorkerState:
+    """A worker as the dispatcher sees it (the process is a `cronoq.Worker`; the core keeps only this).
 
     `free` is the credit the worker has granted (its free slots); the worker
     is the source of truth and the shell relays its grants. `running` maps
@@ -21,7 +21,7 @@ class Worker:
 
     def __init__(self, worker_id: Hashable) -> None:
         self.id = worker_id
-        self.pools: list[Pool] = []
+        self.pools: list[PoolState] = []
         self.free = 0
         self.running: dict[str, Task] = {}
         self.rr = 0  # where the next round-robin turn between its pools starts

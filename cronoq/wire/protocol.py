@@ -52,7 +52,8 @@ MAX_FRAMES = 3
 # MAX_ERROR_MESSAGE_BYTES, so no reply echoes back more than that of what a peer sent.
 
 MAX_NAME_CHARS = 200
-"""Pools, tenants, keys, submission ids and setting names (cronoq.book.submission.MAX_NAME_LENGTH is this bound)."""
+"""Pools, tenants, keys, submission ids and setting names: the one bound on a name, which the task book's
+submission rules and the broker's config check too."""
 MAX_TASK_ID_CHARS = 256
 """Task ids a peer names (a broker's ids are 32 hex digits, after a cluster member's name and a colon)."""
 MAX_READY_POOLS = 1024

@@ -4,8 +4,8 @@ The socket's FD is watched with `loop.add_reader`. ZeroMQ's FD is edge-like:
 it signals only when the socket's state changes, and a send (or a receive)
 can consume the signal of a message that arrived meanwhile. So a socket is
 drained until ZMQ_EVENTS says nothing waits, and every send is followed by
-one more such look (bench/README.md measures what this buys). A channel
-that answers (one made with `pack`) reads one message when its FD signals
+one more such look (bench/history/2026-11-29-hot-path-before-batching.md
+measures what this buys). A channel that answers (one made with `pack`) reads one message when its FD signals
 and leaves the look for the rest to its flush, which comes in the next turn
 of the loop anyway: one look per message, not three.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any, Callable, Sequence
 
 import zmq
@@ -34,7 +35,7 @@ HIGH_WATER_MARK = 100_000
 
 # pyzmq's constants are enum members: every `|` or `&` on them builds a new member (~0.8 µs), and
 # its Python-level Socket.send adds a wrapper per frame. On the hot path we use plain ints and the
-# Cython send underneath (1.33 -> 0.38 µs per frame; bench/README.md).
+# Cython send underneath (1.33 -> 0.38 µs per frame; bench/history/2026-11-29-hot-path-before-batching.md).
 NOBLOCK = int(zmq.NOBLOCK)
 NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _send = zmq.backend.Socket.send
@@ -60,6 +61,14 @@ def token_bytes(token: str | bytes | None) -> bytes:
     if isinstance(token, bytes):
         return token
     raise InvalidArgument(f"token must be a str or bytes, got {type(token).__name__}")
+
+
+def unset_token_hint(variable: str) -> str:
+    """Why no token was sent, naming the variable `--token-env` points at (it is unset or empty): what the
+    `cronoq` and `cronoq-worker` commands say when a broker refuses the empty token frame."""
+    state = "is empty" if variable in os.environ else "is not set"
+    return (f"this broker requires a token, and the environment variable {variable} {state} "
+            f"(--token-env {variable}): export the token in it, or name another variable with --token-env")
 
 
 def context() -> zmq.Context:

@@ -16,19 +16,15 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from cronoq.wire import logs
-from cronoq.client.cli import unset_token_hint
-from cronoq.errors import CronoqError, Unauthenticated
+from cronoq.errors import CronoqError, Unauthenticated, UsageError
 from cronoq.pool import Pool
-from cronoq.worker.runner import Worker
+from cronoq.wire import logs
+from cronoq.wire.transport import unset_token_hint
+from cronoq.worker.worker import Worker
 
 DEFAULT_WORKER_ADDRESS = "tcp://127.0.0.1:5556"
 
 log = logging.getLogger("cronoq.worker")
-
-
-class UsageError(Exception):
-    """A mistake on the command line, reported without a traceback."""
 
 
 def load_pools(target: str) -> list[Pool]:
@@ -134,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if token is None:
                 raise Unauthenticated(unset_token_hint(args.token_env)) from None
             raise
-    except (UsageError, CronoqError) as exc:
-        code = getattr(exc, "code", "usage")
-        print(f"cronoq-worker: {code}: {exc}", file=sys.stderr)
+    except CronoqError as exc:
+        kind = "usage" if isinstance(exc, UsageError) else exc.code  # a mistake on the command line reads as one
+        print(f"cronoq-worker: {kind}: {exc}", file=sys.stderr)
         return 2
     if stopped_by is not None:
         # Stopped at once: a plain `def` handler may still be running in its thread, and the interpreter would

@@ -1,4 +1,8 @@
-"""cronoq.Worker: serves pools for a broker over one DEALER socket.
+"""One broker's worth of worker: serves pools for ONE broker (its primary and standbys) over one DEALER socket.
+
+`Runner` is the loop `cronoq.Worker` (`cronoq.worker.worker`) runs for a lone broker, and runs once per
+member for a cluster (`cronoq.worker.cluster`, which decides which pools and how many slots each member's
+runner gets). It knows nothing of the cluster's map beyond asking for it and handing on what it hears.
 
 Flow control is by credit: the worker tells the broker how many slots it has
 free when it registers (`Ready`), and each `Done` returns one slot, so the
@@ -31,14 +35,15 @@ Stopping is graceful (running tasks finish and report) or, with
 `stop(now=True)`, at once: the socket closes, and the broker, losing the
 connection, gives the running tasks to other workers.
 
-Before registering, a worker asks its broker for the cluster map. A lone
-broker answers nil (an older one refuses the question): the worker then
-registers as it always did. A cluster member answers with the map: the
-worker then serves each member that owns some of its pools through a
-connection of its own (a "member worker", this same class), with a share of
-the slots (`cronoq.worker.cluster`), and follows the map as the members
-report it: a pool a reload moved is served on its old member until drained
-and on its new one from then on.
+A runner made with `asks_first` (the one a Worker starts with) asks its
+broker for the cluster map before registering. A lone broker answers nil
+(an older one refuses the question): the runner then registers as a worker
+always did. A cluster member answers with the map, which goes to `on_map`.
+A runner serving one `member` of a cluster asks its member for the map now
+and then, to follow reloads, and hands what it hears to `on_map` too.
+
+Leans on the wire (`protocol`, `transport`, `dealer`, `link`), `cronoq.pool`
+and `cronoq.errors`.
 """
 
 from __future__ import annotations
@@ -48,86 +53,70 @@ import collections
 import functools
 import itertools
 import logging
-import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable
 
 import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from cronoq.wire import protocol
-from cronoq.wire.clustermap import not_from
-from cronoq.wire.curve import connect_encrypted, public_key
 from cronoq.errors import CronoqError, InvalidArgument, Unavailable, error_from_code
-from cronoq.wire.link import EVENTS as LINK_EVENTS, Links, parse_addresses
 from cronoq.pool import Pool
-from cronoq.wire.transport import Channel, Item, context, token_bytes, tune
-from cronoq.worker.cluster import split_slots, wanted_pools
+from cronoq.wire import protocol
+from cronoq.wire.dealer import broker_dealer
+from cronoq.wire.link import Links
+from cronoq.wire.transport import Channel, Item
 
 log = logging.getLogger("cronoq.worker")
 
 RECONNECT_DELAY_MAX = 32.0
-# A member worker asks its member for the cluster map every this many heartbeats, to follow reloads; a worker
-# asks the members it does not serve (one may still drain a pool of it) every PROBE_BEATS.
+# A member's runner asks its member for the cluster map every this many heartbeats, to follow reloads.
 MAP_POLL_BEATS = 5
-PROBE_BEATS = 20
 # A failing handler's message in the worker's log is cut to this many bytes (the task's outcome keeps more).
 LOGGED_MESSAGE_BYTES = 1024
 
 
-class Worker:
-    """Runs the tasks of `pools` that the broker at `broker` hands it, `concurrency` at a time."""
+class Runner:
+    """Runs the tasks of `pools` that the broker at `addresses` (its primary and standbys) hands it, `concurrency`
+    at a time, in the threads of the executor `run` is given.
+
+    `token` and `server_key` are ready for the wire (bytes; the key None for an unencrypted broker). `gate`, when
+    given, bounds the handlers running at once over several runners (a cluster's members share one worker's
+    slots). `asks_first`: ask for the cluster map before registering (see the module's docstring); `member`:
+    the cluster member this runner serves; `on_map` gets every cluster map the broker gives.
+    """
 
     def __init__(
         self,
-        broker: str | Sequence[str],
-        pools: Pool | Iterable[Pool],
+        addresses: tuple[str, ...],
+        pools: dict[str, Pool],
         *,
-        concurrency: int = 4,
-        token: str | bytes | None = None,
-        heartbeat_interval: float = 1.0,
-        liveness: int = 3,
-        curve_public_key: str | bytes | os.PathLike[str] | None = None,
+        concurrency: int,
+        token: bytes,
+        server_key: bytes | None,
+        heartbeat_interval: float,
+        liveness: int,
+        gate: asyncio.Semaphore | None = None,
+        asks_first: bool = False,
+        member: str | None = None,
+        on_map: Callable[[Any], None] | None = None,
     ) -> None:
-        pool_list = [pools] if isinstance(pools, Pool) else list(pools)
-        if not pool_list:
-            raise InvalidArgument("a Worker needs at least one cronoq.Pool")
-        self.pools: dict[str, Pool] = {}
-        for pool in pool_list:
-            if not isinstance(pool, Pool):
-                raise InvalidArgument(f"Worker takes cronoq.Pool objects, got {pool!r}")
-            if pool.run is None:
-                raise InvalidArgument(f"pool {pool.name!r} has no handler: a worker needs one to run its tasks")
-            self.pools[pool.name] = pool
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidArgument(f"concurrency must be a positive integer, got {concurrency!r}")
-        self.brokers = parse_addresses(broker, "broker address")
+        self.brokers = addresses
         """The broker's worker endpoints: its primary's and its standbys' (one DEALER connects to them all)."""
         self.broker = " or ".join(self.brokers)
+        self.pools = pools
         self.concurrency = concurrency
-        self._curve_public_key = curve_public_key
-        # Cluster: whether to ask for the map before registering (a member worker does not), the rids of those
-        # questions, the member workers by member name, and (in a member worker) whom to tell the maps it hears.
-        self._routing = True
+        self.member = member
+        self._asks_first = asks_first
+        self._on_map = on_map
+        self._gate = gate
         self._map_rids: collections.deque[int] = collections.deque(maxlen=16)
-        self._members: dict[str, Worker] = {}
-        self._member_runs: dict[str, asyncio.Task[None]] = {}
-        self._draining: dict[str, list[str]] = {}
-        self._clustered = False
-        self._on_map: Callable[[Any], None] | None = None
-        self._member_name: str | None = None  # (a member worker) the member whose addresses it connects to
-        self._gate: asyncio.Semaphore | None = None  # at most `concurrency` handlers at once, over every member
         self._beats = 0
-        self._map: Any = None  # the latest cluster map heard, and the version whose members were last probed
-        self._probed: str | None = None
-        self._probes: set[asyncio.Task[None]] = set()
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
-        self._token = token_bytes(token)
-        # The broker's CURVE public key (40 Z85 characters or a NAME.key file): encrypt everything.
-        self._server_key = None if curve_public_key is None else public_key(curve_public_key)
+        self._token = token
+        self._server_key = server_key
         self._rids = itertools.count(1)
         self._ready_rids: collections.deque[int] = collections.deque(maxlen=16)
         """The rids of the latest `ready`s: an error under one of them is a refused registration."""
@@ -163,30 +152,26 @@ class Worker:
 
     @property
     def registered(self) -> bool:
-        """Whether the broker has accepted this worker on the current connection (in a cluster: whether every
-        member serving its pools has)."""
-        if self._clustered:
-            return bool(self._members) and all(m.registered for m in self._members.values())
+        """Whether the broker has accepted this runner on the current connection."""
         return self._registered.is_set()
 
     @property
     def running(self) -> int:
         """How many tasks run now."""
-        return len(self._running) + sum(m.running for m in self._members.values())
+        return len(self._running)
 
     @property
-    def members(self) -> dict[str, list[str]]:
-        """In a cluster, the pools this worker serves on each member; empty for a lone broker."""
-        return {name: list(m.pools) for name, m in self._members.items()}
+    def stopping(self) -> bool:
+        """`stop()` was called (or a fatal error stopped it)."""
+        return self._stopping or self._stopped.is_set()
 
     # ----------------------------------------------------------------- lifecycle
 
-    async def run(self) -> None:
-        """Serve until `stop()`; raises the broker's refusal (e.g. NotFound, FailedPrecondition) if it rejects us."""
+    async def run(self, executor: ThreadPoolExecutor) -> None:
+        """Serve until `stop()`, running handlers in `executor`'s threads; raises the broker's refusal (e.g.
+        NotFound, FailedPrecondition) if it rejects us."""
         loop = self._loop = asyncio.get_running_loop()
-        owns_executor = self._executor is None  # a member worker runs its handlers in its parent's threads
-        if owns_executor:
-            self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronoq-handler")
+        self._executor = executor
         self._connect()
         try:
             while not self._stopped.is_set():
@@ -196,17 +181,12 @@ class Worker:
         finally:
             self._abandon_running()
             self._disconnect()
-            for probe in list(self._probes):
-                probe.cancel()
-            for member in list(self._members.values()):
-                await member.stop(now=True)
-                self.finished += member.finished
-                self.abandoned += member.abandoned
-            if owns_executor:
-                self._executor.shutdown(wait=False, cancel_futures=True)
-            if self._on_map is None:
-                log.info("worker stopped: %d task%s finished, %d abandoned", self.finished,
-                         "" if self.finished == 1 else "s", self.abandoned)
+
+    def hand_over(self) -> None:
+        """Stop without a word to the broker, which was never asked to count this runner as a worker: the seed
+        runner of a cluster's worker, once the map has said which members get its pools."""
+        self._disconnect()
+        self._stopped.set()
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
@@ -215,13 +195,6 @@ class Worker:
             return
         except asyncio.TimeoutError:
             pass
-        if self._clustered:
-            # The member workers keep their own connections alive; the members without one are asked now and
-            # then whether they still drain a pool of this worker (only a member knows: after its restart, say).
-            self._beats += 1
-            if self._beats % PROBE_BEATS == 0 and self._map is not None:
-                self._probe_others(self._map)
-            return
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
             # Said once per outage: the reconnects that follow, until the broker is heard again, are its course.
@@ -241,7 +214,7 @@ class Worker:
         elif self._registered.is_set():
             self._send(protocol.Heartbeat(protocol.PROTOCOL_VERSION))
             self._beats += 1
-            if self._on_map is not None and self._beats % MAP_POLL_BEATS == 0:
+            if self.member is not None and self._beats % MAP_POLL_BEATS == 0:
                 self._ask_map()  # follow the cluster's map: a reload may have moved a pool
         else:
             self._register()  # the broker may have come up since; ask again
@@ -257,18 +230,12 @@ class Worker:
             self._stopping = True
             self._abandon_running()
             self._disconnect()
-            for member in list(self._members.values()):
-                await member.stop(now=True)
             self._stopped.set()
             return
         if self._stopping:
             await self._stopped.wait()
             return
         self._stopping = True
-        if self._clustered:
-            await asyncio.gather(*(member.stop() for member in list(self._members.values())))
-            self._stopped.set()
-            return
         if self._channel is not None and self._registered.is_set():
             self._send(protocol.Leave(protocol.PROTOCOL_VERSION))
             # Tasks sent before the broker saw Leave are still on their way.
@@ -297,16 +264,10 @@ class Worker:
             job.cancel()
 
     def _connect(self) -> None:
-        sock = context().socket(zmq.DEALER)
-        tune(sock)
-        if self._server_key is not None:
-            connect_encrypted(sock, self._server_key)
-        # Queue only on connections whose handshake completed: with a primary and standbys listed, the worker
-        # talks to whichever serves, and registers with a standby the moment it has taken over.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        monitor = sock.get_monitor_socket(LINK_EVENTS)
-        for address in self.brokers:
-            sock.connect(address)
+        # ZMQ_IMMEDIATE: with a primary and standbys listed, the worker talks to whichever serves, and registers
+        # with a standby the moment it has taken over.
+        sock, monitor = broker_dealer(self.brokers, server_key=self._server_key)
+        assert monitor is not None
         self._channel = Channel(sock, self._on_command, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
                                 prefix=[self._token], on_unsent=self._on_unsent)
         self._monitor = Channel(monitor, self._on_link_event)
@@ -335,11 +296,9 @@ class Worker:
         if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             # Register at once on every new connection: what was sent before it was dropped (ZMQ_IMMEDIATE), and
             # the broker there may be another (a standby that took over) which does not know this worker yet.
-            # (A worker of a cluster registers through its member workers' connections, not this one; before it
-            # knows, `_register` asks for the map first.)
+            # (Until it knows whether the broker is a cluster member, `_register` asks for the map first.)
             self._registered.clear()
-            if not self._clustered:
-                self._register()
+            self._register()
         if link.trouble is None:
             if self._told is not None:
                 log.info("reached the broker at %s again", self.broker)
@@ -372,9 +331,9 @@ class Worker:
             self._channel.post(message, body)
 
     def _register(self) -> None:
-        """Register with the broker; first, unless this is a member worker or the broker is known to be alone,
-        ask whether it is a cluster member."""
-        if self._routing:
+        """Register with the broker; first, if this runner `asks_first` and the broker is not yet known to be
+        alone, ask whether it is a cluster member."""
+        if self._asks_first:
             self._ask_map()
         else:
             self._send_ready()
@@ -432,9 +391,9 @@ class Worker:
             case protocol.Error() if command.rid and command.rid in self._map_rids:
                 # A broker that does not know `cluster` (an older one) is a lone broker.
                 self._take_map(None)
-            case protocol.Error() if (command.rid in self._ready_rids and self._on_map is not None
+            case protocol.Error() if (command.rid in self._ready_rids and self.member is not None
                                       and isinstance(command.details, dict) and "member" in command.details):
-                # A member worker's pool moved to another member between the map it had and its `ready`: read
+                # A member's runner's pool moved to another member between the map it had and its `ready`: read
                 # the map again (its parent then moves the pool) rather than stop.
                 log.warning("%s: %s; reading the cluster map again", self.broker, command.message)
                 self._ask_map()
@@ -450,140 +409,17 @@ class Worker:
     # ----------------------------------------------------------------- cluster
 
     def _take_map(self, value: Any) -> None:
-        """The broker's answer to `cluster`: register alone (nil), or serve the cluster through member workers."""
-        if self._on_map is not None:  # a member worker: its parent decides
-            if value is not None and _speaks_for(value, self._member_name, self.broker):
-                self._on_map(value)
-            return
+        """The broker's answer to `cluster`: nil from a lone broker, which a runner that `asks_first` then
+        registers with as always; a map goes to `on_map`, which decides."""
         if value is None:
-            if not self._clustered:
-                self._routing = False  # a lone broker: register as always
+            if self._asks_first:
+                self._asks_first = False  # a lone broker: register as always, and on every connection from now on
                 self._send_ready()
             return
-        if not self._clustered:
-            log.info("%s is cluster member %s: serving the members that own pools %s", self.broker,
-                     value.get("member"), ", ".join(self.pools))
-            self._clustered = True
-            self._gate = asyncio.Semaphore(self.concurrency)
-            self._disconnect()  # each member worker has its own connection; this one has told what it could
-        self._follow(value)
+        if self._on_map is not None:
+            self._on_map(value)
 
-    def _follow(self, value: Any) -> None:
-        """Serve the map `value`: start, retarget or stop member workers so that each member that owns (or still
-        drains) some of this worker's pools serves them with its share of the slots."""
-        if self._stopping:
-            return
-        member_name = value.get("member")
-        if isinstance(member_name, str):
-            self._draining[member_name] = list(value.get("draining", ()))
-        self._map = value
-        if value.get("version") != self._probed:
-            self._probed = value.get("version")
-            self._probe_others(value)
-        wanted = wanted_pools(value, self.pools, self._draining)
-        try:
-            shares = split_slots(self.concurrency, {name: len(owned) for name, (owned, _) in wanted.items()})
-        except InvalidArgument as exc:
-            if not self._members:
-                self._fatal = exc
-                log.error("cannot serve: %s", exc)
-                self._stopped.set()
-                return
-            log.error("%s; serving with one slot per member (at most %d handlers run at once)", exc, self.concurrency)
-            shares = {name: 1 for name in wanted}
-        addresses = {m["name"]: m.get("workers") or [] for m in value.get("members", ())}
-        for name, (owned, leftover) in wanted.items():
-            member = self._members.get(name)
-            # Only a member knows which pools it still drains: another's map may add pools to its member
-            # worker, never take them away.
-            keep = set(owned) | set(leftover) | (set() if member is None or name == member_name else set(member.pools))
-            pools = [self.pools[p] for p in self.pools if p in keep]
-            if member is None:
-                if not addresses.get(name):
-                    continue
-                self._start_member(name, addresses[name], pools, shares[name])
-            else:
-                member._retarget(pools, shares[name])
-        for name in list(self._members):
-            if name not in wanted and name == member_name:
-                log.info("cluster member %s no longer owns any of this worker's pools: leaving it", name)
-                member = self._members.pop(name)
-                asyncio.get_running_loop().create_task(member.stop())
-
-    def _probe_others(self, value: Any) -> None:
-        """Ask each member this worker has no member worker for (save the one that answered `value`) for its own
-        map: it may still drain a pool of this worker, which only its own answer says."""
-        for member in value.get("members", ()):
-            name, workers = member.get("name"), member.get("workers") or []
-            if name in self._members or name == value.get("member") or not workers:
-                continue
-            probe = asyncio.get_running_loop().create_task(self._probe(name, workers[0]))
-            self._probes.add(probe)
-            probe.add_done_callback(self._probes.discard)
-
-    async def _probe(self, name: str, address: str) -> None:
-        """One `cluster` question to member `name`'s worker endpoint at `address`, on a socket of its own; its
-        answer is followed like a member worker's, if it is `name`'s. No answer within a liveness period: the next
-        probe asks again."""
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Any] = loop.create_future()
-        rid = next(self._rids)
-
-        def on_message(frames: list[bytes]) -> None:
-            try:
-                commands = protocol.unbatch(protocol.decode_worker_command(frames[0]),
-                                            frames[1] if len(frames) > 1 else None)
-            except CronoqError:
-                return
-            for command, _ in commands:
-                if isinstance(command, protocol.Ok) and command.rid == rid and not answer.done():
-                    answer.set_result(command.value)
-
-        sock = context().socket(zmq.DEALER)
-        tune(sock)
-        if self._server_key is not None:
-            connect_encrypted(sock, self._server_key)
-        channel = Channel(sock, on_message, pack=functools.partial(protocol.pack, protocol.WorkerBatch),
-                          prefix=[self._token])
-        try:
-            sock.connect(address)
-            channel.post(protocol.ClusterRequest(protocol.PROTOCOL_VERSION, rid))
-            value = await asyncio.wait_for(answer, self.heartbeat_interval * self.liveness)
-        except (asyncio.TimeoutError, zmq.ZMQError):
-            return
-        finally:
-            channel.close()
-        if value is not None and not self._stopping and _speaks_for(value, name, address):
-            self._follow(value)
-
-    def _start_member(self, name: str, addresses: list[str], pools: list[Pool], share: int) -> None:
-        """Serve `pools` on member `name` with `share` slots, through a connection of its own to the member's
-        worker addresses (its primary and standbys: only the one that serves takes the connection)."""
-        member = Worker(list(addresses), pools, concurrency=share, token=self._token,
-                        heartbeat_interval=self.heartbeat_interval, liveness=self.liveness,
-                        curve_public_key=self._curve_public_key)
-        member._routing = False
-        member._executor = self._executor
-        member._gate = self._gate
-        member._on_map = self._follow
-        member._member_name = name
-        self._members[name] = member
-        run = asyncio.get_running_loop().create_task(member.run())
-        self._member_runs[name] = run
-        run.add_done_callback(functools.partial(self._member_ended, name))
-
-    def _member_ended(self, name: str, run: asyncio.Task[None]) -> None:
-        """A member worker stopped: by itself only on a refusal, which stops the whole worker as it would alone."""
-        if self._member_runs.get(name) is run:
-            del self._member_runs[name]
-        if run.cancelled() or self._stopping:
-            return
-        error = run.exception()
-        if error is not None and self._fatal is None:
-            self._fatal = error if isinstance(error, CronoqError) else Unavailable(str(error))
-            self._stopped.set()
-
-    def _retarget(self, pools: list[Pool], share: int) -> None:
+    def retarget(self, pools: list[Pool], share: int) -> None:
         """Serve other pools, or another share of slots: register again when either changed."""
         names = [pool.name for pool in pools]
         if names == list(self.pools) and share == self.concurrency:
@@ -681,12 +517,3 @@ def _text(exc: Exception) -> str:
     except Exception as err:
         return f"<the exception's message could not be made: {type(err).__name__}>"
 
-
-def _speaks_for(value: Any, member: str | None, address: str) -> bool:
-    """Whether a map heard at `address`, which the map followed so far gives as member `member`'s, may be
-    followed (cronoq.wire.clustermap.not_from); an impostor's is not, and a WARNING says so. `member` None: the
-    addresses the worker was given, which it trusts as they are."""
-    why = None if member is None else not_from(value, member)
-    if why is not None:
-        log.warning("ignoring a cluster map from %s: %s", address, why)
-    return why is None

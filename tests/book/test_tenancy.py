@@ -9,6 +9,8 @@ tests/integration/test_tenancy.py.
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,8 @@ import cronoq
 from cronoq.book.submission import SubmitRequest
 from cronoq.book.taskbook import BULK_TENANTS, TaskBook
 from cronoq.broker.cron import STATE_FILE, CronRunner
-from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.broker.schedules import Schedule
+from cronoq.core import PoolSettings, SchedulerCore
 from tests.store.journal.test_journal import World
 
 HOUR = 3600.0
@@ -28,7 +30,8 @@ T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC, on the hour
 def new_book() -> TaskBook:
     ids = iter(range(10**6))
     core = SchedulerCore([PoolSettings("a"), PoolSettings("b")])
-    return TaskBook(core, new_id=lambda: f"t{next(ids)}", on_terminal=lambda record: None)
+    return TaskBook(core, new_id=lambda: f"t{next(ids)}", on_terminal=lambda record: None,
+                    rng=random.Random(0), pacing_clock=time.perf_counter)
 
 
 def test_the_same_key_in_two_tenants_is_two_tasks_and_a_duplicate_only_within_one():

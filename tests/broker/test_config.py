@@ -16,8 +16,8 @@ from cronoq.broker.config import (
     load_config,
     parse_config,
 )
-from cronoq.core.settings import PoolSettings
 from cronoq.broker.schedules import Schedule
+from cronoq.core.settings import PoolSettings
 
 # The documented example config (every key the broker must accept), verbatim.
 CONTRACT_EXAMPLE = """\

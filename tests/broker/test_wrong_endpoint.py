@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronoq.wire import protocol
 from cronoq.broker.messages import wrong_endpoint_hint
 from cronoq.errors import InvalidArgument
+from cronoq.wire import protocol
 from tests.wire.test_protocol_fuzz import headers
 
 V = protocol.PROTOCOL_VERSION

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from cronoq.core import PoolSettings, SchedulerCore, Task
 from cronoq.client.text import status_text, top_frame
+from cronoq.core import PoolSettings, SchedulerCore, Task
 
 
 def capped_core() -> SchedulerCore:

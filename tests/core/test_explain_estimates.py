@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from cronoq.core import SUCCEEDED, ClassRates, PoolSettings, SchedulerCore, Task
 from cronoq.book.rates import DispatchRates
+from cronoq.core import SUCCEEDED, ClassRates, PoolSettings, SchedulerCore, Task
 
 SERVICE = 46.0  # dispatches per second of fake time: one slot, each task takes 1/46 s
 

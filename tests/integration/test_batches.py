@@ -13,9 +13,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from cronoq.wire import protocol
-from cronoq.broker.server import Broker
 from cronoq.broker.config import parse_config
+from cronoq.broker.server import Broker
+from cronoq.wire import protocol
 from tests.integration.test_hostile import NOW, V, _replies, client_says, in_process_broker, worker_says
 from tests.support import peer
 

@@ -17,10 +17,10 @@ import pytest
 import zmq
 
 import cronoq
-import cronoq.wire.transport
-from cronoq.wire import protocol
 from cronoq.store.journal.frames import HEADER_SIZE, FrameReader
 from cronoq.store.journal.records import Accepted, decode_batch
+from cronoq.wire import protocol
+import cronoq.wire.transport
 from tests.support import BrokerProcess, free_port, rss_kib, run_command, start_worker_process, until
 
 WAIT = 30.0
@@ -467,4 +467,4 @@ async def test_a_cancelled_request_is_forgotten_even_if_no_reply_ever_comes():
         results = await asyncio.gather(*pings, return_exceptions=True)
         assert isinstance(results[0], asyncio.CancelledError)
         assert all(isinstance(r, cronoq.Unavailable) for r in results[1:]), "the others time out as usual"
-        assert not client._pending, "nothing is kept for a request whose caller is gone"
+        assert not client._connection._pending, "nothing is kept for a request whose caller is gone"

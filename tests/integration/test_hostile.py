@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cronoq
-from cronoq.wire import protocol
-from cronoq.broker.server import Broker
 from cronoq.broker.config import parse_config
+from cronoq.broker.server import Broker
+from cronoq.wire import protocol
 from tests.integration.test_faults import WAIT
 from tests.support import peer, rss_kib, until
 from tests.wire.test_protocol_fuzz import TAGS, values

@@ -45,7 +45,7 @@ async def test_the_librarys_own_resend_of_a_submit_is_no_duplicate(broker_factor
                 # The submit waits in the broker's socket buffer; the client gives up on the frozen connection
                 # (ZeroMQ's heartbeat), makes a new one and re-sends the submit once the broker answers again.
                 submitting = asyncio.ensure_future(client.submit("once", pool="default"))
-            return not client._link.up  # what the client's socket monitor saw: the connection was dropped
+            return not client._connection._link.up  # what the client's socket monitor saw: the connection was dropped
         await frozen_until(broker.proc.pid, link_down, "the client gives up on the frozen broker's connection")
         assert submitting is not None
         handle = await asyncio.wait_for(submitting, 60)

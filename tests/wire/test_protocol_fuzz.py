@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronoq.wire import protocol
 from cronoq.errors import InvalidArgument
+from cronoq.wire import protocol
 
 DECODERS = (protocol.decode_client_request, protocol.decode_client_reply,
             protocol.decode_worker_message, protocol.decode_worker_command)

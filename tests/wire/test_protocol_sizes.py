@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronoq.wire import protocol
 from cronoq.errors import InvalidArgument
+from cronoq.wire import protocol
 
 
 @settings(max_examples=300, deadline=None)

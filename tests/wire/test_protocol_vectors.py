@@ -17,8 +17,8 @@ import msgspec
 import pytest
 import zmq
 
-from cronoq.wire import protocol
 from cronoq.errors import InvalidArgument
+from cronoq.wire import protocol
 from tests.wire import protocol_vectors
 from tests.support import BrokerProcess, free_port
 

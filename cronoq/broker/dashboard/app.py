@@ -35,18 +35,18 @@ import msgspec
 
 from cronoq.answers import Explanation
 
+from cronoq.answers import explain_text
 from cronoq.book.taskbook import TaskBook, unknown_task
 from cronoq.broker.auth import OPEN, Principal
-from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut
-from cronoq.broker.statistics import visible_stats
-from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.broker.dashboard.history import SAMPLE_INTERVAL, ShareHistory
 from cronoq.broker.dashboard.hosts import host_problem, origin_problem
 from cronoq.broker.dashboard.http import HttpServer, Request, Response, plain
 from cronoq.broker.dashboard.tables import DispatchHistory, dispatch_counts, failure_row, pool_view, worker_rows
-from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut
 from cronoq.broker.metrics import DashboardConnections
-from cronoq.answers import explain_text
+from cronoq.broker.statistics import visible_stats
+from cronoq.core import PoolSettings, SchedulerCore
+from cronoq.errors import CronoqError, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 
 log = logging.getLogger("cronoq.dashboard")
 

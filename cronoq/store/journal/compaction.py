@@ -62,10 +62,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import cronoq
 from cronoq.store.journal import frames
-from cronoq.store.lifeline import bind_to_parent
 from cronoq.store.journal.reading import SNAPSHOT, read_before
+from cronoq.store.journal.snapshot import snapshot_frames
+from cronoq.store.lifeline import bind_to_parent, helper_environment
 
 log = logging.getLogger("cronoq.store")
 
@@ -134,9 +134,7 @@ class BackgroundSnapshot:
         journals before `generation` in `data_dir`, leaving out the finished tasks numbered up to
         `archived_through`. Raises OSError when it cannot be started."""
         read_end, write_end = os.pipe()
-        env = dict(os.environ)
-        root = str(Path(cronoq.__file__).resolve().parent.parent)  # this copy of cronoq, wherever it runs from
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        env = helper_environment()
         starting = time.perf_counter()
         try:
             # No preexec_fn: subprocess then uses vfork, which copies none of the broker's page tables.
@@ -335,8 +333,6 @@ def _held(bodies: Iterable[bytes]) -> Iterator[bytes]:
 def write_from_files(data_dir: Path, generation: int, archived_through: int) -> int:
     """Write `snapshot.tmp` of `generation` from the snapshot and the journals before it, and fsync it;
     returns its size. Raises StoreError (damage, a file of another format) or OSError."""
-    from cronoq.store.journal.journal import snapshot_frames  # (journal imports this module)
-
     replay = read_before(data_dir, generation, archived_through)
     return frames.write_durably(temporary_of(data_dir), _held(
         snapshot_frames(generation, replay.records.values(), sorted(replay.paused))))

@@ -35,7 +35,8 @@ journals before g+1. The broker has the snapshot written by a child process
 (`start_compaction`, cronoq.store.journal.compaction: a forked one walking its
 memory, or, for a big broker, one reading back the files before g+1) and
 renames it once the child succeeded (`poll_compaction`); `compact` does it
-all at once. A crash at any point leaves an old snapshot with all the
+all at once. Either way the snapshot's frames are made by
+cronoq.store.journal.snapshot. A crash at any point leaves an old snapshot with all the
 journals after it, or the new snapshot with the new journal; recovery
 replays whichever it finds.
 
@@ -54,9 +55,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
-from cronoq.book.records import TaskRecord, stored_form
+from cronoq.book.records import TaskRecord
 from cronoq.store.journal import frames
 from cronoq.store.journal.compaction import BackgroundSnapshot, temporary_of
 from cronoq.store.journal.fence import Fence, Fenced, advance, lost
@@ -77,22 +78,18 @@ from cronoq.store.journal.records import (
     AcceptedEntry,
     Change,
     Dispatched,
-    End,
     Finished,
     Header,
     Paused,
-    Record,
     Requeued,
     encode,
 )
 from cronoq.store.journal.replay import Replay
+from cronoq.store.journal.snapshot import snapshot_frames
 
 __all__ = ["COMPACT_MIN_BYTES", "COMPACT_RATIO", "SNAPSHOT", "DamagedFile", "Journal", "StoreError", "journal_path"]
 
 log = logging.getLogger("cronoq.store")
-
-SNAPSHOT_FRAME_RECORDS = 1024
-"""Records per snapshot frame: big enough to encode fast, small enough to read back in pieces."""
 
 COMPACT_MIN_BYTES = 32 << 20
 """A journal smaller than this is never compacted: replaying it takes well under a second."""
@@ -529,21 +526,3 @@ def _log_failed_install(installing: concurrent.futures.Future[None]) -> None:
     error = installing.exception()
     if error is not None:  # the old snapshot and every journal since are still whole: the next start replays them
         log.error("could not install the new snapshot or delete the journals it replaces: %s", error)
-
-
-def snapshot_frames(generation: int, kept: Iterable[TaskRecord], paused: Iterable[str]) -> Iterator[bytes]:
-    """A snapshot file's frames: its header, `paused` pools and `kept` records, SNAPSHOT_FRAME_RECORDS a frame, then
-    the count."""
-    yield encode([Header("snapshot", FORMAT, generation)])
-    count = 0
-    chunk: list[Record] = [Paused(pool, True) for pool in paused]
-    for record in kept:
-        chunk.append(stored_form(record))  # type: ignore[arg-type]
-        if len(chunk) >= SNAPSHOT_FRAME_RECORDS:
-            count += len(chunk)
-            yield encode(chunk)
-            chunk = []
-    count += len(chunk)
-    if chunk:
-        yield encode(chunk)
-    yield encode([End(count)])

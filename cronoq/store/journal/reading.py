@@ -28,6 +28,7 @@ from typing import Callable
 
 import msgspec
 
+from cronoq.errors import DamagedFile, StoreError
 from cronoq.store.journal import frames
 from cronoq.store.journal.records import READABLE_FORMATS, End, Header, Record, batch_starts, decode_batch
 from cronoq.store.journal.replay import Replay
@@ -35,24 +36,6 @@ from cronoq.store.journal.replay import Replay
 SNAPSHOT = "snapshot"
 LOCK = "lock"
 _JOURNAL = re.compile(r"journal\.(\d{8})")
-
-
-class StoreError(Exception):
-    """The data directory cannot be used (locked, unreadable, damaged, of an unknown format); the message says why."""
-
-
-class DamagedFile(StoreError):
-    """A file of data_dir is damaged (more than a torn tail); `cronoq-broker --repair` recovers its intact frames."""
-
-    def __init__(self, path: Path, offset: int, what: str) -> None:
-        super().__init__(path, offset, what)
-        self.path, self.offset, self.what = path, offset, what
-        self.repair_command = "cronoq-broker --repair"
-        """How to repair it: the broker's command line fills in its config file."""
-
-    def __str__(self) -> str:
-        return (f"{self.path} is damaged at offset {self.offset}: {self.what}; refusing to start, nothing was "
-                f"changed. To recover every intact frame (a copy of the original is kept), run: {self.repair_command}")
 
 
 def journal_path(data_dir: Path, generation: int) -> Path:

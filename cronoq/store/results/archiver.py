@@ -47,8 +47,8 @@ from typing import Any, Union
 
 import msgspec
 
-from cronoq.store.results import database as results
 from cronoq.store.lifeline import bind_to_parent
+from cronoq.store.results import database as results
 from cronoq.store.results.scopes import ScopeFilter, log2_for
 
 log = logging.getLogger("cronoq.archiver")

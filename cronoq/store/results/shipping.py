@@ -38,12 +38,12 @@ from typing import Callable
 
 import msgspec
 
-import cronoq
 from cronoq.book.records import TaskRecord, stored_form
 from cronoq.book.taskbook import TaskBook
+from cronoq.errors import StoreError
+from cronoq.store.lifeline import helper_environment
 from cronoq.store.results import database as results
 from cronoq.store.results.archiver import FilterReady, FrameBuffer, FromArchiver, Put, Retention, Stored, Tick, frame
-from cronoq.store.journal.reading import StoreError
 from cronoq.store.results.scopes import ScopeFilter, key_scope, submission_scope
 
 log = logging.getLogger("cronoq.store")
@@ -117,9 +117,7 @@ class Archive:
         """Start the archiver process. Raises OSError."""
         self._now = self._reader.now = max(self._now, now)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ)
-        root = str(Path(cronoq.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        env = helper_environment()
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "cronoq.store.results.archiver", "--fd", str(theirs.fileno()), "--db", str(self.path),

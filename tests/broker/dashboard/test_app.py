@@ -5,20 +5,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import random
+import time
 
 import msgspec
 import pytest
 
 from cronoq.book.submission import SubmitRequest
 
+from cronoq.answers import explain_text
 from cronoq.book.taskbook import TaskBook
 from cronoq.broker.auth import Authenticator
-from cronoq.broker.failures import RecentFailures
 from cronoq.broker.config import TokenSpec
-from cronoq.core import FAILED, PoolSettings, SchedulerCore
 from cronoq.broker.dashboard import BrokerParts, Dashboard
 from cronoq.broker.dashboard.http import Request
-from cronoq.answers import explain_text
+from cronoq.broker.failures import RecentFailures
+from cronoq.core import FAILED, PoolSettings, SchedulerCore
 
 TOKENS = (TokenSpec(b"admin-secret", "admin", None, "T_ADMIN"), TokenSpec(b"viewer-secret", "viewer", None, "T_VIEWER"),
           TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"))
@@ -45,7 +47,8 @@ def broker_parts(explain=None) -> tuple[BrokerParts, TaskBook, Clock]:
             failures.add(record.id, record.pool, record.tenant, record.error_type, record.error_message,
                          record.traceback, record.attempts, record.finished_at)
 
-    book = TaskBook(core, new_id=ids.__next__, on_terminal=on_terminal)
+    book = TaskBook(core, new_id=ids.__next__, on_terminal=on_terminal, rng=random.Random(0),
+                    pacing_clock=time.perf_counter)
     auth = Authenticator(TOKENS)
     parts = BrokerParts(
         stats=lambda: {"pools": core.stats(), "workers": 0}, identify=auth.identify, pools=lambda: pools,

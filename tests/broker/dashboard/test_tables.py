@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cronoq.broker.dashboard.tables import DispatchHistory, dispatch_counts, pool_view, tenant_rows, worker_rows
 from cronoq.broker.failures import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, RecentFailures
 from cronoq.core import PoolSettings, SchedulerCore, Task
-from cronoq.broker.dashboard.tables import DispatchHistory, dispatch_counts, pool_view, tenant_rows, worker_rows
 
 
 def backlogged(settings: PoolSettings, tenants: dict[str, int], dispatches: int) -> SchedulerCore:

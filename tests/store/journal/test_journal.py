@@ -31,10 +31,10 @@ from cronoq.book.taskbook import TaskBook
 from cronoq.core import PoolSettings, SchedulerCore
 from cronoq.errors import NotFound
 from cronoq.store.journal import frames
-from cronoq.store.results import database as results
-from cronoq.store.results.shipping import Archive, open_store
 from cronoq.store.journal.journal import SNAPSHOT, DamagedFile, Journal, StoreError, journal_path, sync_files
 from cronoq.store.journal.replay import Replay
+from cronoq.store.results import database as results
+from cronoq.store.results.shipping import Archive, open_store
 from tests.support import peer
 
 POOLS = [PoolSettings("a"), PoolSettings("b", tenant_weights={"acme": 3})]
@@ -62,7 +62,7 @@ class World:
         self.finished: list[str] = []
         self.book = TaskBook(self.core, new_id=self._new_id, on_terminal=lambda r: self.finished.append(r.id),
                              max_deliveries=3, result_ttl=ttl, result_retention_bytes=max_bytes,
-                             rng=random.Random(1), journal=self.journal)
+                             rng=random.Random(1), pacing_clock=time.perf_counter, journal=self.journal)
         self.book.archive = self.archive
         # As the broker does (cronoq/broker/durable.py): the book takes over the replay's map of records.
         self.recovered = self.book.recover(replay.ordered(), replay.paused, now, by_id=replay.by_id,

@@ -16,6 +16,7 @@ import pytest
 from cronoq.book.submission import SubmitRequest
 from cronoq.store.journal import frames
 from cronoq.store.journal import journal as journal_module
+from cronoq.store.journal import snapshot as snapshot_module
 from cronoq.store.journal.journal import SNAPSHOT, DamagedFile, Journal, journal_path
 from cronoq.store.journal.records import decode_batch
 from cronoq.store.journal.repair import repair
@@ -105,7 +106,7 @@ def test_a_damaged_journal_is_repaired_from_every_intact_frame_with_a_copy_kept(
 
 
 def test_a_damaged_snapshot_is_repaired_and_the_report_counts_what_it_lost(tmp_path, monkeypatch):
-    monkeypatch.setattr(journal_module, "SNAPSHOT_FRAME_RECORDS", 5)
+    monkeypatch.setattr(snapshot_module, "SNAPSHOT_FRAME_RECORDS", 5)
     world = World(tmp_path)
     for n in range(40):
         world.book.submit(SubmitRequest(bytes([n]), pool="a"), world.now)

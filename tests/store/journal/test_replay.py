@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from cronoq.book.records import TaskRecord
 from cronoq.core.shards import ShardedMap
-from cronoq.store.journal.records import Accepted, Dispatched, Finished, Forgotten, Kept, Requeued
 from cronoq.store.journal import replay as replay_module
+from cronoq.store.journal.records import Accepted, Dispatched, Finished, Forgotten, Kept, Requeued
 from cronoq.store.journal.replay import Replay, kept_to_record
 
 ids = st.integers(0, 12).map(lambda n: f"t{n}")
