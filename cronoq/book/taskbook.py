@@ -154,6 +154,8 @@ class TaskBook:
             None if not request.delay else now + request.delay, request.max_retries, request.key,
             request.submission,
         )
+        if request.cost is not None:
+            record.cost = float(request.cost)
         self._enter(record, now)
         if self.journal is not None:
             self.journal.accepted(record)
