@@ -1,4 +1,4 @@
-"""Charged tags stay exact integers whatever the weights: a thousandth of a cost unit at weight 2 is a whole tag unit."""
+"""Charged tags stay exact integers whatever the weights: a thousandth of a unit at weight 2 is whole tag units."""
 
 from __future__ import annotations
 

@@ -233,7 +233,7 @@ def test_a_reload_adds_and_drops_a_minimum_on_a_live_backlog():
 
 
 def test_explain_says_rate_limited_and_when_it_starts_next():
-    from cronoq.answers import explain_text  # noqa: F401  (the text is the shell's; the fields are the core's)
+    from cronoq.answers import Explanation, explain_text
 
     core = SchedulerCore([PoolSettings("p", tenant_rates={"acme": 2}, tenant_minimums={"globex": 1})])
     backlog(core, "p", "acme", 4)
@@ -244,6 +244,9 @@ def test_explain_says_rate_limited_and_when_it_starts_next():
     assert node.rate == 2 and node.rate_limited_for == pytest.approx(0.4)
     assert waiting.estimate == pytest.approx(0.4)
     assert "rate-limited: next start in 0.4 s" in waiting.estimate_note
+    text = explain_text(Explanation("acme-2-2", "p", "acme", "normal", "queued", 0, 0, 0.0, waiting=waiting))
+    assert "acme is rate-limited (2/s): next start in 0.4 s" in text
+    assert "rate 2/s, rate-limited: next start in 0.4 s" in text
     later = core.explain("acme-3-2", 0.1, dispatch_rate=10.0)
     assert later.estimate == pytest.approx(0.4 + 1 / 2)  # one more token ahead of it
     core.submit(Task("g", "p", tenant="globex"), 0.1)

@@ -230,7 +230,11 @@ def test_worker_time_follows_the_weights_within_the_stated_bound(a_times, b_time
             run = times[tenant][i % len(times[tenant])]
             core.submit(Task(f"{tenant}{i}", "p", tenant=tenant, cost=run * 2 if with_cost else None), 0.0)
     longest = {t: max(max(times[t]) * 2, FIRST_ESTIMATE, RECHARGE_MIN) for t in "ab"}
-    sim = Simulation(core, "p", workers=workers, duration=lambda t: times[t.tenant][int(t.id[1:]) % len(times[t.tenant])])
+    def run_time(task: Task) -> float:
+        mine = times[task.tenant]
+        return mine[int(task.id[1:]) % len(mine)]
+
+    sim = Simulation(core, "p", workers=workers, duration=run_time)
 
     def check(s: Simulation) -> None:
         stats = core.stats()["p"]["tenants"]
