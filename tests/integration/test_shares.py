@@ -102,3 +102,47 @@ async def test_explain_says_when_a_rate_limited_tenant_starts_next(backend):
         assert "rate-limited: next start in" in text, text
         assert "acme is rate-limited (0.05/s)" in text, text
         assert await sched.cancel(second.id)
+
+
+def _rewrite(broker, body: str) -> None:
+    text = broker.config_path.read_text()
+    broker.config_path.write_text(text[: text.index("[[pools]]")] + body)
+
+
+async def test_a_reload_refuses_minimums_that_cannot_fit_and_keeps_the_running_config(broker_factory):
+    slow = '[[pools]]\nname = "llm"\nfair_share = true\n[pools.tenant_rates]\nacme = 0.05\n'
+    broker = broker_factory(slow)
+    async with cronoq.connect(broker.clients) as client:
+        bad = slow.replace("fair_share = true", "fair_share = true\nmax_in_flight = 2") + \
+            "[pools.tenant_minimums]\nacme = 2\nglobex = 1\n"
+        _rewrite(broker, bad)
+        with pytest.raises(cronoq.FailedPrecondition, match="tenant_minimums") as refused:
+            await client.reload()
+        assert "guarantee 3" in str(refused.value) and "max_in_flight is 2" in str(refused.value)
+        assert (await client.stats())["pools"]["llm"]["rates"]["acme"]["rate"] == 0.05  # the old config stays
+        _rewrite(broker, slow.replace("fair_share = true", 'share_by = "cost"') + "[pools.tenant_minimums]\nacme = 1\n")
+        await client.reload()
+        pool = (await client.stats())["pools"]["llm"]
+        assert pool["share_by"] == "cost" and pool["minimums"]["acme"]["minimum"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason="core: a reload carries a bucket's tat over as an absolute time, so the "
+                   "spending of one token at 0.05/s (20 s) reads at 100/s as 2000 tokens; see the report")
+async def test_a_reload_that_raises_a_rate_lets_a_live_backlog_go(broker_factory):
+    slow = '[[pools]]\nname = "llm"\nfair_share = true\n[pools.tenant_rates]\nacme = 0.05\n'  # one per 20 s
+    broker = broker_factory(slow)
+    worker = cronoq.Worker(broker.workers, [recording_pool("llm")], concurrency=2, heartbeat_interval=0.2)
+    runner = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handles = [await client.submit(i, pool="llm", tenant="acme") for i in range(4)]
+            await handles[0].result(timeout=30)
+            pool = (await client.stats())["pools"]["llm"]
+            assert pool["rates"]["acme"]["limited"] and pool["queued"] == 3
+            _rewrite(broker, slow.replace("acme = 0.05", "acme = 100"))
+            await client.reload()
+            # At 0.05/s the three left would take a minute; at 100/s they go at once.
+            assert sorted([(await h.result(timeout=15))[2] for h in handles[1:]]) == [1, 2, 3]
+    finally:
+        await worker.stop()
+        await runner
