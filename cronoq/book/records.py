@@ -35,7 +35,7 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """What the book knows of one task; while it is live, also the scheduling core's task.
 
     The core schedules any object with the attributes of `cronoq.core.Task`:
-    a record has them (`worker`, `_seq`, `_ts`, `_next`, `_charge` and `_started` are the core's own), so a
+    a record has them (`worker`, `_seq`, `_ts` and `_next` are the core's own), so a
     queued task costs one object, not two. A msgspec struct, so that the
     journal and the snapshot read records straight back into this type
     (cronoq.store.journal.records): the fields up to `submission` are what a submit
@@ -85,8 +85,6 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """What the task charges its tenant's share in a pool that shares by cost (its first run-time estimate, in
     seconds, in one that shares by run time); None: 1 (cronoq.core.Task). Not stored yet: until submissions carry
     it, every task is charged the default, so it is here with the core's own fields, not the stored ones."""
-    _charge: Any = None
-    _started: Any = None
 
 
 _STORED_FIELDS = TaskRecord.__struct_fields__.index("waiters")

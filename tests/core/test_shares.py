@@ -153,24 +153,24 @@ def test_a_task_is_first_charged_its_cost_as_seconds_else_its_tenants_average():
     core.add_worker("w", ["llm"], 1)
     core.submit(Task("a1", "llm", tenant="acme"), 0.0)
     ((_, task),) = core.dispatch(0.0)
-    assert task._charge == FIRST_ESTIMATE * 1000  # nothing known yet
+    assert core.charged_for(task.id) == FIRST_ESTIMATE  # nothing known yet
     core.finish("a1", 3.0, worker_id="w", attempt=1, state=SUCCEEDED)
     assert core.stats()["llm"]["tenants"]["acme"]["average_runtime"] == 3.0
     core.grant("w")
     core.submit(Task("a2", "llm", tenant="acme"), 3.0)
     ((_, task),) = core.dispatch(3.0)
-    assert task._charge == 3000  # the tenant's recent average
+    assert core.charged_for(task.id) == 3.0  # the tenant's recent average
     core.finish("a2", 4.0, worker_id="w", attempt=1, state=SUCCEEDED, ran_for=1.0)
     assert core.stats()["llm"]["tenants"]["acme"]["average_runtime"] == pytest.approx(3.0 - 2.0 / 8)
     core.grant("w")
     core.submit(Task("b1", "llm", tenant="globex", cost=0.5), 4.0)
     ((_, task),) = core.dispatch(4.0)
-    assert task._charge == 500  # its cost, as seconds
+    assert core.charged_for(task.id) == 0.5  # its cost, as seconds
     core.finish("b1", 4.5, worker_id="w", attempt=1, state=SUCCEEDED)
     core.grant("w")
     core.submit(Task("c1", "llm", tenant="initech"), 4.5)
     ((_, task),) = core.dispatch(4.5)
-    assert 0 < task._charge < 3000  # a new tenant: the pool's average
+    assert 0 < core.charged_for(task.id) < 3.0  # a new tenant: the pool's average
 
 
 def test_a_long_task_is_charged_while_it_runs():
@@ -183,8 +183,8 @@ def test_a_long_task_is_charged_while_it_runs():
     backlog(core, "llm", "globex", 5, cost=1.0)
     # An hour later, acme has been charged for the hour: globex goes first although acme came first.
     core.expire(3600.0)
-    assert task._charge >= 3600 * 1000
-    assert task._charge <= (3600 + max(RECHARGE_MIN, 3600 / 8)) * 1000
+    assert core.charged_for(task.id) >= 3600
+    assert core.charged_for(task.id) <= 3600 + max(RECHARGE_MIN, 3600 / 8)
     order = []
     for _ in range(3):
         ((worker, t),) = core.dispatch(3600.0)
@@ -240,7 +240,7 @@ def test_worker_time_follows_the_weights_within_the_stated_bound(a_times, b_time
         stats = core.stats()["p"]["tenants"]
         if not (stats["a"]["queued"] and stats["b"]["queued"]):
             return
-        charged = {t: sum(x._charge or 0 for x in core.tasks() if x.tenant == t and x._charge) / 1000 for t in "ab"}
+        charged = {t: sum(core.charged_for(x.id) or 0.0 for x in core.tasks() if x.tenant == t) for t in "ab"}
         bound = sum((2 * longest[t] + charged[t]) / w for t, w in (("a", wa), ("b", wb)))
         gap = abs(s.time_so_far("a") / wa - s.time_so_far("b") / wb)
         assert gap <= bound + 1e-6, (gap, bound, s.now)
