@@ -35,7 +35,7 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """What the book knows of one task; while it is live, also the scheduling core's task.
 
     The core schedules any object with the attributes of `cronoq.core.Task`:
-    a record has them (`worker`, `_seq`, `_ts`, `_next`, `_charge` and `_started` are the core's own), so a
+    a record has them (`worker`, `_seq`, `_ts` and `_next` are the core's own), so a
     queued task costs one object, not two. A msgspec struct, so that the
     journal and the snapshot read records straight back into this type
     (cronoq.store.journal.records): the fields up to `submission` are what a submit
@@ -85,8 +85,6 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     _seq: int = 0
     _ts: Any = None
     _next: Any = None
-    _charge: Any = None
-    _started: Any = None
 
 
 _STORED_FIELDS = TaskRecord.__struct_fields__.index("waiters")

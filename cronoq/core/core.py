@@ -136,8 +136,11 @@ class SchedulerCore:
         self._now: float | None = None  # the last `now` given to expire() or dispatch(), for configure()
         # Pools with tenant rates: their nodes out of tokens are let go at expire()/dispatch() when due.
         self._rated: list[PoolState] = []
-        # (charged until, seq, task): running tasks of pools that share by run time, by when their run passes
-        # what they were charged; re-charged at expire()/dispatch() (stale entries are skipped).
+        # Running tasks of pools that share by run time: id -> [the `now` of their dispatch, what their tenant is
+        # charged for the run so far, in quanta]. As many as run at once: a queued task carries none of it.
+        self._runs: dict[str, list] = {}
+        # (charged until, seq, task): those runs by when they pass what they were charged; re-charged at
+        # expire()/dispatch() (stale entries are skipped).
         self._overruns: list[tuple[float, int, Task]] = []
         # Pools that are dispatchable and have a ready worker: 0 means dispatch()
         # can return [] at once, which is the common case for an idle broker.
@@ -606,9 +609,8 @@ class SchedulerCore:
                 task.state = RUNNING
                 task.worker = worker_id = worker.id
                 task.attempts += 1
-                task._started = now
-                if pool.by_runtime and task._charge is not None:
-                    heappush(self._overruns, (now + task._charge / QUANTA_PER_UNIT, task._seq, task))
+                if pool.by_runtime:
+                    self._watch_run(pool, task, now)
                 worker.free -= 1
                 worker.running[task.id] = task
                 if task.deadline is not None:
@@ -889,13 +891,12 @@ class SchedulerCore:
 
     def _release(self, pool: PoolState, task: Task, now: float, ran_for: float | None = None) -> None:
         """A running task leaves its worker: uncount it as running, and charge its run where runs are charged."""
-        if task._charge is not None:
-            if pool.by_runtime:
-                seconds = ran_for if ran_for is not None else max(0.0, now - task._started)  # type: ignore[operator]
-                pool.correct(task, quantize(seconds))
-                pool.observe(task._ts, seconds)  # type: ignore[arg-type]
-            task._charge = None
-        task._started = None
+        run = self._runs.pop(task.id, None) if self._runs else None
+        if run is not None and pool.by_runtime:
+            started, charged = run
+            seconds = ran_for if ran_for is not None else max(0.0, now - started)
+            pool.correct(task, charged, quantize(seconds))
+            pool.observe(task._ts, seconds)  # type: ignore[arg-type]
         worker = self._workers.get(task.worker)
         if worker is not None:
             worker.running.pop(task.id, None)
@@ -916,14 +917,31 @@ class SchedulerCore:
         overruns = self._overruns
         while overruns and overruns[0][0] < now:
             due, seq, task = heappop(overruns)
-            charge = task._charge
-            if task.state is not RUNNING or task._seq != seq or charge is None or \
-                    task._started + charge / QUANTA_PER_UNIT != due:  # type: ignore[operator]
+            run = self._runs.get(task.id)
+            if run is None or task.state is not RUNNING or task._seq != seq or \
+                    run[0] + run[1] / QUANTA_PER_UNIT != due:
                 continue  # ended, re-dispatched or re-charged since: stale
-            ran = quantize(now - task._started)  # type: ignore[operator]
-            ahead = max(quantize(RECHARGE_MIN), ran // 8)
-            self._pools[task.pool].correct(task, ran + ahead)
-            heappush(overruns, (task._started + task._charge / QUANTA_PER_UNIT, seq, task))  # type: ignore
+            pool = self._pools.get(task.pool)
+            if pool is None or not pool.by_runtime:
+                continue  # a reload changed what the pool charges: its tags are no longer in seconds
+            started, charged = run
+            ran = quantize(now - started)
+            run[1] = charge = ran + max(quantize(RECHARGE_MIN), ran // 8)
+            pool.correct(task, charged, charge)
+            heappush(overruns, (started + charge / QUANTA_PER_UNIT, seq, task))
+
+    def _watch_run(self, pool: PoolState, task: Task, now: float) -> None:
+        """A task of a pool that shares by run time started: remember when, and what it was charged."""
+        charged = pool.charged(task)
+        if charged is not None:
+            self._runs[task.id] = [now, charged]
+            heappush(self._overruns, (now + charged / QUANTA_PER_UNIT, task._seq, task))
+
+    def charged_for(self, task_id: str) -> float | None:
+        """Seconds the running task `task_id`'s tenant is charged for its run so far, in a pool that shares by run
+        time (its estimate, or more once it has run longer); None for any other task."""
+        run = self._runs.get(task_id)
+        return None if run is None else run[1] / QUANTA_PER_UNIT
 
     def _choose_pool(self, worker: WorkerState, now: float) -> PoolState | None:
         """Of the worker's pools, the one whose next task has the best class, then the

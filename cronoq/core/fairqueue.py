@@ -181,6 +181,7 @@ class FairQueue:
         "leaves",
         "leaves_sweep_at",
         "charge_of",
+        "charged",
     )
 
     def __init__(
@@ -209,6 +210,7 @@ class FairQueue:
         self.leaves_sweep_at = _MIN_SWEEP
         # None: a dispatch charges one step; else the pool's rule for what it charges (shared by the whole tree).
         self.charge_of = charge_of
+        self.charged = 0  # root group: the charge of the task it last handed out (with charge_of), in quanta
 
     def __len__(self) -> int:
         """Queued tasks (O(nodes): for inspection, not for the dispatch path)."""
@@ -273,7 +275,7 @@ class FairQueue:
             if charge_of is None:
                 flow.finish = tag = tag + flow.step
             else:
-                task._charge = flow.owed = charge = charge_of(task)  # type: ignore[union-attr]
+                self.charged = flow.owed = charge = charge_of(task)  # type: ignore[arg-type]
                 flow.finish = tag = tag + self.weights.advance(flow.step, charge)
             flow.head = head
             if flow.live:
@@ -329,7 +331,7 @@ class FairQueue:
         charge_of = self.charge_of
         charge = 0
         if charge_of is not None:
-            task._charge = charge = charge_of(task)
+            self.charged = charge = charge_of(task)
         advance = self.weights.advance
         for flow in reversed(path):
             group = flow.parent
@@ -759,7 +761,7 @@ class FairQueue:
         if charge_of is None:
             flow.finish = tag = tag + flow.step
         else:
-            task._charge = flow.owed = charge = charge_of(task)
+            self.charged = flow.owed = charge = charge_of(task)
             flow.finish = tag = tag + self.weights.advance(flow.step, charge)
         if flow.live:
             if flow.stale:

@@ -359,11 +359,18 @@ class PoolState:
         ts.average = seconds if ts.average is None else ts.average + (seconds - ts.average) * AVERAGE_WEIGHT
         self.average = seconds if self.average is None else self.average + (seconds - self.average) * AVERAGE_WEIGHT
 
-    def correct(self, task: Task, charge: int) -> None:
-        """The running `task` was charged `task._charge` quanta; charge it `charge` instead (its tenant's tags at
+    def charged(self, task: Task) -> int | None:
+        """What the fair dispatch that just handed out `task` (from take) charged its tenant, in quanta; None if it
+        was not charged (a deadline task, or a pool that counts dispatches)."""
+        if task.deadline is not None:
+            return None
+        rest = self.classes[task.priority].rest
+        return rest.charged if rest.__class__ is FairQueue and rest.charge_of is not None else None  # type: ignore
+
+    def correct(self, task: Task, charged: int, charge: int) -> None:
+        """The running `task` was charged `charged` quanta; charge it `charge` instead (its tenant's tags at
         every level of its path, in its class)."""
-        delta = charge - task._charge  # type: ignore[operator]
-        task._charge = charge
+        delta = charge - charged
         rest = self.classes[task.priority].rest
         if delta and rest.__class__ is FairQueue:
             rest.correct(task._ts.path, delta)  # type: ignore[union-attr]

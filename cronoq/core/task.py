@@ -62,8 +62,6 @@ class Task:
         "_seq",  # arrival number of the current stay in the core's queues; 0 = never submitted
         "_ts",  # the TenantStats record this task is counted in
         "_next",  # the next task in its queue's chain (see fairqueue.Chain)
-        "_charge",  # while running: what its dispatch charged its tenant's tags, in quanta (None: nothing)
-        "_started",  # while running: the `now` it was dispatched at
     )
 
     id: str
@@ -80,8 +78,6 @@ class Task:
     _seq: int
     _ts: TenantStats | None
     _next: Task | None
-    _charge: int | float | None
-    _started: float | None
 
     def __init__(
         self,
@@ -109,8 +105,6 @@ class Task:
         self._seq = 0
         self._ts = None
         self._next = None
-        self._charge = None
-        self._started = None
 
     def __repr__(self) -> str:
         return (

@@ -153,24 +153,24 @@ def test_a_task_is_first_charged_its_cost_as_seconds_else_its_tenants_average():
     core.add_worker("w", ["llm"], 1)
     core.submit(Task("a1", "llm", tenant="acme"), 0.0)
     ((_, task),) = core.dispatch(0.0)
-    assert task._charge == FIRST_ESTIMATE * 1000  # nothing known yet
+    assert core.charged_for(task.id) == FIRST_ESTIMATE  # nothing known yet
     core.finish("a1", 3.0, worker_id="w", attempt=1, state=SUCCEEDED)
     assert core.stats()["llm"]["tenants"]["acme"]["average_runtime"] == 3.0
     core.grant("w")
     core.submit(Task("a2", "llm", tenant="acme"), 3.0)
     ((_, task),) = core.dispatch(3.0)
-    assert task._charge == 3000  # the tenant's recent average
+    assert core.charged_for(task.id) == 3.0  # the tenant's recent average
     core.finish("a2", 4.0, worker_id="w", attempt=1, state=SUCCEEDED, ran_for=1.0)
     assert core.stats()["llm"]["tenants"]["acme"]["average_runtime"] == pytest.approx(3.0 - 2.0 / 8)
     core.grant("w")
     core.submit(Task("b1", "llm", tenant="globex", cost=0.5), 4.0)
     ((_, task),) = core.dispatch(4.0)
-    assert task._charge == 500  # its cost, as seconds
+    assert core.charged_for(task.id) == 0.5  # its cost, as seconds
     core.finish("b1", 4.5, worker_id="w", attempt=1, state=SUCCEEDED)
     core.grant("w")
     core.submit(Task("c1", "llm", tenant="initech"), 4.5)
     ((_, task),) = core.dispatch(4.5)
-    assert 0 < task._charge < 3000  # a new tenant: the pool's average
+    assert 0 < core.charged_for(task.id) < 3.0  # a new tenant: the pool's average
 
 
 def test_a_long_task_is_charged_while_it_runs():
@@ -183,8 +183,8 @@ def test_a_long_task_is_charged_while_it_runs():
     backlog(core, "llm", "globex", 5, cost=1.0)
     # An hour later, acme has been charged for the hour: globex goes first although acme came first.
     core.expire(3600.0)
-    assert task._charge >= 3600 * 1000
-    assert task._charge <= (3600 + max(RECHARGE_MIN, 3600 / 8)) * 1000
+    assert core.charged_for(task.id) >= 3600
+    assert core.charged_for(task.id) <= 3600 + max(RECHARGE_MIN, 3600 / 8)
     order = []
     for _ in range(3):
         ((worker, t),) = core.dispatch(3600.0)
@@ -240,9 +240,85 @@ def test_worker_time_follows_the_weights_within_the_stated_bound(a_times, b_time
         stats = core.stats()["p"]["tenants"]
         if not (stats["a"]["queued"] and stats["b"]["queued"]):
             return
-        charged = {t: sum(x._charge or 0 for x in core.tasks() if x.tenant == t and x._charge) / 1000 for t in "ab"}
+        charged = {t: sum(core.charged_for(x.id) or 0.0 for x in core.tasks() if x.tenant == t) for t in "ab"}
         bound = sum((2 * longest[t] + charged[t]) / w for t, w in (("a", wa), ("b", wb)))
         gap = abs(s.time_so_far("a") / wa - s.time_so_far("b") / wb)
         assert gap <= bound + 1e-6, (gap, bound, s.now)
 
     sim.run_until(60.0, check)
+
+
+# -- run-time pools under everything else at once -----------------------------------------------------------
+
+RUNTIME_POOLS = [
+    PoolSettings("p", share_by="runtime", tenant_weights={"a": 2, "a/x": 3}),
+    PoolSettings("p", share_by="runtime", fair_share=True, tenant_limits={"a": 2}, tenant_rates={"a/x": 5},
+                 tenant_minimums={"b": 1}),
+    PoolSettings("p", share_by="cost", fair_share=True),
+    PoolSettings("p", fair_share=True, tenant_rates={"b": 1}),
+]
+
+
+@FAST
+@given(steps=st.lists(st.tuples(st.sampled_from(["submit", "dispatch", "finish", "requeue", "lose", "reload",
+                                                 "wait"]),
+                                st.sampled_from([None, "a", "a/x", "a/y", "b"]),
+                                st.sampled_from([0.0, 0.05, 1.0, 30.0]),
+                                st.integers(0, 3)),
+                      min_size=1, max_size=80))
+def test_runtime_pools_keep_every_task_and_count_right_under_trees_ceilings_rates_and_reloads(steps):
+    """Charging by run time touches tags on every ending run: whatever the order of events, no task is lost or
+    run twice, counts agree, lag stays finite, and every task still runs once the backlog is left to drain."""
+    core = SchedulerCore([RUNTIME_POOLS[0]])
+    now = 0.0
+    serial = 0
+    workers = {"w0": 2, "w1": 1}
+    for worker, slots in workers.items():
+        core.add_worker(worker, ["p"], slots)
+    running: dict[str, str] = {}
+    live: set[str] = set()
+    for op, tenant, dt, pick in steps:
+        if op == "submit":
+            serial += 1
+            core.submit(Task(f"t{serial}", "p", tenant=tenant, cost=None if pick < 2 else dt + 0.01), now)
+            live.add(f"t{serial}")
+        elif op == "dispatch":
+            core.expire(now)
+            for worker, task in core.dispatch(now):
+                assert task.id not in running
+                running[task.id] = worker
+        elif op in ("finish", "requeue") and running:
+            task_id = sorted(running)[pick % len(running)]
+            worker = running.pop(task_id)
+            task = core.get(task_id)
+            if op == "finish":
+                core.finish(task_id, now, worker_id=worker, attempt=task.attempts, state=SUCCEEDED)
+                live.discard(task_id)
+            else:
+                core.requeue(task_id, now, worker_id=worker, attempt=task.attempts, not_before=now + dt)
+            core.grant(worker)
+        elif op == "lose":
+            worker = f"w{pick % 2}"
+            for task in core.remove_worker(worker, now):
+                running.pop(task.id)
+            core.add_worker(worker, ["p"], workers[worker])
+        elif op == "reload":
+            core.configure([RUNTIME_POOLS[pick]], now)
+        now += dt
+        stats = core.stats(now=now)["p"]
+        assert stats["running"] == len(running)
+        assert stats["queued"] + stats["delayed"] + stats["running"] == len(live)
+        assert all(abs(entry["lag"]) < 1e9 for entry in stats["tenants"].values())
+    core.configure([PoolSettings("p")], now)
+    for worker in list(workers):
+        core.grant(worker, 100)
+    for _ in range(len(live) + 5):
+        now += 60.0
+        core.expire(now)
+        for worker, task in core.dispatch(now):
+            running[task.id] = worker
+        for task_id, worker in list(running.items()):
+            core.finish(task_id, now, worker_id=worker, attempt=core.get(task_id).attempts, state=SUCCEEDED)
+            del running[task_id]
+            live.discard(task_id)
+    assert not live and len(core) == 0
