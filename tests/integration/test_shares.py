@@ -55,6 +55,39 @@ async def test_a_pool_that_shares_by_cost_gives_equal_summed_cost_not_equal_disp
     assert order.index("big") < 2 and last_big > 300
 
 
+async def test_a_pool_that_shares_by_runtime_gives_equal_worker_time_to_slow_and_fast_tasks(backend):
+    # 1 : 1, one slot, tasks of 0.2 s against tasks of 0.04 s: the broker's clock measures each run and charges
+    # it, so while both are backlogged their worker time stays within about a second (the first runs are charged
+    # the 1 s default estimate before averages exist). Shared by dispatches, slow would have 5 times fast's time
+    # (3 s against 0.6 s by slow's last start).
+    runs = {"slow": 0.2, "fast": 0.04}
+
+    async def sleep_for(payload):
+        await asyncio.sleep(runs[payload])
+        return payload
+
+    order = itertools.count()
+
+    async def record(payload):
+        position = next(order)
+        return [position, await sleep_for(payload)]
+
+    pool = cronoq.Pool("gpu", record, share_by="runtime", fair_share=True)
+    async with backend.open([pool]) as sched:
+        await sched.pause("gpu")
+        handles = [await sched.submit("slow", pool="gpu", tenant="slow") for _ in range(15)]
+        handles += [await sched.submit("fast", pool="gpu", tenant="fast") for _ in range(75)]
+        await sched.resume("gpu")
+        done = sorted([await h.result(timeout=60) for h in handles])
+    order_of = [tenant for _, tenant in done]
+    last_slow = max(i for i, t in enumerate(order_of) if t == "slow")
+    time_of = Counter()
+    for tenant in order_of[:last_slow + 1]:
+        time_of[tenant] += runs[tenant]
+        assert abs(time_of["slow"] - time_of["fast"]) <= 1.0 + 1e-9, dict(time_of)
+    assert last_slow > 60  # slow's runs are spread over the window, not bunched at the front
+
+
 async def test_cost_is_checked_on_submit(backend):
     async with backend.open([recording_pool("llm", share_by="cost", fair_share=True)]) as sched:
         for bad in (0, -1, float("nan"), float("inf"), "3", True, 2e9):
