@@ -13,6 +13,7 @@ import pytest
 
 import cronoq
 from cronoq.answers import explain_text
+from tests.support import until
 
 
 def recording_pool(name: str, *, sleep: float = 0.0, **settings) -> cronoq.Pool:
@@ -179,3 +180,28 @@ async def test_a_reload_that_raises_a_rate_lets_a_live_backlog_go(broker_factory
     finally:
         await worker.stop()
         await runner
+
+
+async def test_explain_marks_a_tenant_under_its_minimum_and_speaks_in_the_pool_s_unit(backend):
+    release = asyncio.Event()
+
+    async def hold(payload):
+        if payload == "hold":
+            await release.wait()
+        return payload
+
+    pool = cronoq.Pool("gpu", hold, share_by="cost", fair_share=True, tenant_minimums={"light": 1})
+    async with backend.open([pool]) as sched:
+        held = await sched.submit("hold", pool="gpu", tenant="heavy", cost=5)
+
+        async def running() -> bool:
+            return (await sched.status(held.id)).state == "running"
+
+        await until(running, "the heavy task holds the only slot")
+        waiting = await sched.submit("x", pool="gpu", tenant="light", cost=2)
+        text = explain_text(await sched.explain(waiting.id))
+        assert "minimum 1, under its minimum: goes first" in text, text
+        assert " cost" in text.split("lag", 1)[1].splitlines()[0], text  # lag in cost units
+        release.set()
+        assert await waiting.result(timeout=30) == "x"
+        assert await held.result(timeout=30) == "hold"
