@@ -275,7 +275,8 @@ class Ready(_Message, tag="ready"):
 
     `settings` holds, per pool, only the settings the worker's `Pool` set
     explicitly (tenant_weights, fair_share, max_in_flight, tenant_limits,
-    default_weight, default_tenant_limit); the broker refuses
+    default_weight, default_tenant_limit, share_by, tenant_rates,
+    tenant_minimums); the broker refuses
     the worker with FAILED_PRECONDITION when one disagrees with its config.
     `concurrency` is the worker's total slots: the slots not free are busy with
     tasks whose `Done` will return them, and no other `Done` may add a slot.
