@@ -259,6 +259,9 @@ async def _reload(client: Client, args: argparse.Namespace) -> int:
     if weights:
         print("weights changed: "
               + ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}" for w in weights))
+    shares = changes.get("shares_changed") or []  # an older broker does not say
+    if shares:
+        print("shares changed: " + ", ".join(f"{c['pool']} {c['setting']} {c['old']} -> {c['new']}" for c in shares))
     if changes["needs_restart"]:
         print(f"kept until a restart: {', '.join(changes['needs_restart'])}")
     return 0

@@ -155,7 +155,10 @@ async def test_a_reload_refuses_minimums_that_cannot_fit_and_keeps_the_running_c
         assert "guarantee 3" in str(refused.value) and "max_in_flight is 2" in str(refused.value)
         assert (await client.stats())["pools"]["llm"]["rates"]["acme"]["rate"] == 0.05  # the old config stays
         _rewrite(broker, slow.replace("fair_share = true", 'share_by = "cost"') + "[pools.tenant_minimums]\nacme = 1\n")
-        await client.reload()
+        changes = await client.reload()
+        assert changes["shares_changed"] == [
+            {"pool": "llm", "setting": "share_by", "old": "dispatches", "new": "cost"},
+            {"pool": "llm", "setting": "tenant_minimums", "old": {}, "new": {"acme": 1}}]
         pool = (await client.stats())["pools"]["llm"]
         assert pool["share_by"] == "cost" and pool["minimums"]["acme"]["minimum"] == 1
 
