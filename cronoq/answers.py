@@ -245,7 +245,9 @@ def explain_text(e: Any) -> str:
                     if node.rate_limited_for is not None:
                         text += f", rate-limited: next start in {node.rate_limited_for:.1f} s"
                 if getattr(node, "minimum", None) is not None:
-                    text += f", minimum {node.minimum}" + (", under its minimum: goes first" if node.under_minimum else "")
+                    text += f", minimum {node.minimum}"
+                    if node.under_minimum:
+                        text += ", under its minimum: goes first"
                 lines.append(text)
                 parent = node.name or "(none)"
             if w.tenant_share is not None:
