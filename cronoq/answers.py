@@ -150,8 +150,9 @@ class Explanation:
     `Client.explain()` return it.
 
     The task's fields as `TaskInfo` has them (times are Unix seconds), `max_retries`, `not_before` (when a
-    delayed task may run), `history` (how each attempt ended, first first) and, while it is queued or
-    delayed, `waiting` (`Waiting`: what stands before it, and when it may start).
+    delayed task may run), `history` (how each attempt ended, first first), while it is queued or
+    delayed, `waiting` (`Waiting`: what stands before it, and when it may start), its `cost`, and while it
+    runs in a pool that shares by run time, what it is `charged` so far.
     docs/scheduling.md ("Why is my task waiting?") describes every field.
     """
 
@@ -170,6 +171,11 @@ class Explanation:
     error: str | None = None
     history: tuple[AttemptEnd, ...] = ()
     waiting: Waiting | None = None
+    cost: float | None = None
+    """The cost the task was submitted with (None: it counts 1)."""
+    charged: float | None = None
+    """While it runs in a pool that shares by run time: the seconds its tenant is charged for this run so far
+    (its estimate, or more once it has run past it; the end corrects it to the run's time)."""
 
 
 def seconds_from_now(value: Any, what: str, now: float) -> float | None:
@@ -219,6 +225,11 @@ def explain_text(e: Any) -> str:
     """`cronoq explain`: a `cronoq.answers.Explanation` as text, the reasons a waiting task waits first."""
     tenant = e.tenant if e.tenant is not None else "(none)"
     lines = [f"task {e.id}: {e.state} — pool {e.pool}, tenant {tenant}, class {e.priority}"]
+    cost, charged = getattr(e, "cost", None), getattr(e, "charged", None)  # an older broker does not say
+    if cost is not None or charged is not None:
+        parts = ([] if cost is None else [f"cost {cost:g}"]) + \
+            ([] if charged is None else [f"charged {charged:.1f} s of worker time so far"])
+        lines.append(", ".join(parts))
     w = e.waiting
     if w is not None:
         lines.append("why it has not started:")

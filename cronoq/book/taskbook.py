@@ -528,6 +528,7 @@ class TaskBook:
             not_before=record.not_before if info.state == DELAYED else None,
             history=self._history(record, info),
             waiting=self.core.explain(task_id, now, dispatch_rate, arrival_rates, scope),
+            cost=record.cost, charged=self.core.charged_for(task_id) if info.state == RUNNING else None,
         )
 
     def _history(self, record: TaskRecord, info: TaskInfo) -> tuple[AttemptEnd, ...]:

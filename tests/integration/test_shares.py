@@ -208,3 +208,26 @@ async def test_explain_marks_a_tenant_under_its_minimum_and_speaks_in_the_pool_s
         release.set()
         assert await waiting.result(timeout=30) == "x"
         assert await held.result(timeout=30) == "hold"
+
+
+async def test_explain_tells_a_task_s_cost_and_what_a_running_one_is_charged_so_far(backend):
+    release = asyncio.Event()
+
+    async def hold(payload):
+        await release.wait()
+        return payload
+
+    pool = cronoq.Pool("gpu", hold, share_by="runtime", fair_share=True)
+    async with backend.open([pool]) as sched:
+        held = await sched.submit("hold", pool="gpu", tenant="acme", cost=30)  # an estimate of 30 s
+
+        async def running() -> bool:
+            return (await sched.status(held.id)).state == "running"
+
+        await until(running, "the task runs")
+        explained = await sched.explain(held.id)
+        assert (explained.cost, explained.charged) == (30.0, 30.0)
+        assert "cost 30, charged 30.0 s of worker time so far" in explain_text(explained)
+        release.set()
+        assert await held.result(timeout=30) == "hold"
+        assert (await sched.explain(held.id)).charged is None  # ended: its run is charged what it took
