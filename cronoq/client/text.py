@@ -160,6 +160,10 @@ def status_text(stats: dict[str, Any]) -> str:
                 f"{row.share:>6.1%} {_percent(row.fair, 6)} {lag}"
             )
         lines += _more_tenants(pool, "  ")
+        averages = [f"{_tenant_name(name)} {t['average_runtime']:.2f}" for name, t in pool.get("tenants", {}).items()
+                    if t.get("average_runtime") is not None]
+        if averages:  # what each tenant's next task will be charged at its dispatch (run-time pools)
+            lines.append(f"  average run (s), each tenant's next estimate: {', '.join(averages)}")
         lines += _ceiling_lines(pool, capped_only=False)
         lines += _rate_lines(pool, limited_only=False)
         lines += _minimum_lines(pool, under_only=False)

@@ -134,3 +134,14 @@ def test_top_shows_only_the_rate_limited_and_those_under_their_minimum():
     assert "globex" not in frame.split("rate-limited:")[1]
     assert "  under their minimums (go first):\n    light" in frame
     assert re.search(r"lag [+-]\d+\.\d s", frame)
+
+
+def test_status_shows_each_tenant_s_average_run_in_a_run_time_pool():
+    core = SchedulerCore([PoolSettings("gpu", share_by="runtime")])
+    core.submit(Task("a0", "gpu", tenant="acme"), 0.0)
+    core.add_worker("w", ["gpu"], 1)
+    core.dispatch(0.0)
+    core.finish("a0", 2.5, worker_id="w", attempt=1, state="succeeded")
+    core.submit(Task("a1", "gpu", tenant="acme"), 2.5)
+    text = status_text({"pools": core.stats(now=3.0), "workers": 1})
+    assert "  average run (s), each tenant's next estimate: acme 2.50" in text
