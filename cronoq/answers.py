@@ -42,7 +42,10 @@ class NodeState:
     weight 1). `share` is the fraction of its parent's dispatches the node gets now (0 while it has nothing
     queued in the class or is capped); `lag` the dispatches it trails (+) or leads (-) its share, in this class.
     `hidden`: the caller is pinned to this node or one below it, and its share and lag (which depend on other
-    tenants' work) are not told: they read 0.
+    tenants' work) are not told: they read 0. In a pool that shares by cost or run time, `lag` is in that unit
+    (`Waiting.share_unit`). `rate` is the node's most starts per second and `rate_limited_for` the seconds until
+    its bucket lets it start again (None while it may); `minimum` the running tasks its subtree is guaranteed
+    and `under_minimum` whether it runs fewer (its tasks then go ahead of its class's fair order).
     """
 
     name: str
@@ -53,6 +56,10 @@ class NodeState:
     lag: float
     ceiling: CeilingState | None = None
     hidden: bool = False
+    rate: float | None = None
+    rate_limited_for: float | None = None
+    minimum: int | None = None
+    under_minimum: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class Waiting:
     scope: str | None = None
     at_max_in_flight: bool = False
     higher_classes_ahead_exact: bool = True
+    share_unit: str = "dispatches"
 
 
 @dataclass(frozen=True)
@@ -136,21 +144,39 @@ class AttemptEnd:
     error: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Explanation(TaskInfo):
+@dataclass(frozen=True)
+class Explanation:
     """Why a task is where it is (`cronoq.Explanation`): `cronoq explain`, `Scheduler.explain()` and
     `Client.explain()` return it.
 
-    The task's fields as `TaskInfo` has them (it is one: the fields are defined there, once; times are Unix
-    seconds), then `max_retries`, `not_before` (when a delayed task may run), `history` (how each attempt ended,
-    first first) and, while it is queued or delayed, `waiting` (`Waiting`: what stands before it, and when it
-    may start). docs/scheduling.md ("Why is my task waiting?") describes every field.
+    The task's fields as `TaskInfo` has them (times are Unix seconds; a test holds the two to the same names,
+    types and defaults — they are written out here, not inherited, to keep the order in which they have always
+    been given), `max_retries`, `not_before` (when a delayed task may run), `history` (how each attempt ended,
+    first first), while it is queued or delayed, `waiting` (`Waiting`: what stands before it, and when it may
+    start), its `cost`, and while it runs in a pool that shares by run time, what it is `charged` so far.
+    docs/scheduling.md ("Why is my task waiting?") describes every field.
     """
 
+    id: str
+    pool: str
+    tenant: str | None
+    priority: str
+    state: str
+    attempts: int
     max_retries: int
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    deadline: float | None = None
     not_before: float | None = None
+    error: str | None = None
     history: tuple[AttemptEnd, ...] = ()
     waiting: Waiting | None = None
+    cost: float | None = None
+    """The cost the task was submitted with (None: it counts 1)."""
+    charged: float | None = None
+    """While it runs in a pool that shares by run time: the seconds its tenant is charged for this run so far
+    (its estimate, or more once it has run past it; the end corrects it to the run's time)."""
 
 
 def seconds_from_now(value: Any, what: str, now: float) -> float | None:
@@ -193,10 +219,18 @@ def _count(n: int, exact: bool, what: str) -> str:
     return f"{'' if exact else 'at least '}{n} {what}{'' if n == 1 and exact else 's'}"
 
 
+_LAG_UNIT = {"dispatches": "", "cost": " cost", "seconds": " s"}
+
+
 def explain_text(e: Any) -> str:
     """`cronoq explain`: a `cronoq.answers.Explanation` as text, the reasons a waiting task waits first."""
     tenant = e.tenant if e.tenant is not None else "(none)"
     lines = [f"task {e.id}: {e.state} — pool {e.pool}, tenant {tenant}, class {e.priority}"]
+    cost, charged = getattr(e, "cost", None), getattr(e, "charged", None)  # an older broker does not say
+    if cost is not None or charged is not None:
+        parts = ([] if cost is None else [f"cost {cost:g}"]) + \
+            ([] if charged is None else [f"charged {charged:.1f} s of worker time so far"])
+        lines.append(", ".join(parts))
     w = e.waiting
     if w is not None:
         lines.append("why it has not started:")
@@ -211,12 +245,21 @@ def explain_text(e: Any) -> str:
                 if node.hidden:  # pinned: it competes with tenants the caller may not see
                     text = f"  {name:<{width}}  weight {node.weight:g}, share not shown"
                 else:
-                    text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}"
+                    unit = _LAG_UNIT.get(getattr(w, "share_unit", "dispatches"), "")
+                    text = f"  {name:<{width}}  weight {node.weight:g}, share {share}, lag {node.lag:+.1f}{unit}"
                 if node.ceiling is not None:
                     c = node.ceiling
                     text += f", ceiling {c.limit}: {c.running} running"
                     if c.capped:
                         text += f", capped for {c.capped_for:.1f} s" if c.capped_for is not None else ", capped"
+                if getattr(node, "rate", None) is not None:
+                    text += f", rate {node.rate:g}/s"
+                    if node.rate_limited_for is not None:
+                        text += f", rate-limited: next start in {node.rate_limited_for:.1f} s"
+                if getattr(node, "minimum", None) is not None:
+                    text += f", minimum {node.minimum}"
+                    if node.under_minimum:
+                        text += ", under its minimum: goes first"
                 lines.append(text)
                 parent = node.name or "(none)"
             if w.tenant_share is not None:
@@ -265,6 +308,9 @@ def _waiting_reasons(e: Any, w: Any) -> list[str]:
         if node.ceiling is not None and node.ceiling.capped:
             reasons.append(f"{node.name or '(none)'} is at its ceiling ({node.ceiling.running} of "
                            f"{node.ceiling.limit} running)")
+        if getattr(node, "rate_limited_for", None) is not None:
+            reasons.append(f"{node.name or '(none)'} is rate-limited ({node.rate:g}/s): next start in "
+                           f"{node.rate_limited_for:.1f} s")
     if scope is not None:
         reasons.append(f"other tenants' tasks are not shown to a token pinned to {scope}; the counts below are "
                        f"{scope}'s, the estimate counts everything")

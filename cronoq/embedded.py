@@ -114,6 +114,7 @@ class Scheduler:
     async def submit(
         self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
         deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
+        cost: float | None = None,
     ) -> TaskHandle:
         """Queue a task; returns its handle. docs/api.md ("Submitting a task") describes each argument."""
         self._check_open()
@@ -121,7 +122,7 @@ class Scheduler:
         request = SubmitRequest(
             encode_body(payload), pool=pool, tenant=tenant, priority=priority,
             deadline=seconds_from_now(deadline, "deadline", now), delay=seconds_from_now(delay, "delay", now),
-            key=key, max_retries=max_retries,
+            key=key, max_retries=max_retries, cost=cost,
         )
         record, duplicate = self._book.submit(request, now)
         self._pump()

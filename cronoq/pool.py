@@ -9,8 +9,8 @@ from concurrent.futures import Executor
 from typing import Any, Callable, Mapping
 
 from cronoq.core import PoolSettings
-from cronoq.core.checks import tenant_problem
-from cronoq.core.settings import tenant_path
+from cronoq.core.checks import check_settings, tenant_problem
+from cronoq.core.settings import SHARE_BY, tenant_path
 from cronoq.errors import FailedPrecondition, InvalidArgument
 
 __all__ = ["Handler", "Pool", "tenant_path"]
@@ -29,7 +29,12 @@ class Pool:
     `tenant_limits` (node -> how many tasks of its subtree may run at once)
     or `default_tenant_limit` (the same, for each top-level tenant not
     listed) make the pool fair; `max_in_flight` caps how many of its tasks
-    run at once over all workers. In brokered mode the broker's config owns
+    run at once over all workers. `share_by` says what a tenant's share
+    counts: "dispatches" (the default), "cost" (the `cost=` of its tasks)
+    or "runtime" (the seconds its tasks hold a worker); `tenant_rates`
+    (node -> most tasks started per second, in bursts of one second's
+    worth) and `tenant_minimums` (node -> running tasks guaranteed while it
+    has work queued) make the pool fair too. In brokered mode the broker's config owns
     these settings: a setting left at its default carries no opinion, and
     one set explicitly must agree with the broker's.
     """
@@ -45,6 +50,9 @@ class Pool:
         tenant_limits: Mapping[str, int] | None = None,
         default_weight: float | None = None,
         default_tenant_limit: int | None = None,
+        share_by: str | None = None,
+        tenant_rates: Mapping[str, float] | None = None,
+        tenant_minimums: Mapping[str, int] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"a pool name must be a non-empty string, got {name!r}")
@@ -66,6 +74,23 @@ class Pool:
             raise InvalidArgument(
                 f"pool {name!r}: default_tenant_limit must be a positive integer, got {default_tenant_limit!r}"
             )
+        if share_by is not None and share_by not in SHARE_BY:
+            raise InvalidArgument(
+                f"pool {name!r}: share_by must be one of {', '.join(map(repr, SHARE_BY))}, got {share_by!r}"
+            )
+        rates = _per_tenant(name, "tenant_rates", tenant_rates)
+        for tenant, rate in rates.items():
+            if not _positive_number(rate):
+                raise InvalidArgument(
+                    f"pool {name!r}: the rate of tenant {tenant!r} must be a positive number of tasks per second, "
+                    f"got {rate!r}"
+                )
+        minimums = _per_tenant(name, "tenant_minimums", tenant_minimums)
+        for tenant, minimum in minimums.items():
+            if not _positive_int(minimum):
+                raise InvalidArgument(
+                    f"pool {name!r}: the minimum of tenant {tenant!r} must be a positive integer, got {minimum!r}"
+                )
         self.name = name
         self.run = run
         self._judged: Handler | None = None  # the handler `is_async` last looked at, and what it found
@@ -76,6 +101,11 @@ class Pool:
         self.tenant_limits = limits
         self.default_weight = default_weight
         self.default_tenant_limit = default_tenant_limit
+        self.share_by = share_by  # None: left at its default ("dispatches"), no opinion in brokered mode
+        self.tenant_rates = {t: float(r) for t, r in rates.items()}
+        self.tenant_minimums = minimums
+        if minimums:  # what only the settings together tell: a minimum above a ceiling, or over max_in_flight
+            check_settings(self.settings())
 
     @property
     def is_async(self) -> bool:
@@ -98,6 +128,9 @@ class Pool:
             tenant_limits=self.tenant_limits,
             default_weight=self.default_weight,
             default_tenant_limit=self.default_tenant_limit,
+            share_by=self.share_by or "dispatches",
+            tenant_rates=self.tenant_rates,
+            tenant_minimums=self.tenant_minimums,
         )
 
     def explicit_settings(self) -> dict[str, Any]:
@@ -115,6 +148,12 @@ class Pool:
             opinions["default_weight"] = self.default_weight
         if self.default_tenant_limit is not None:
             opinions["default_tenant_limit"] = self.default_tenant_limit
+        if self.share_by is not None:
+            opinions["share_by"] = self.share_by
+        if self.tenant_rates:
+            opinions["tenant_rates"] = dict(self.tenant_rates)
+        if self.tenant_minimums:
+            opinions["tenant_minimums"] = dict(self.tenant_minimums)
         return opinions
 
     async def call(self, payload: Any, executor: Executor | None = None) -> Any:
@@ -156,6 +195,25 @@ def settings_disagreement(pool: str, opinions: Mapping[str, Any], configured: Po
                 return f"pool {pool!r}: tenant_limits must map tenants to integers"
             if mine_limits != theirs_limits:
                 return f"pool {pool!r}: the worker sets tenant_limits {theirs_limits} but the broker's config has {mine_limits}"
+        elif setting == "share_by":
+            if wanted != configured.share_by:
+                return f"pool {pool!r}: the worker sets share_by = {wanted!r} but the broker's config has {configured.share_by!r}"
+        elif setting == "tenant_rates":
+            mine_rates = {t: float(r) for t, r in configured.tenant_rates.items()}
+            try:
+                theirs_rates = {str(t): float(r) for t, r in dict(wanted).items()}
+            except (TypeError, ValueError):
+                return f"pool {pool!r}: tenant_rates must map tenants to numbers"
+            if mine_rates != theirs_rates:
+                return f"pool {pool!r}: the worker sets tenant_rates {theirs_rates} but the broker's config has {mine_rates}"
+        elif setting == "tenant_minimums":
+            mine_minimums = dict(configured.tenant_minimums)
+            try:
+                theirs_minimums = {str(t): int(n) for t, n in dict(wanted).items()}
+            except (TypeError, ValueError):
+                return f"pool {pool!r}: tenant_minimums must map tenants to integers"
+            if mine_minimums != theirs_minimums:
+                return f"pool {pool!r}: the worker sets tenant_minimums {theirs_minimums} but the broker's config has {mine_minimums}"
         elif setting in ("default_weight", "default_tenant_limit"):
             have = getattr(configured, setting)
             if wanted != have:

@@ -169,11 +169,19 @@ def pools_toml(pools: Iterable[cronoq.Pool]) -> str:
             lines.append(f"default_weight = {pool.default_weight}")
         if pool.default_tenant_limit is not None:
             lines.append(f"default_tenant_limit = {pool.default_tenant_limit}")
+        if pool.share_by is not None:
+            lines.append(f'share_by = "{pool.share_by}"')
         if pool.tenant_weights:
             lines.append("[pools.tenant_weights]")
             lines += [f'"{tenant}" = {weight}' for tenant, weight in pool.tenant_weights.items()]
         if pool.tenant_limits:
             lines.append("[pools.tenant_limits]")
             lines += [f'"{tenant}" = {limit}' for tenant, limit in pool.tenant_limits.items()]
+        if pool.tenant_rates:
+            lines.append("[pools.tenant_rates]")
+            lines += [f'"{tenant}" = {rate}' for tenant, rate in pool.tenant_rates.items()]
+        if pool.tenant_minimums:
+            lines.append("[pools.tenant_minimums]")
+            lines += [f'"{tenant}" = {minimum}' for tenant, minimum in pool.tenant_minimums.items()]
         lines.append("")
     return "\n".join(lines)

@@ -35,7 +35,7 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     """What the book knows of one task; while it is live, also the scheduling core's task.
 
     The core schedules any object with the attributes of `cronoq.core.Task`:
-    a record has them (`worker` and the last three are the core's own), so a
+    a record has them (`worker`, `_seq`, `_ts` and `_next` are the core's own), so a
     queued task costs one object, not two. A msgspec struct, so that the
     journal and the snapshot read records straight back into this type
     (cronoq.store.journal.records): the fields up to `submission` are what a submit
@@ -74,6 +74,10 @@ class TaskRecord(msgspec.Struct, array_like=True, tag="t", gc=False):
     attempt_ends: Union[tuple[PastAttempt, ...], None] = None
     """How its last attempts that did not end it ended (`attempt_ended`), first first; None (no cost but the
     slot) until one does."""
+    cost: Union[float, None] = None
+    """What the submitter declared the task costs (`submit(cost=...)`; None: 1): its charge in a pool that shares
+    by cost, its first run-time estimate in seconds in one that shares by run time. Last of the stored fields, so
+    records stored before it existed read back as None."""
     waiters: Any = None
     """The shell's own: who waits for this task's outcome (the broker keeps its routing there, next to
     the task, rather than in a map of its own: a watched queued task costs ~160 bytes less). Never stored."""

@@ -12,7 +12,7 @@ from typing import Iterable
 from cronoq.core import PRIORITIES, PRIORITY_CLASS
 from cronoq.core.checks import tenant_problem
 from cronoq.errors import InvalidArgument, NotFound
-from cronoq.wire.protocol import MAX_NAME_CHARS
+from cronoq.wire.protocol import MAX_NAME_CHARS, check_cost
 
 MAX_NAME_LENGTH = MAX_NAME_CHARS
 """The longest pool, tenant, key or submission id: the wire's bound, so a name the wire carries is never
@@ -56,6 +56,8 @@ class SubmitRequest:
     internal: bool = False
     """Made by the broker itself (a schedule's tick): only such a submission may use a reserved key."""
     former_key: FormerKey | None = None
+    cost: float | None = None
+    """What the task charges its tenant in a pool that shares by cost (None: 1); see MAX_COST."""
 
 
 def _check_name(what: str, value: str | None, *, optional: bool) -> None:
@@ -96,7 +98,7 @@ def common_submission_class(request: SubmitRequest, known_pools: Iterable[str], 
         pool.__class__ is str and 0 < len(pool) <= MAX_NAME_LENGTH
         and (tenant is None or (tenant.__class__ is str and 0 < len(tenant) <= MAX_NAME_LENGTH and "/" not in tenant))
         and (submission is None or (submission.__class__ is str and 0 < len(submission) <= MAX_NAME_LENGTH))
-        and request.key is None and request.deadline is None and request.delay is None
+        and request.key is None and request.deadline is None and request.delay is None and request.cost is None
         and retries.__class__ is int and 0 <= retries <= 1000
         and len(request.payload) <= max_payload_bytes
         and pool in known_pools
@@ -130,6 +132,7 @@ def checked_submission_class(request: SubmitRequest, known_pools: Iterable[str],
         raise InvalidArgument(f"delay must not be negative, got {request.delay!r}")
     if isinstance(request.max_retries, bool) or not isinstance(request.max_retries, int) or not 0 <= request.max_retries <= 1000:
         raise InvalidArgument(f"max_retries must be an integer from 0 to 1000, got {request.max_retries!r}")
+    check_cost(request.cost)
     if len(request.payload) > max_payload_bytes:
         raise InvalidArgument(
             f"payload is {len(request.payload)} bytes, over max_payload_bytes = {max_payload_bytes}"

@@ -154,6 +154,8 @@ class TaskBook:
             None if not request.delay else now + request.delay, request.max_retries, request.key,
             request.submission,
         )
+        if request.cost is not None:
+            record.cost = float(request.cost)
         self._enter(record, now)
         if self.journal is not None:
             self.journal.accepted(record)
@@ -526,6 +528,7 @@ class TaskBook:
             not_before=record.not_before if info.state == DELAYED else None,
             history=self._history(record, info),
             waiting=self.core.explain(task_id, now, dispatch_rate, arrival_rates, scope),
+            cost=record.cost, charged=self.core.charged_for(task_id) if info.state == RUNNING else None,
         )
 
     def _history(self, record: TaskRecord, info: TaskInfo) -> tuple[AttemptEnd, ...]:

@@ -231,7 +231,7 @@ class ClientRequests:
             protocol.check_body(body, "the payload (the submit's body)")
         record, duplicate = self._book.submit(SubmitRequest(  # positionally (_SUBMIT_FIELDS): half the cost
             body, request.pool, tenant, request.priority, request.deadline, request.delay, request.key,
-            request.max_retries, request.submission,
+            request.max_retries, request.submission, cost=request.cost,
         ), now)
         if duplicate and not principal.may_see_tenant(record.tenant):
             # Cannot happen: the book finds duplicates only among the tasks of the tenant submitting, and a

@@ -30,9 +30,9 @@ except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
 
 from cronoq.book.retention import DEFAULT_RETENTION_BYTES
 from cronoq.broker.schedules import Schedule
-from cronoq.core.checks import tenant_problem
-from cronoq.core.settings import PRIORITIES, PoolSettings
-from cronoq.errors import ConfigError, ScheduleError
+from cronoq.core.checks import check_settings, tenant_problem
+from cronoq.core.settings import PRIORITIES, SHARE_BY, PoolSettings
+from cronoq.errors import ConfigError, InvalidArgument, ScheduleError
 from cronoq.wire.clustermap import Cluster, Member
 from cronoq.wire.protocol import MAX_NAME_CHARS
 
@@ -234,7 +234,8 @@ _BROKER_KEYS = (
 )  # fmt: skip
 _POOL_KEYS = (
     "name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog",
-    "tenant_limits", "default_weight", "default_tenant_limit", "member",
+    "tenant_limits", "default_weight", "default_tenant_limit", "member", "share_by", "tenant_rates",
+    "tenant_minimums",
 )  # fmt: skip
 _MEMBER_KEYS = ("name", "clients", "workers")
 _TOKEN_KEYS = ("token_env", "role", "tenant")
@@ -356,17 +357,20 @@ def _pools(top: _Section) -> tuple[tuple[PoolSettings, ...], Mapping[str, PoolLi
         if name in first_seen:
             raise s.error(None, f"duplicate pool name {name!r} (also #{first_seen[name]}); pool names must be unique")
         first_seen[name] = number
-        pools.append(
-            PoolSettings(
-                name=name,
-                tenant_weights=s.get("tenant_weights", _weights, {}),
-                fair_share=s.get("fair_share", _bool, False),
-                max_in_flight=s.get("max_in_flight", _positive_int, None),
-                tenant_limits=s.get("tenant_limits", _tenant_limits, {}),
-                default_weight=s.get("default_weight", _positive_number, None),
-                default_tenant_limit=s.get("default_tenant_limit", _positive_int, None),
-            )
+        settings = PoolSettings(
+            name=name,
+            tenant_weights=s.get("tenant_weights", _weights, {}),
+            fair_share=s.get("fair_share", _bool, False),
+            max_in_flight=s.get("max_in_flight", _positive_int, None),
+            tenant_limits=s.get("tenant_limits", _tenant_limits, {}),
+            default_weight=s.get("default_weight", _positive_number, None),
+            default_tenant_limit=s.get("default_tenant_limit", _positive_int, None),
+            share_by=s.get("share_by", _choice(SHARE_BY), "dispatches"),
+            tenant_rates=s.get("tenant_rates", _rates, {}),
+            tenant_minimums=s.get("tenant_minimums", _tenant_limits, {}),
         )
+        _check_pool(s, settings)
+        pools.append(settings)
         limits[name] = PoolLimits(
             max_backlog=s.get("max_backlog", _positive_int, None),
             max_tenant_backlog=s.get("max_tenant_backlog", _positive_int, None),
@@ -374,6 +378,19 @@ def _pools(top: _Section) -> tuple[tuple[PoolSettings, ...], Mapping[str, PoolLi
     if not pools:
         return _default_pools(), _default_limits()
     return tuple(pools), MappingProxyType(limits)
+
+
+def _check_pool(s: _Section, settings: PoolSettings) -> None:
+    """What only the pool's keys together can tell: a minimum above a ceiling, minimums over max_in_flight.
+
+    The core states these rules (check_settings); here they are placed at the key that breaks them.
+    """
+    try:
+        check_settings(settings)
+    except InvalidArgument as e:
+        problem = str(e).removeprefix(f"pool {settings.name!r}: ")
+        key = "tenant_minimums" if "minimum" in problem or "guaranteed" in problem else None
+        raise s.error(key, problem) from None
 
 
 def _tokens(top: _Section, environ: Mapping[str, str]) -> tuple[TokenSpec, ...]:
@@ -634,6 +651,10 @@ def _env_name(value: Any) -> str:
 
 def _weights(value: Any) -> dict[str, float]:
     return _per_tenant(value, "positive number", _positive_number)
+
+
+def _rates(value: Any) -> dict[str, float]:
+    return _per_tenant(value, "positive number of dispatches per second", _positive_number)
 
 
 def _tenant_limits(value: Any) -> dict[str, int]:

@@ -169,10 +169,21 @@ class BrokerCollector:
                      [([pool, tenant], t["running"]) for pool, tenant, t in tenants])
         yield _gauge("cronoq_tenant_weight", "The tenant's weight in the pool's fair share.", ["pool", "tenant"],
                      [([pool, tenant], t["weight"]) for pool, tenant, t in tenants])
+        unit = {name: p.get("share_unit", "dispatches") for name, p in pools.items()}
         yield _gauge("cronoq_tenant_lag_dispatches",
                      "Dispatches the tenant trails (+) or leads (-) its place in the fair order, w*(V-S) summed over "
-                     "the classes: between -1 and 0 per class on a correct broker; see docs/scheduling.md.",
-                     ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+                     "the classes: between -1 and 0 per class on a correct broker; see docs/scheduling.md. Pools that "
+                     "share by cost or run time are in cronoq_tenant_lag only.",
+                     ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants
+                                          if unit[pool] == "dispatches"])
+        yield _gauge("cronoq_tenant_lag",
+                     "What the tenant trails (+) or leads (-) its place in the fair order, in the pool's share unit "
+                     "(`unit`: dispatches, cost or seconds of worker time); see docs/scheduling.md.",
+                     ["pool", "tenant", "unit"],
+                     [([pool, tenant, unit[pool]], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_pool_share_by", "1 for what the pool's fair share counts (share_by): dispatches, cost "
+                     "or runtime.", ["pool", "share_by"],
+                     [([name, p.get("share_by", "dispatches")], 1) for name, p in pools.items()])
         yield _gauge("cronoq_tenant_weighted_share",
                      "The fraction of the pool's fair dispatches the weights promise the tenant's own tasks now "
                      "(the tenant tree's share; compare with cronoq_dispatches_total).", ["pool", "tenant"],
@@ -188,6 +199,24 @@ class BrokerCollector:
         yield _gauge("cronoq_tenant_capped_seconds", "How long the tenant has been at its ceiling (0 when it is "
                      "not).", ["pool", "tenant"],
                      [([pool, node], c.get("capped_for") or 0.0) for pool, node, c in ceilings])
+        rates = [(name, node, r) for name, p in pools.items() for node, r in (p.get("rates") or {}).items()]
+        yield _gauge("cronoq_tenant_rate", "The most tasks of the tenant's subtree started per second "
+                     "(tenant_rates).", ["pool", "tenant"], [([pool, node], r["rate"]) for pool, node, r in rates])
+        yield _gauge("cronoq_tenant_rate_limited", "1 while the tenant is out of rate tokens (none of its tasks "
+                     "starts until its next one).", ["pool", "tenant"],
+                     [([pool, node], int(bool(r["limited"]))) for pool, node, r in rates])
+        yield _gauge("cronoq_tenant_rate_next_start_seconds", "Seconds until a rate-limited tenant may start a task "
+                     "again (0 when it may now).", ["pool", "tenant"],
+                     [([pool, node], r.get("next_start_in") or 0.0) for pool, node, r in rates])
+        minimums = [(name, node, m) for name, p in pools.items() for node, m in (p.get("minimums") or {}).items()]
+        yield _gauge("cronoq_tenant_minimum", "Running tasks the tenant's subtree is guaranteed while it has work "
+                     "queued (tenant_minimums).", ["pool", "tenant"],
+                     [([pool, node], m["minimum"]) for pool, node, m in minimums])
+        yield _gauge("cronoq_tenant_minimum_running_tasks", "Running tasks of the tenant's subtree, counted against "
+                     "its minimum.", ["pool", "tenant"], [([pool, node], m["running"]) for pool, node, m in minimums])
+        yield _gauge("cronoq_tenant_under_minimum", "1 while the tenant runs fewer than its minimum (its tasks go "
+                     "ahead of the fair order).", ["pool", "tenant"],
+                     [([pool, node], int(bool(m["under"]))) for pool, node, m in minimums])
         dispatches = CounterMetricFamily("cronoq_dispatches", "Tasks handed to workers.", labels=["pool", "tenant"])
         for pool, tenant, t in tenants:
             dispatches.add_metric([pool, tenant], t["dispatched"])

@@ -692,6 +692,7 @@ class Broker:
             new = dataclasses.replace(new, **{key: getattr(self.config, key) for key in needs_restart})
         old_pools = {pool.name for pool in self.config.owned_pools}
         weights_changed = _weight_changes(self.config.owned_pools, new.owned_pools)
+        shares_changed = _share_changes(self.config.owned_pools, new.owned_pools)
         self._book.configure(new.owned_pools, self._clock())  # a node the reload caps is capped since now, on our clock
         self._book.max_deliveries = new.max_deliveries
         self._book.set_retention(new.result_ttl, new.result_retention_bytes)
@@ -708,7 +709,7 @@ class Broker:
         new_pools = {pool.name for pool in new.owned_pools}
         changes = {
             "pools_added": sorted(new_pools - old_pools), "pools_draining": sorted(old_pools - new_pools),
-            "weights_changed": weights_changed, "needs_restart": needs_restart,
+            "weights_changed": weights_changed, "shares_changed": shares_changed, "needs_restart": needs_restart,
         }
         log.info("reloaded %s: %s", new.source, _reload_summary(changes))
         return changes
@@ -863,14 +864,41 @@ def _weight_changes(old: tuple[PoolSettings, ...], new: tuple[PoolSettings, ...]
     return changes
 
 
+_SHARE_SETTINGS = ("share_by", "tenant_rates", "tenant_minimums")
+
+
+def _share_changes(old: tuple[PoolSettings, ...], new: tuple[PoolSettings, ...]) -> list[dict[str, Any]]:
+    """What a share counts, tenant rates and minimums that differ between two configs, in the pools both
+    declare: one map per pool and setting, with the old and new value (a table per node for rates and minimums;
+    a node left out has none)."""
+    before = {pool.name: pool for pool in old}
+    changes = []
+    for pool in new:
+        was = before.get(pool.name)
+        if was is None:
+            continue
+        for setting in _SHARE_SETTINGS:
+            then, now = getattr(was, setting), getattr(pool, setting)
+            if then != now:
+                plain = (lambda v: dict(v)) if setting != "share_by" else (lambda v: v)
+                changes.append({"pool": pool.name, "setting": setting, "old": plain(then), "new": plain(now)})
+    return changes
+
+
 def _reload_summary(changes: dict[str, Any]) -> str:
     """What a reload changed, as one line of text (for the broker's log and `cronoq reload`)."""
     weights = ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}"
                         for w in changes.get("weights_changed", ()))
+    shares = _shares_text(changes.get("shares_changed", ()))  # only when some changed: the line stays as it was
     return (f"pools added: {', '.join(changes['pools_added']) or 'none'}; "
             f"pools draining: {', '.join(changes['pools_draining']) or 'none'}; "
             f"weights changed: {weights or 'none'}; "
+            + (f"shares changed: {shares}; " if shares else "") +
             f"kept until a restart: {', '.join(changes['needs_restart']) or 'none'}")
+
+
+def _shares_text(changes: Any) -> str:
+    return ", ".join(f"{c['pool']} {c['setting']} {c['old']} -> {c['new']}" for c in changes)
 
 
 def authenticate(conn: Connection, principal: Principal) -> None:

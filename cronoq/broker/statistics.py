@@ -95,7 +95,7 @@ class StatsReplies:
 # What of a pool a token pinned to a tenant is told beyond its subtree's own counts: the pool's settings and how many
 # workers serve it. Nothing that counts other tenants' tasks (per-class counts, the virtual times, idle workers, the
 # pool's dispatch rate, the broker's record and store counts) reaches it.
-_POOL_SETTINGS = ("paused", "draining", "fair", "max_in_flight", "workers", "member")
+_POOL_SETTINGS = ("paused", "draining", "fair", "max_in_flight", "workers", "member", "share_by", "share_unit")
 _SUBTREE_COUNTS = ("queued", "delayed", "running", "dispatched")
 
 
@@ -103,7 +103,7 @@ def visible_stats(stats: dict[str, Any], principal: Principal) -> dict[str, Any]
     """The part of a stats map `principal` may see: all of it when it is not pinned to a tenant; when it is, per pool
     the settings and the tenants of its subtree, the pool's counts summed over those tenants (so over the tenants the
     map lists: in a pool of more than STATS_TENANTS tenants, those of the busiest it lists), and the ceilings of its
-    subtree's nodes. The lag of the pinned node itself, measured against siblings it may not see, is 0, and the
+    subtree's nodes, and their rates and minimums. The lag of the pinned node itself, measured against siblings it may not see, is 0, and the
     weighted shares of its subtree are parts of the pinned node's (see `_seen_from_the_pin`)."""
     if principal.tenant is None:
         return stats
@@ -126,6 +126,9 @@ def _visible_pool(pool: dict[str, Any], principal: Principal) -> dict[str, Any]:
     out.update({key: sum(t[key] for t in tenants.values()) for key in _SUBTREE_COUNTS})
     out.update({"classes": {}, "tenants": tenants, "tenant_count": len(tenants), "ceilings": ceilings,
                 "ceiling_count": len(ceilings)})
+    for key in ("rates", "minimums"):  # a node's bucket and running count are its subtree's own
+        if key in pool:
+            out[key] = visible(pool[key])
     if "tree_nodes" in pool:
         out["tree_nodes"] = nodes
     return out

@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--key", help="idempotency key: a second submit with the same key returns the first task")
     submit.add_argument("--max-retries", type=int, default=0, metavar="N",
                         help="how many more times to run it if its handler raises (default 0)")
+    submit.add_argument("--cost", type=float, default=None, metavar="N",
+                        help="what it charges its tenant's share in a pool that shares by cost (default 1)")
     submit.add_argument("--wait", action="store_true", help="wait for the result and print it as JSON")
 
     inspect = _subcommand(commands, "inspect", "state, attempts, timings and error of a task", [common])
@@ -187,6 +189,7 @@ async def _submit(client: Client, args: argparse.Namespace) -> int:
     handle = await client.submit(
         args.payload, pool=args.pool, tenant=args.tenant, priority=args.priority,
         deadline=args.deadline, delay=args.delay, key=args.key, max_retries=args.max_retries,
+        cost=args.cost,
     )
     print(handle.id)
     if args.wait:
@@ -256,6 +259,9 @@ async def _reload(client: Client, args: argparse.Namespace) -> int:
     if weights:
         print("weights changed: "
               + ", ".join(f"{w['pool']} {w['tenant']} {w['old']:g} -> {w['new']:g}" for w in weights))
+    shares = changes.get("shares_changed") or []  # an older broker does not say
+    if shares:
+        print("shares changed: " + ", ".join(f"{c['pool']} {c['setting']} {c['old']} -> {c['new']}" for c in shares))
     if changes["needs_restart"]:
         print(f"kept until a restart: {', '.join(changes['needs_restart'])}")
     return 0

@@ -92,6 +92,7 @@ class Client:
     async def submit(
         self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
         deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
+        cost: float | None = None,
     ) -> TaskHandle:
         """Queue a task; returns its handle once the broker has accepted it (durably, with a data_dir).
 
@@ -103,12 +104,13 @@ class Client:
         # (`lone` first: submit is the hot path, and a lone broker's needs no coroutine of the router's.)
         if router is None or router.lone or await router.routing() is None:
             return await self._connection.submit(payload, pool=pool, tenant=tenant, priority=priority,
-                                                 deadline=deadline, delay=delay, key=key, max_retries=max_retries)
+                                                 deadline=deadline, delay=delay, key=key, max_retries=max_retries,
+                                                 cost=cost)
         now = time.time()  # a deadline or delay given as a datetime counts from here, not from a retry
         deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
         return await router.at_owner(pool, lambda conn: conn.submit(
             payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
-            max_retries=max_retries))
+            max_retries=max_retries, cost=cost))
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""

@@ -500,6 +500,7 @@ class Connection:
     async def submit(
         self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
         deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
+        cost: float | None = None,
     ) -> TaskHandle:
         """Queue a task on this broker; returns its handle once the broker has accepted it (durably, with a
         data_dir). A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the
@@ -512,12 +513,14 @@ class Connection:
         limit = self._max_payload_bytes if self._heard_hello else await self._payload_limit()
         if limit is not None and len(body) > limit:
             raise InvalidArgument(protocol.payload_too_large(len(body), limit))
+        protocol.check_cost(cost)
         now = time.time()
         message = protocol.Submit(
             protocol.PROTOCOL_VERSION, next(self._rids), pool=pool, tenant=tenant, priority=priority,
             deadline=seconds_from_now(deadline, "deadline", now), delay=seconds_from_now(delay, "delay", now),
             key=key, max_retries=max_retries,
             submission=f"{self._submission_prefix}-{next(self._submissions):x}", watch=True,
+            cost=None if cost is None else float(cost),
         )
         # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
         watch = self._watches[message.rid] = _Watch(self)

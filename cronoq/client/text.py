@@ -146,6 +146,10 @@ def status_text(stats: dict[str, Any]) -> str:
         lines.append(f"  queued by class: {backlog or 'none'}")
         rows = tenant_tree(pool, None)
         width = max([16] + [len(row.label) for row in rows])
+        unit = pool.get("share_unit", "dispatches")
+        if unit != "dispatches":
+            lines.append(f"  shares by {pool.get('share_by', unit)}: weights share out {_UNIT_WORDS.get(unit, unit)}; "
+                         f"lag in {unit}")
         if rows:
             lines.append(f"  {'tenant':<{width}} {'weight':>6} {'queued':>7} {'running':>7} {'dispatched':>10} "
                          f"{'share':>6} {'fair':>6} {'lag':>5}")
@@ -156,7 +160,13 @@ def status_text(stats: dict[str, Any]) -> str:
                 f"{row.share:>6.1%} {_percent(row.fair, 6)} {lag}"
             )
         lines += _more_tenants(pool, "  ")
+        averages = [f"{_tenant_name(name)} {t['average_runtime']:.2f}" for name, t in pool.get("tenants", {}).items()
+                    if t.get("average_runtime") is not None]
+        if averages:  # what each tenant's next task will be charged at its dispatch (run-time pools)
+            lines.append(f"  average run (s), each tenant's next estimate: {', '.join(averages)}")
         lines += _ceiling_lines(pool, capped_only=False)
+        lines += _rate_lines(pool, limited_only=False)
+        lines += _minimum_lines(pool, under_only=False)
     schedules = stats.get("schedules", {})
     if schedules:
         lines += ["", "schedules:"]
@@ -195,6 +205,45 @@ def _ceiling_lines(pool: dict[str, Any], *, capped_only: bool) -> list[str]:
     return lines
 
 
+_UNIT_WORDS = {"cost": "the summed cost of tasks", "seconds": "worker time"}
+_LAG_SUFFIX = {"cost": " cost", "seconds": " s"}
+
+
+def _rate_lines(pool: dict[str, Any], *, limited_only: bool) -> list[str]:
+    """The pool's tenant rates (`top`: only the nodes out of tokens now), the limited ones first."""
+    rates = pool.get("rates") or {}
+    shown = [(name, r) for name, r in rates.items() if r.get("limited") or not limited_only]
+    if not shown:
+        return []
+    shown.sort(key=lambda item: (not item[1].get("limited"), item[0]))
+    lines = ["  rate-limited:" if limited_only else "  rates (starts per second):"]
+    for name, r in shown:
+        text = f"    {_tenant_name(name):<16} {r['rate']:>6g}/s"
+        if r.get("tokens") is not None and not r.get("limited"):
+            text += f", {r['tokens']:.1f} to start at once"
+        if r.get("limited"):
+            wait = r.get("next_start_in")
+            text += " rate-limited" + (f": next start in {wait:.1f} s" if wait is not None else "")
+        lines.append(text)
+    return lines
+
+
+def _minimum_lines(pool: dict[str, Any], *, under_only: bool) -> list[str]:
+    """The pool's tenant minimums (`top`: only the nodes under theirs now), the ones under first."""
+    minimums = pool.get("minimums") or {}
+    shown = [(name, m) for name, m in minimums.items() if m.get("under") or not under_only]
+    if not shown:
+        return []
+    shown.sort(key=lambda item: (not item[1].get("under"), item[0]))
+    lines = ["  under their minimums (go first):" if under_only else "  minimums (running of minimum):"]
+    for name, m in shown:
+        text = f"    {_tenant_name(name):<16} {m['running']:>5} of {m['minimum']:<5}"
+        if m.get("under"):
+            text += " under its minimum: its tasks go first"
+        lines.append(text.rstrip())
+    return lines
+
+
 def _bar(fraction: float) -> str:
     filled = round(max(0.0, min(1.0, fraction)) * BAR_WIDTH)
     return "#" * filled + "." * (BAR_WIDTH - filled)
@@ -228,13 +277,15 @@ def top_frame(stats: dict[str, Any], previous: dict[str, Any] | None, interval: 
                 target = "first come, first served"
             else:
                 target = f"fair {_percent(row.fair, 6).strip()} (weight {row.weight:g})"
-            lag = "" if row.lag is None else f", lag {row.lag:+.1f}"
+            lag = "" if row.lag is None else f", lag {row.lag:+.1f}{_LAG_SUFFIX.get(pool.get('share_unit'), '')}"
             lines.append(
                 f"  {row.label:<{width}} {_bar(row.share)} {row.share:>6.1%} of dispatches, "
                 f"{target}, queued {row.queued}{lag}"
             )
         lines += _more_tenants(pool, "  ")
         lines += _ceiling_lines(pool, capped_only=True)
+        lines += _rate_lines(pool, limited_only=True)
+        lines += _minimum_lines(pool, under_only=True)
     return "\n".join(lines)
 
 

@@ -1,7 +1,9 @@
-"""Per-tenant ceilings: how many tasks of a node's subtree may run at once.
+"""Per-tenant ceilings, rates and minimums: what holds a node's subtree back, or puts it first.
 
-A `Ceiling` counts the running tasks of one node's subtree in one pool. When
-the count reaches the limit the node is *capped*: the pool takes it out of
+A `Ceiling` counts the running tasks of one node's subtree in one pool, for
+every node that has a ceiling, a rate or a minimum. When the count reaches
+the limit, or the node's rate bucket is empty, the node is *capped* (held
+back; `blocked`): the pool takes it out of
 every class's fair tree (fairqueue.py: the node keeps its tasks and tags
 but holds no heap entry) and out of every class's deadline order
 (`EdfTree` here), so its tasks never block anyone else's. When one of its
@@ -19,6 +21,17 @@ lazily, when it reaches the top). Tasks of nodes without a ceiling above
 them stay in the root heap, so the order is plain EDF among every task
 whose nodes are all under their ceilings. Push, pop and cap cost
 O(depth * log n).
+
+A rate is a token bucket of `max(1, rate)` tokens, refilled at `rate` per
+second, kept as one number: the theoretical arrival time of the generic
+cell rate algorithm (`tat`). A dispatch takes a token from every rated node
+on its path (`tat = max(tat, now) + 1/rate`); the node may start another
+task from `tat - (capacity - 1)/rate` on (`next_start`). Until then it is
+held back exactly as a capped node is, and the pool wakes it at that time.
+
+A minimum is not a hold but a push: while a node's subtree runs fewer tasks
+than its minimum, its class's fair queue serves it ahead of the fair order
+(pool.py, fairqueue.py `pop_needy`).
 """
 
 from __future__ import annotations
@@ -31,22 +44,58 @@ from cronoq.core.task import QUEUED, Task
 if TYPE_CHECKING:
     from cronoq.core.pool import ClassQueue
 
+INF = float("inf")
+
 # A group table is swept of empty groups once it has doubled past this size.
 _MIN_SWEEP = 64
 
 
+def next_start(tat: float, rate: float) -> float:
+    """When a node whose bucket's theoretical arrival time is `tat` may start its next task: its bucket holds
+    max(1, rate) tokens, so it may run that many ahead of the steady pace."""
+    capacity = rate if rate > 1.0 else 1.0
+    return tat - (capacity - 1.0) / rate
+
+
 class Ceiling:
-    """The ceiling of one tenant node in one pool, and its running count (over every class)."""
+    """The ceiling, rate and minimum of one tenant node in one pool (any may be None), and its running count
+    (over every class). The node is held back (`blocked`) while at its ceiling (`capped`) or while its rate
+    bucket is empty (`limited_until` is when it refills by one token)."""
 
-    __slots__ = ("name", "path", "limit", "running", "capped", "since")
+    __slots__ = ("name", "path", "limit", "running", "capped", "since", "rate", "tat", "limited_until",
+                 "minimum")
 
-    def __init__(self, name: str | None, path: tuple[str | None, ...], limit: int) -> None:
+    def __init__(self, name: str | None, path: tuple[str | None, ...], limit: int | None,
+                 rate: float | None = None, minimum: int | None = None) -> None:
         self.name = name
         self.path = path  # the nodes from the top down to this one (settings.tenant_path)
         self.limit = limit
         self.running = 0
         self.capped = False
         self.since: float | None = None  # when it was capped (the caller's clock), while capped
+        self.rate = rate
+        self.tat = -INF  # its bucket is full
+        self.limited_until: float | None = None
+        self.minimum = minimum
+
+    @property
+    def blocked(self) -> bool:
+        """Held back: at its ceiling, or out of tokens."""
+        return self.capped or self.limited_until is not None
+
+    def tokens(self, now: float) -> float:
+        """Tokens in its bucket at `now` (its capacity when it has no rate)."""
+        if self.rate is None:
+            return 0.0
+        capacity = self.rate if self.rate > 1.0 else 1.0
+        if self.tat == -INF:
+            return capacity
+        return max(0.0, min(capacity, capacity - (self.tat - now) * self.rate))
+
+    def under_minimum(self) -> bool:
+        """Whether it runs fewer tasks than its minimum."""
+        return self.minimum is not None and self.running < self.minimum
+
 
 
 class EdfGroup:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from cronoq.core.settings import MAX_TENANT_DEPTH, PRIORITIES, PoolSettings
+from cronoq.core.settings import MAX_TENANT_DEPTH, PRIORITIES, SHARE_BY, PoolSettings, tenant_path
 from cronoq.core.task import Task
 from cronoq.errors import InvalidArgument
 
@@ -45,6 +45,14 @@ def check_task(task: Task) -> None:
         raise InvalidArgument(f"not_before must be a number or None, got {task.not_before!r}")
     if type(task.attempts) is not int or task.attempts < 0:
         raise InvalidArgument(f"attempts must be an int >= 0, got {task.attempts!r}")
+    cost = task.cost
+    if cost is not None and not is_positive(cost):
+        raise InvalidArgument(f"cost must be a positive number or None (1), got {cost!r}")
+
+
+def is_positive(value: object) -> bool:
+    """Whether `value` is a positive finite int or float (not a bool)."""
+    return type(value) in (int, float) and 0 < value < math.inf  # type: ignore[operator]
 
 
 def tenant_problem(tenant: object) -> str | None:
@@ -90,6 +98,47 @@ def check_settings(s: PoolSettings) -> None:
     cap = s.max_in_flight
     if cap is not None and (type(cap) is not int or cap < 1):
         raise InvalidArgument(f"pool {s.name!r}: max_in_flight must be an int >= 1 or None, got {cap!r}")
+    if s.share_by not in SHARE_BY:
+        raise InvalidArgument(
+            f"pool {s.name!r}: share_by must be one of {', '.join(map(repr, SHARE_BY))}, got {s.share_by!r}"
+        )
+    for tenant, rate in s.tenant_rates.items():
+        _check_node(s, "tenant_rates", tenant)
+        if not is_positive(rate):
+            raise InvalidArgument(
+                f"pool {s.name!r}: the rate of tenant {tenant!r} must be a positive number of dispatches per "
+                f"second, got {rate!r}"
+            )
+    for tenant, minimum in s.tenant_minimums.items():
+        _check_node(s, "tenant_minimums", tenant)
+        if type(minimum) is not int or minimum < 1:
+            raise InvalidArgument(
+                f"pool {s.name!r}: the minimum of tenant {tenant!r} must be an int >= 1, got {minimum!r}"
+            )
+        for node in tenant_path(tenant):
+            ceiling = s.limit(node)
+            if ceiling is not None and ceiling < minimum:
+                where = "its own ceiling" if node == tenant else f"the ceiling of {node!r} above it"
+                raise InvalidArgument(
+                    f"pool {s.name!r}: tenant {tenant!r} is guaranteed {minimum} running tasks but {where} is "
+                    f"{ceiling}; lower the minimum or raise the ceiling"
+                )
+    _check_minimums_fit(s)
+
+
+def _check_minimums_fit(s: PoolSettings) -> None:
+    """Minimums nested under another minimum are part of it; the outermost ones must fit in max_in_flight."""
+    if s.max_in_flight is None or not s.tenant_minimums:
+        return
+    listed = s.tenant_minimums
+    outermost = {t: m for t, m in listed.items() if not any(a in listed for a in tenant_path(t)[:-1])}
+    total = sum(outermost.values())
+    if total > s.max_in_flight:
+        raise InvalidArgument(
+            f"pool {s.name!r}: tenant_minimums guarantee {total} running tasks "
+            f"({', '.join(f'{t}={m}' for t, m in outermost.items())}) but max_in_flight is {s.max_in_flight}; "
+            "lower the minimums or raise max_in_flight"
+        )
 
 
 def _check_node(s: PoolSettings, setting: str, tenant: object) -> None:

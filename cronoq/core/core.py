@@ -18,7 +18,12 @@ docs/scheduling.md explains them at length):
                     rest  FairQueue: the tenant tree; per group of siblings, a heap
                           of their tags (S, arrival); a leaf is a flow of tasks
                           or FifoQueue: one chain in arrival order
-                  ceilings   node -> running count of its subtree, capped or not
+                  ceilings   node -> running count of its subtree, capped or not, and its
+                             rate bucket and minimum (a node with any of the three)
+                  refills    heap of (when, node) of the nodes out of tokens
+      _rated    the pools with tenant rates (their refills enter next_wakeup)
+      _overruns heap of running tasks of pools that share by run time, by when their run
+                passes what they were charged
       (a flow or FifoQueue is a Chain: a FIFO linked through Task._next)
 
 PoolState and WorkerState are what the core keeps of a pool and of a worker;
@@ -40,6 +45,15 @@ tagged, new weights reach the whole backlog by re-tagging (O(nodes)) on a
 reload. A tenant at its ceiling leaves every heap it is in (it keeps its
 tasks and tags) and rejoins at max(V, F) when one of its tasks ends.
 
+What a fair dispatch adds to the tags is the pool's `share_by`: one step
+`1/w`, or `charge/w` for a charge in thousandths of a unit (the task's cost,
+or its estimated run time). In a pool that shares by run time the charge is
+corrected when the run ends (`finish`, `requeue`, `remove_worker` measure it
+from the `now` of its dispatch) and raised while it runs past it (`expire`).
+A node out of rate tokens is held back as a capped one is, until `expire` or
+`dispatch` reaches its refill time; a node under its minimum is served ahead
+of its class's fair order (`FairQueue.pop_needy`).
+
 Deadlines live in two heaps that share each entry tuple: the class's EDF heap
 orders dispatch, the core's expiry heap finds what `expire(now)` must remove
 in O(log n). A delayed task sits only in the timer heap until `expire(now)`
@@ -58,7 +72,7 @@ Time is never read here: every operation that depends on it takes `now`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from heapq import heappush
+from heapq import heappop, heappush
 from operator import attrgetter
 from typing import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 
@@ -80,12 +94,23 @@ from cronoq.core.checks import check_settings, check_task, is_time, no_pool_mess
 from cronoq.core.explain import ClassRates, Waiting, explain_waiting
 from cronoq.core.fairqueue import FifoQueue
 from cronoq.core.timers import TimerHeap
+from cronoq.core.weights import QUANTA_PER_UNIT, quantize
 from cronoq.core.workers import WorkerState
 from cronoq.errors import InvalidArgument, NotFound
 
 _FINISHED = {SUCCEEDED: SUCCEEDED, FAILED: FAILED}  # maps to our own constants (identity checks)
 _NO_RUN = object()  # restore(): the pool name of no run of tasks (no task's pool is this)
 _POOL = attrgetter("pool")
+
+RECHARGE_MIN = 1.0
+"""Seconds charged ahead, at least, each time a task of a pool that shares by run time runs past what it was
+charged: it is charged its time so far plus this or an eighth of that time, whichever is more, so that a task of
+hours is re-charged a few dozen times, not at every dispatch."""
+
+
+def _check_ran_for(ran_for: object) -> None:
+    if ran_for is not None and not (is_time(ran_for) and ran_for >= 0):  # type: ignore[operator]
+        raise InvalidArgument(f"ran_for must be a number of seconds >= 0 or None, got {ran_for!r}")
 
 
 class SchedulerCore:
@@ -108,7 +133,15 @@ class SchedulerCore:
         self._timers = TimerHeap(DELAYED)
         self._expiry = TimerHeap(QUEUED)
         self._seq = 0
-        self._now: float | None = None  # the last `now` given to expire(), for configure()
+        self._now: float | None = None  # the last `now` given to expire() or dispatch(), for configure()
+        # Pools with tenant rates: their nodes out of tokens are let go at expire()/dispatch() when due.
+        self._rated: list[PoolState] = []
+        # Running tasks of pools that share by run time: id -> [the `now` of their dispatch, what their tenant is
+        # charged for the run so far, in quanta]. As many as run at once: a queued task carries none of it.
+        self._runs: dict[str, list] = {}
+        # (charged until, seq, task): those runs by when they pass what they were charged; re-charged at
+        # expire()/dispatch() (stale entries are skipped).
+        self._overruns: list[tuple[float, int, Task]] = []
         # Pools that are dispatchable and have a ready worker: 0 means dispatch()
         # can return [] at once, which is the common case for an idle broker.
         self._matchable = 0
@@ -146,6 +179,7 @@ class SchedulerCore:
             if pool.name not in names:
                 pool.draining = True
                 self._drop_if_drained(pool)
+        self._rated = [pool for pool in self._pools.values() if pool.settings.tenant_rates]
 
     def pool_names(self) -> list[str]:
         """Names of the pools that accept tasks (draining pools excluded)."""
@@ -201,6 +235,7 @@ class SchedulerCore:
             or not_before is not None
             or attempts.__class__ is not int
             or attempts < 0
+            or task.cost is not None
         ):
             check_task(task)
         if task._seq:
@@ -372,6 +407,7 @@ class SchedulerCore:
         Returns the expired tasks (state EXPIRED, no longer held).
         """
         self._now = now
+        self._catch_up(now)
         expired: list[Task] = []
         touched: set[PoolState] = set()
         for task in self._timers.pop_due(now):
@@ -405,9 +441,14 @@ class SchedulerCore:
         return expired
 
     def next_wakeup(self) -> float | None:
-        """The earliest time a delayed task becomes due or a queued/delayed task's deadline passes."""
+        """The earliest time a delayed task becomes due, a queued/delayed task's deadline passes, or a tenant out
+        of tokens may start again."""
         timer = self._timers.peek_key()
         deadline = self._expiry.peek_key()
+        for pool in self._rated:
+            refill = pool.next_refill() if pool.queued else None  # a tenant with nothing queued need not wake
+            if refill is not None and (timer is None or refill < timer):
+                timer = refill
         if timer is None:
             return deadline
         if deadline is None:
@@ -490,7 +531,8 @@ class SchedulerCore:
             self._make_ready(worker)
 
     def remove_worker(self, worker_id: Hashable, now: float) -> list[Task]:
-        """Forget a worker; its running tasks go back to their class (QUEUED) and are returned."""
+        """Forget a worker; its running tasks go back to their class (QUEUED) and are returned. In a pool that
+        shares by run time, each lost run is charged from its dispatch to `now` (the slot was held that long)."""
         worker = self._workers.pop(worker_id, None)
         if worker is None:
             return []
@@ -502,7 +544,7 @@ class SchedulerCore:
         worker.running.clear()
         for task in back:
             pool = self._pools[task.pool]
-            self._release(pool, task)
+            self._release(pool, task, now)
             self._enqueue(pool, task)
             self._refresh(pool)
         return back
@@ -532,6 +574,9 @@ class SchedulerCore:
         many as possible). Returned tasks are RUNNING with `worker` set and
         `attempts` incremented.
         """
+        self._now = now
+        if self._rated or self._overruns:
+            self._catch_up(now)
         if not self._matchable or limit == 0:
             return []
         remaining = -1 if limit is None else limit
@@ -564,6 +609,8 @@ class SchedulerCore:
                 task.state = RUNNING
                 task.worker = worker_id = worker.id
                 task.attempts += 1
+                if pool.by_runtime:
+                    self._watch_run(pool, task, now)
                 worker.free -= 1
                 worker.running[task.id] = task
                 if task.deadline is not None:
@@ -600,20 +647,25 @@ class SchedulerCore:
             candidates = [w for w in served if w.free]
         return out
 
-    def finish(self, task_id: str, now: float, *, worker_id: Hashable, attempt: int, state: str) -> Task | None:
+    def finish(self, task_id: str, now: float, *, worker_id: Hashable, attempt: int, state: str,
+               ran_for: float | None = None) -> Task | None:
         """Close the lease (task_id, attempt) of worker_id as SUCCEEDED or FAILED and return the task.
 
         A stale lease (the task is not running that attempt on that worker)
-        returns None and changes nothing. Does not grant slots.
+        returns None and changes nothing. Does not grant slots. In a pool
+        that shares by run time the task's tenant is charged the run's time:
+        `ran_for` seconds, or when None, `now` less the `now` it was
+        dispatched at (docs/scheduling.md, "Sharing by run time").
         """
         final = _FINISHED.get(state)
         if final is None:
             raise InvalidArgument(f"a finished task is {SUCCEEDED!r} or {FAILED!r}, not {state!r}")
+        _check_ran_for(ran_for)
         task = self._lease(task_id, worker_id, attempt)
         if task is None:
             return None
         pool = self._pools[task.pool]
-        self._release(pool, task)
+        self._release(pool, task, now, ran_for)
         self._forget(task, final)
         self._refresh(pool)
         self._drop_if_drained(pool)
@@ -627,19 +679,23 @@ class SchedulerCore:
         worker_id: Hashable,
         attempt: int,
         not_before: float | None = None,
+        ran_for: float | None = None,
     ) -> Task | None:
         """Send a running lease back to run again: QUEUED now, or DELAYED until `not_before`.
 
         The task keeps its deadline and attempts and gets a fresh arrival (and
-        start tag). A stale lease returns None and changes nothing.
+        start tag). A stale lease returns None and changes nothing. The run
+        that ended is charged as `finish` charges it; the next run is charged
+        again when it is dispatched.
         """
         if not_before is not None and not is_time(not_before):
             raise InvalidArgument(f"not_before must be a number or None, got {not_before!r}")
+        _check_ran_for(ran_for)
         task = self._lease(task_id, worker_id, attempt)
         if task is None:
             return None
         pool = self._pools[task.pool]
-        self._release(pool, task)
+        self._release(pool, task, now, ran_for)
         if not_before is not None:
             task.not_before = not_before
         if not_before is not None and not_before > now:
@@ -704,7 +760,8 @@ class SchedulerCore:
         "queued", "delayed", "running", "dispatched", "lag", "weighted_share",
         "own_weighted_share", "own_lag"}}, "tree_nodes": {node: {"weight", "lag",
         "weighted_share"}}, "tenant_count", "ceilings": {node or "": {"limit", "running", "capped", "capped_since",
-        "capped_for"}}, "ceiling_count"}}
+        "capped_for"}}, "ceiling_count", "share_by", "share_unit", "rates": {node: {"rate", "tokens", "limited",
+        "next_start_in"}}, "minimums": {node: {"minimum", "running", "under"}}}}
 
         `tenants` names, for some pools, the only tenants to list (None in
         it stands for the untenanted); the other pools list all of theirs,
@@ -832,8 +889,14 @@ class SchedulerCore:
             return None
         return task
 
-    def _release(self, pool: PoolState, task: Task) -> None:
-        """A running task leaves its worker: uncount it as running."""
+    def _release(self, pool: PoolState, task: Task, now: float, ran_for: float | None = None) -> None:
+        """A running task leaves its worker: uncount it as running, and charge its run where runs are charged."""
+        run = self._runs.pop(task.id, None) if self._runs else None
+        if run is not None and pool.by_runtime:
+            started, charged = run
+            seconds = ran_for if ran_for is not None else max(0.0, now - started)
+            pool.correct(task, charged, quantize(seconds))
+            pool.observe(task._ts, seconds)  # type: ignore[arg-type]
         worker = self._workers.get(task.worker)
         if worker is not None:
             worker.running.pop(task.id, None)
@@ -844,6 +907,41 @@ class SchedulerCore:
         ts.running -= 1  # type: ignore[union-attr]
         if ts.ceilings:  # type: ignore[union-attr]
             pool.uncharge(ts.ceilings)  # type: ignore[union-attr]
+
+    def _catch_up(self, now: float) -> None:
+        """Let go the tenants whose rate bucket has refilled by `now`, and charge the running tasks of pools that
+        share by run time for the time they have run past their charge."""
+        for pool in self._rated:
+            if pool.refills and pool.refills[0][0] <= now and pool.refill(now):
+                self._refresh(pool)
+        overruns = self._overruns
+        while overruns and overruns[0][0] < now:
+            due, seq, task = heappop(overruns)
+            run = self._runs.get(task.id)
+            if run is None or task.state is not RUNNING or task._seq != seq or \
+                    run[0] + run[1] / QUANTA_PER_UNIT != due:
+                continue  # ended, re-dispatched or re-charged since: stale
+            pool = self._pools.get(task.pool)
+            if pool is None or not pool.by_runtime:
+                continue  # a reload changed what the pool charges: its tags are no longer in seconds
+            started, charged = run
+            ran = quantize(now - started)
+            run[1] = charge = ran + max(quantize(RECHARGE_MIN), ran // 8)
+            pool.correct(task, charged, charge)
+            heappush(overruns, (started + charge / QUANTA_PER_UNIT, seq, task))
+
+    def _watch_run(self, pool: PoolState, task: Task, now: float) -> None:
+        """A task of a pool that shares by run time started: remember when, and what it was charged."""
+        charged = pool.charged(task)
+        if charged is not None:
+            self._runs[task.id] = [now, charged]
+            heappush(self._overruns, (now + charged / QUANTA_PER_UNIT, task._seq, task))
+
+    def charged_for(self, task_id: str) -> float | None:
+        """Seconds the running task `task_id`'s tenant is charged for its run so far, in a pool that shares by run
+        time (its estimate, or more once it has run longer); None for any other task."""
+        run = self._runs.get(task_id)
+        return None if run is None else run[1] / QUANTA_PER_UNIT
 
     def _choose_pool(self, worker: WorkerState, now: float) -> PoolState | None:
         """Of the worker's pools, the one whose next task has the best class, then the

@@ -140,7 +140,7 @@ def explain_waiting(pool: PoolState, task: Task, now: float, dispatch_rate: floa
         running=pool.running, max_in_flight=pool.max_in_flight, delayed_for=delayed_for,
         retry=task.state is DELAYED and task.attempts > 0, dispatch_rate=dispatch_rate, estimate=estimate,
         estimate_note=note, arrival_rate_ahead=None if arriving is None else arriving.total,
-        at_max_in_flight=at_max_in_flight,
+        at_max_in_flight=at_max_in_flight, share_unit=pool.settings.share_unit,
     )
     return waiting if scope is None else _scoped(waiting, pool, task, scope, now, scan)
 
@@ -244,6 +244,8 @@ def _hide_above(nodes: list[NodeState], scope: str) -> list[NodeState]:
         if index < len(path) and not node.own_tasks:
             above = index < len(path) - 1
             node = replace(node, share=0.0, lag=0.0, hidden=True, ceiling=None if above else node.ceiling)
+            if above:  # its bucket and its running count follow other tenants' work too
+                node = replace(node, rate_limited_for=None, under_minimum=False)
         out.append(node)
     return out
 
@@ -268,14 +270,23 @@ def _walk_path(pool: PoolState, root: FairQueue, task: Task, now: float, nodes: 
 def _node(pool: PoolState, name: str | None, flow: Flow | None, now: float, *, own: bool) -> NodeState:
     if flow is None:
         weight = 1.0 if own else pool.weight(name)
-        return NodeState("" if name is None else name, own, weight, False, 0.0, 0.0,
+        node = NodeState("" if name is None else name, own, weight, False, 0.0, 0.0,
                          None if own else _ceiling(pool, name, now))
-    return NodeState("" if name is None else name, own, flow.weight, bool(flow.live or flow.nq), flow_share(flow),
-                     flow_lag(flow), None if own else _ceiling(pool, name, now))
+    else:
+        node = NodeState("" if name is None else name, own, flow.weight, bool(flow.live or flow.nq),
+                         flow_share(flow), flow_lag(flow), None if own else _ceiling(pool, name, now))
+    limits = None if own else pool.ceilings.get(name)
+    if limits is None or (limits.rate is None and limits.minimum is None):
+        return node
+    limited = limits.limited_until
+    return replace(node, rate=limits.rate, rate_limited_for=None if limited is None else max(0.0, limited - now),
+                   minimum=limits.minimum, under_minimum=limits.under_minimum())
 
 
 def _ceiling(pool: PoolState, name: str | None, now: float) -> CeilingState | None:
     ceiling = pool.ceilings.get(name)
+    if ceiling is not None and ceiling.limit is None:
+        return None  # a rate or a minimum, no ceiling
     if ceiling is None:
         limit = pool.settings.limit(name) if pool.settings.has_ceilings else None
         return None if limit is None else CeilingState(limit, 0, False)
@@ -360,6 +371,15 @@ def _estimate(pool: PoolState, task: Task, nodes: list[NodeState], ahead: int, q
     if capped:
         return None, (f"{', '.join(capped)} at its ceiling: none of its tasks starts until one of its running "
                       "tasks ends")
+    limited = [node for node in nodes if node.rate_limited_for is not None]
+    if limited:
+        # The slowest bucket on its path decides; the tasks ahead of it in its queue each take a token.
+        wait = max(node.rate_limited_for for node in limited)  # type: ignore[type-var]
+        slowest = min(node.rate for node in limited)  # type: ignore[type-var]
+        names = ", ".join(node.name or "(no tenant)" for node in limited)
+        seconds = wait + (queue_ahead or 0) / slowest
+        return seconds, (f"{names} rate-limited: next start in {wait:.1f} s"
+                         + (f", then {queue_ahead} ahead of it at {slowest:g}/s" if queue_ahead else ""))
     if not rate or rate <= 0:
         return None, "unknown: the pool dispatched nothing recently, so there is no rate to go by"
     incoming = arriving.total if arriving is not None else 0.0

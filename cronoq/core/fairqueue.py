@@ -43,6 +43,21 @@ Two interchangeable queues hold a class's tasks without a deadline:
 Tags are exact integers (see weights.py), so a tie between tags is a true
 tie, broken by arrival as the rules say.
 
+What a dispatch charges (`charge_of`, set by the pool from its `share_by`):
+one step `1/w` per dispatch (None), or `charge` quanta of a unit, `charge *
+(1/w)` at every level of the path (a task's cost, or its estimated run
+time). In a pool that shares by run time the charge is corrected when the
+task ends (`correct`): the node's F, and its tag while it is in the heap,
+move by the difference at every level of its path. A node in the heap keeps
+a correction in its favour even below V (it was overcharged while it stayed
+backlogged, so it is owed that); V itself never goes back. A node out of
+the heap rejoins at max(V, F) as ever: no banked credit.
+
+A node under its minimum (`pop_needy`) is served ahead of the fair order of
+its class: the walk goes down its path whatever the tags say, charges every
+node on it as usual, and moves each group's V no further than the smallest
+tag there (what a fair dispatch would have moved it to).
+
 Both queues keep their tasks in `Chain`s (chain.py), FIFOs threaded through
 the tasks themselves, and delete lazily: a cancelled task stays linked until
 it reaches the front or the chain is compacted, before its stale tasks
@@ -52,12 +67,15 @@ outnumber its live ones.
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush, heapreplace
-from typing import AbstractSet, Iterator
+from typing import AbstractSet, Callable, Iterator, Sequence
 
 from cronoq.core.chain import Chain
 from cronoq.core.settings import tenant_path
 from cronoq.core.task import Task
-from cronoq.core.weights import Tag, Weights
+from cronoq.core.weights import QUANTA_PER_UNIT, Tag, Weights
+
+ChargeOf = Callable[[Task], int]
+"""What a task's dispatch charges, in quanta of a unit (weights.py): the pool's rule for share_by cost or runtime."""
 
 # Idle flows whose F[t] is not ahead of V carry no state worth keeping (V never
 # decreases, so a fresh flow would get the same tags); they are swept once the
@@ -90,6 +108,7 @@ class Flow(Chain):
         "on",  # holds a live heap entry and counts in the parent's nback and wsum
         "capped",  # at its ceiling: out of the heap although it may have tasks
         "served",  # dispatched since its past was last forgotten (survives a forget by a ceiling)
+        "owed",  # charged pools: quanta F is ahead of `last` (the last charge and corrections since)
     )
 
     def __init__(self, tenant: str | None, weight: float, step: Tag, parent: FairQueue) -> None:
@@ -108,6 +127,7 @@ class Flow(Chain):
         self.on = False
         self.capped = False
         self.served = False
+        self.owed = QUANTA_PER_UNIT
 
 
 def flow_lag(flow: Flow) -> float:
@@ -160,10 +180,13 @@ class FairQueue:
         "capped",
         "leaves",
         "leaves_sweep_at",
+        "charge_of",
+        "charged",
     )
 
     def __init__(
-        self, weights: Weights, owner: Flow | None = None, capped: AbstractSet[str | None] = _NO_CAPS
+        self, weights: Weights, owner: Flow | None = None, capped: AbstractSet[str | None] = _NO_CAPS,
+        charge_of: ChargeOf | None = None,
     ) -> None:
         self.weights = weights
         self.flows: dict[str | None, Flow] = {}
@@ -185,6 +208,9 @@ class FairQueue:
         # sub-tenant's waiting tasks skips the walk down the tree.
         self.leaves: dict[str | None, Flow] = {}
         self.leaves_sweep_at = _MIN_SWEEP
+        # None: a dispatch charges one step; else the pool's rule for what it charges (shared by the whole tree).
+        self.charge_of = charge_of
+        self.charged = 0  # root group: the charge of the task it last handed out (with charge_of), in quanta
 
     def __len__(self) -> int:
         """Queued tasks (O(nodes): for inspection, not for the dispatch path)."""
@@ -239,12 +265,18 @@ class FairQueue:
             task = flow.head
             head = task._next  # type: ignore[union-attr]
             task._next = None  # type: ignore[union-attr]
-            self.vtime = tag
+            if tag > self.vtime:  # (only a corrected tag can be below V: V never goes back)
+                self.vtime = tag
             flow.last = tag
             flow.live -= 1
             # F[t] = S + 1/w; while the flow stays backlogged V is now S, so
             # max(V, F) is simply F and the next head's tag is F.
-            flow.finish = tag = tag + flow.step
+            charge_of = self.charge_of
+            if charge_of is None:
+                flow.finish = tag = tag + flow.step
+            else:
+                self.charged = flow.owed = charge = charge_of(task)  # type: ignore[arg-type]
+                flow.finish = tag = tag + self.weights.advance(flow.step, charge)
             flow.head = head
             if flow.live:
                 if flow.stale:
@@ -259,6 +291,132 @@ class FairQueue:
                 self._deactivate(flow)
             return task  # type: ignore[return-value]
         return None
+
+    def pop_needy(self, paths: Sequence[tuple[str | None, ...]]) -> Task | None:
+        """Remove and return the next task of the first of the nodes at `paths` (nodes under their minimum)
+        that can be dispatched from here, in the fair order among them: by (S, arrival) compared level by
+        level down their paths. None if none of them can. O(len(paths) * depth + depth * log siblings)."""
+        best: list[Flow] | None = None
+        best_key: list[tuple[Tag, int]] | None = None
+        for path in paths:
+            flows: list[Flow] = []
+            key: list[tuple[Tag, int]] = []
+            group: FairQueue | None = self
+            for name in path:
+                flow = None if group is None else group.flows.get(name)
+                if flow is None or not flow.on:
+                    break
+                flows.append(flow)
+                key.append((flow.tag, flow.head._seq if flow.sub is None else flow.hseq))  # type: ignore[union-attr]
+                group = flow.sub
+            else:
+                if best_key is None or key < best_key:
+                    best, best_key = flows, key
+        if best is None:
+            return None
+        return self._pop_along(best)
+
+    def _pop_along(self, forced: list[Flow]) -> Task:
+        """Pop down the `forced` flows (each in the heap, the first in this group), then by the smallest
+        (S, arrival) below the last, and re-tag every node on the way back up."""
+        path = list(forced)
+        flow = path[-1]
+        while flow.sub is not None:
+            flow = flow.sub._top()[3]
+            path.append(flow)
+        task: Task = flow.head  # type: ignore[assignment]
+        flow.head = task._next
+        task._next = None
+        flow.live -= 1
+        charge_of = self.charge_of
+        charge = 0
+        if charge_of is not None:
+            self.charged = charge = charge_of(task)
+        advance = self.weights.advance
+        for flow in reversed(path):
+            group = flow.parent
+            smallest = group._top()[0]  # a fair dispatch would have moved V to this tag
+            if smallest > group.vtime:
+                group.vtime = smallest
+            tag = flow.tag
+            flow.last = tag
+            if charge_of is None:
+                flow.finish = tag = tag + flow.step
+            else:
+                flow.owed = charge
+                flow.finish = tag = tag + advance(flow.step, charge)
+            group._drop_entry(flow)
+            sub = flow.sub
+            if sub is None:
+                if flow.live:
+                    if flow.stale:
+                        flow.skip_stale()
+                        if flow.stale > flow.live:
+                            flow.compact()
+                    flow.tag = tag
+                    heappush(group.heap, (tag, flow.head._seq, flow.gen, flow))  # type: ignore[union-attr]
+                else:
+                    group._deactivate(flow)
+                continue
+            flow.nq -= 1
+            if not flow.nq:
+                group._idle(flow)
+            if sub.nback:
+                flow.tag = tag
+                flow.hseq = seq = sub._top()[1]
+                heappush(group.heap, (tag, seq, flow.gen, flow))
+            else:
+                flow.on = False
+                group.nback -= 1
+                group.wsum = group.wsum - flow.weight if group.nback else 0.0
+        return task
+
+    def correct(self, path: tuple[str | None, ...], charge: int) -> None:
+        """A task of the node at `path` turned out to cost `charge` more quanta (fewer, if negative) than it was
+        charged: move F (and the tag of a node in the heap) by that at every level of its path that still
+        remembers its past. O(depth * log siblings)."""
+        advance = self.weights.advance
+        group: FairQueue | None = self
+        depth = 0
+        last = len(path) - 1
+        while group is not None and depth <= last + 1:
+            name = path[depth] if depth <= last else path[last]
+            flow = group.flows.get(name)
+            if flow is None:
+                if charge <= 0 or depth > last:
+                    return  # forgotten while idle: it banked nothing, and credit it is not owed
+                flow = group._new_flow(name)
+            group._correct(flow, charge, advance(flow.step, charge))
+            sub = flow.sub
+            if depth == last and sub is None:
+                return
+            if depth > last:
+                return
+            group = sub
+            depth += 1
+
+    def _correct(self, flow: Flow, charge: int, amount: Tag) -> None:
+        """Move one child's F (and its tag, if it is in the heap) by `amount` tag units (`charge` quanta)."""
+        vtime = self.vtime
+        if flow.on:
+            if flow.last is None:  # joined at V having forgotten its past: that join is its last start now
+                flow.last = flow.tag
+                flow.owed = 0
+            flow.owed += charge
+            flow.tag = flow.finish = flow.tag + amount
+            self._drop_entry(flow)
+            seq = flow.head._seq if flow.sub is None else flow.hseq  # type: ignore[union-attr]
+            heappush(self.heap, (flow.tag, seq, flow.gen, flow))
+            if self.owner is not None:
+                self._settle()
+            return
+        if flow.finish > vtime and flow.last is not None:
+            flow.owed += charge
+            flow.finish += amount
+        elif charge > 0:  # it owed nothing: it owes this from now on
+            flow.last = vtime
+            flow.owed = charge
+            flow.finish = vtime + amount
 
     def discard(self, task: Task) -> None:
         """Forget a task that was queued here and has just left (cancelled); O(1) amortised."""
@@ -555,14 +713,18 @@ class FairQueue:
         forgotten, the next one is one step behind the last one (V = 0,
         F = one weight-1 step), as if it had always been a child.
         """
-        sub = flow.sub = FairQueue(self.weights, flow, self.capped)
+        sub = flow.sub = FairQueue(self.weights, flow, self.capped, self.charge_of)
         served = flow.served or flow.last is not None
         if not (flow.live or served):
             return
         own = sub._new_flow(flow.tenant)
         if served:
             own.last = sub.vtime
-            own.finish = sub.vtime + own.step
+            if self.charge_of is None:
+                own.finish = sub.vtime + own.step
+            else:  # one step of what its last own task was charged
+                own.owed = flow.owed
+                own.finish = sub.vtime + self.weights.advance(own.step, own.owed)
         if not flow.live:
             return
         own.head, own.tail, own.live, own.stale = flow.head, flow.tail, flow.live, flow.stale
@@ -591,9 +753,16 @@ class FairQueue:
         task._next = None
         flow.live -= 1
         tag = flow.tag
-        group.vtime = tag
+        if tag > group.vtime:
+            group.vtime = tag
         flow.last = tag
-        flow.finish = tag = tag + flow.step
+        charge_of = self.charge_of
+        charge = 0
+        if charge_of is None:
+            flow.finish = tag = tag + flow.step
+        else:
+            self.charged = flow.owed = charge = charge_of(task)
+            flow.finish = tag = tag + self.weights.advance(flow.step, charge)
         if flow.live:
             if flow.stale:
                 flow.skip_stale()
@@ -610,9 +779,14 @@ class FairQueue:
             sub = group
             group = flow.parent
             tag = flow.tag
-            group.vtime = tag
+            if tag > group.vtime:
+                group.vtime = tag
             flow.last = tag
-            flow.finish = tag = tag + flow.step
+            if charge_of is None:
+                flow.finish = tag = tag + flow.step
+            else:
+                flow.owed = charge
+                flow.finish = tag = tag + self.weights.advance(flow.step, charge)
             flow.nq -= 1
             if not flow.nq:
                 group._idle(flow)
@@ -713,7 +887,7 @@ class FairQueue:
             if flow.live or flow.nq:
                 bsum += weight
                 if flow.last is not None:
-                    flow.finish = flow.last + step
+                    flow.finish = flow.last + (step if self.charge_of is None else weights.advance(step, flow.owed))
                 if flow.on:
                     flow.tag = flow.finish if flow.finish > vtime else vtime
                     flow.gen += 1

@@ -9,7 +9,14 @@ move so that stats and the broker's backlog limits cost O(1).
 A pool with tenant ceilings (ceilings.py) also counts the running tasks of
 every node that has one, and caps and uncaps nodes as tasks start and end;
 its classes then keep their deadline tasks in an `EdfTree` so that a capped
-node's tasks are passed over without blocking anyone.
+node's tasks are passed over without blocking anyone. Rates hold a node
+back the same way while its bucket is empty (`refills` says when to let it
+go); minimums put a node under its minimum ahead of its class's fair order.
+
+What a fair dispatch charges its tenant (`share_by`) is the pool's too:
+one dispatch, the task's cost, or its run time: estimated from the
+tenant's recent average when dispatched (`estimate`), then corrected by
+the core when the task ends, or while it runs past what it was charged.
 """
 
 from __future__ import annotations
@@ -18,12 +25,12 @@ from heapq import heapify, heappop, heappush, heapreplace
 from itertools import islice
 from typing import TYPE_CHECKING, Collection, Iterator
 
-from cronoq.core.ceilings import Ceiling, EdfTree
+from cronoq.core.ceilings import Ceiling, EdfTree, next_start
 from cronoq.core.fairqueue import FairQueue, FifoQueue
 from cronoq.core.settings import PRIORITIES, PoolSettings, tenant_path
 from cronoq.core.task import QUEUED, Task
 from cronoq.core.timers import TimedEntry
-from cronoq.core.weights import Weights
+from cronoq.core.weights import QUANTA_PER_UNIT, Weights, quantize
 
 if TYPE_CHECKING:
     from cronoq.core.workers import WorkerState
@@ -35,12 +42,19 @@ INF = float("inf")
 # while ordinary pools (fewer tenants than this) keep every tenant's counters.
 _KEEP_IDLE_TENANTS = 1024
 
+FIRST_ESTIMATE = 1.0
+"""Seconds a task is estimated to run, in a pool that shares by run time, when neither it (no cost), its tenant
+nor the pool has finished a task yet."""
+
+AVERAGE_WEIGHT = 1 / 8
+"""How much each finished run moves a tenant's (and the pool's) average run time: about its last 8 runs."""
+
 
 class TenantStats:
     """Counts of one tenant's tasks in one pool (untenanted tasks count under None), its place in
     the tenant tree and the ceilings its tasks count against."""
 
-    __slots__ = ("tenant", "path", "top", "ceilings", "queued", "delayed", "running", "dispatched")
+    __slots__ = ("tenant", "path", "top", "ceilings", "queued", "delayed", "running", "dispatched", "average")
 
     def __init__(self, tenant: str | None, ceilings: tuple[Ceiling, ...] = ()) -> None:
         self.tenant = tenant
@@ -51,6 +65,7 @@ class TenantStats:
         self.delayed = 0
         self.running = 0
         self.dispatched = 0
+        self.average: float | None = None  # its recent average run time, in a pool that shares by run time
 
 
 class ClassQueue:
@@ -90,11 +105,25 @@ class ClassQueue:
             self.tree.push(entry, task._ts.ceilings)  # type: ignore[union-attr]
         return entry
 
-    def pop(self, now: float) -> Task | None:
-        """Remove and return the next task of this class, never one whose deadline <= now."""
+    def pop(self, now: float, needy: list[Ceiling] | None = None) -> Task | None:
+        """Remove and return the next task of this class, never one whose deadline <= now. After the deadline
+        tasks, a node of `needy` (under its minimum) goes ahead of the fair order."""
+        if needy and self.rest.__class__ is FairQueue:
+            if self.tree is not None:
+                task = self.tree.pop(now)
+            else:
+                task = self._pop_edf(now)
+            if task is not None:
+                return task
+            task = self.rest.pop_needy([c.path for c in needy])  # type: ignore[union-attr]
+            return task if task is not None else self.rest.pop()
         if self.tree is not None:
             task = self.tree.pop(now)
             return task if task is not None else self.rest.pop()
+        task = self._pop_edf(now)
+        return task if task is not None else self.rest.pop()
+
+    def _pop_edf(self, now: float) -> Task | None:
         edf = self.edf
         while edf:
             deadline, seq, task = edf[0]
@@ -109,7 +138,7 @@ class ClassQueue:
                 self.edf_stale -= 1
                 continue
             return task
-        return self.rest.pop()
+        return None
 
     def peek_deadline(self, now: float) -> float | None:
         """Deadline of the task pop(now) would return (inf if it has none), None if nothing is ready."""
@@ -168,12 +197,17 @@ class PoolState:
         "dispatchable",
         "ready_workers",
         "workers",
+        "refills",
+        "minimum_nodes",
+        "average",
+        "by_runtime",
     )
 
     def __init__(self, settings: PoolSettings) -> None:
         self.name = settings.name
         self.settings = settings
-        self.weights = Weights(settings.tenant_weights, default=settings.default_weight)
+        self.weights = Weights(settings.tenant_weights, default=settings.default_weight,
+                               charged=settings.share_by != "dispatches")
         self.fair = settings.fair
         self.max_in_flight = settings.max_in_flight
         self.paused = False
@@ -200,7 +234,12 @@ class PoolState:
         self.dispatchable = False
         self.ready_workers = 0  # workers serving this pool that have a free slot
         self.workers: set[WorkerState] = set()
-        if settings.has_ceilings:
+        # (time, node) of the nodes out of tokens, when each may start again: a heap, stale entries allowed.
+        self.refills: list[tuple[float, str | None]] = []
+        self.minimum_nodes: list[Ceiling] = []  # the nodes with a minimum
+        self.average: float | None = None  # the pool's recent average run time (share_by="runtime")
+        self.by_runtime = settings.share_by == "runtime"
+        if settings.has_node_limits:
             self._apply_ceilings(None)
 
     def weight(self, tenant: str | None) -> float:
@@ -222,7 +261,7 @@ class PoolState:
                     self._sweep_ceilings()
             ts = self.tenants[tenant] = TenantStats(tenant)
             self.tenant_order.append(ts)
-            if self.settings.has_ceilings:
+            if self.settings.has_node_limits:
                 ts.ceilings = self._ceilings_on(ts.path)
         return ts
 
@@ -241,10 +280,12 @@ class PoolState:
 
     def take(self, now: float) -> Task | None:
         """Pop the next task by class, then EDF, then fair share or FIFO, and count it as running."""
+        needy = [c for c in self.minimum_nodes if c.running < c.minimum and not c.blocked] \
+            if self.minimum_nodes else None  # type: ignore[operator]
         for cls in self.classes:
             if cls.queued:
                 # Most classes hold no deadline task: go straight to the fair/FIFO part.
-                task = cls.pop(now) if cls.edf else cls.rest.pop()
+                task = cls.pop(now, needy) if cls.edf or needy else cls.rest.pop()
                 if task is not None:
                     cls.queued -= 1
                     if task.deadline is not None:
@@ -267,10 +308,72 @@ class PoolState:
         """A task under these ceilings stopped running: uncap the nodes it frees."""
         for ceiling in ceilings:
             ceiling.running -= 1
-            if ceiling.capped and ceiling.running < ceiling.limit:
+            if ceiling.capped and ceiling.running < ceiling.limit:  # type: ignore[operator]
                 ceiling.capped = False
                 ceiling.since = None
+                if ceiling.limited_until is None:
+                    self._unblock(ceiling)
+
+    def refill(self, now: float) -> bool:
+        """Let go the nodes whose rate bucket has a token again by `now`; whether any was let go."""
+        refills = self.refills
+        freed = False
+        while refills and refills[0][0] <= now:
+            due, name = heappop(refills)
+            ceiling = self.ceilings.get(name)
+            if ceiling is None or ceiling.limited_until != due:
+                continue  # stale: the node was rebuilt or re-timed by a reload
+            ceiling.limited_until = None
+            if not ceiling.capped:
                 self._unblock(ceiling)
+                freed = True
+        return freed
+
+    def next_refill(self) -> float | None:
+        """When the next node out of tokens may start again (perhaps a stale time: an early wake-up), or None."""
+        return self.refills[0][0] if self.refills else None
+
+    # -- what a fair dispatch charges -----------------------------------------
+
+    def _charge_cost(self, task: Task) -> int:
+        """share_by="cost": the task's cost (1 when unset), in quanta, at least one."""
+        cost = task.cost
+        return QUANTA_PER_UNIT if cost is None else max(1, quantize(cost))
+
+    def _charge_estimate(self, task: Task) -> int:
+        """share_by="runtime": the task's estimated run time in quanta (at least one): see `estimate`."""
+        return max(1, quantize(self.estimate(task)))
+
+    def estimate(self, task: Task) -> float:
+        """Seconds `task` is expected to run: its cost when given, else its tenant's recent average, else the
+        pool's, else FIRST_ESTIMATE."""
+        if task.cost is not None:
+            return float(task.cost)
+        average = task._ts.average  # type: ignore[union-attr]
+        if average is None:
+            average = self.average
+        return FIRST_ESTIMATE if average is None else average
+
+    def observe(self, ts: TenantStats, seconds: float) -> None:
+        """A run of `seconds` ended: move the tenant's and the pool's averages."""
+        ts.average = seconds if ts.average is None else ts.average + (seconds - ts.average) * AVERAGE_WEIGHT
+        self.average = seconds if self.average is None else self.average + (seconds - self.average) * AVERAGE_WEIGHT
+
+    def charged(self, task: Task) -> int | None:
+        """What the fair dispatch that just handed out `task` (from take) charged its tenant, in quanta; None if it
+        was not charged (a deadline task, or a pool that counts dispatches)."""
+        if task.deadline is not None:
+            return None
+        rest = self.classes[task.priority].rest
+        return rest.charged if rest.__class__ is FairQueue and rest.charge_of is not None else None  # type: ignore
+
+    def correct(self, task: Task, charged: int, charge: int) -> None:
+        """The running `task` was charged `charged` quanta; charge it `charge` instead (its tenant's tags at
+        every level of its path, in its class)."""
+        delta = charge - charged
+        rest = self.classes[task.priority].rest
+        if delta and rest.__class__ is FairQueue:
+            rest.correct(task._ts.path, delta)  # type: ignore[union-attr]
 
     def peek_key(self, now: float) -> tuple[int, float] | None:
         """(class, deadline or inf) of the task take(now) would return, or None."""
@@ -285,22 +388,25 @@ class PoolState:
         """Take new settings: new weights re-tag the queued backlog at once, new ceilings cap and
         uncap at once (`now` stamps the nodes capped by it)."""
         was_fair = self.fair
-        had_ceilings = self.settings.has_ceilings
+        had_limits = self.settings.has_node_limits
+        was_charged = self.settings.share_by
         self.settings = settings
-        self.weights = Weights(settings.tenant_weights, self.weights, settings.default_weight)
+        self.weights = Weights(settings.tenant_weights, self.weights, settings.default_weight,
+                               charged=settings.share_by != "dispatches")
         self.fair = settings.fair
         self.max_in_flight = settings.max_in_flight
+        self.by_runtime = settings.share_by == "runtime"
         for cls in self.classes:
-            if self.fair != was_fair:
-                # The kind of queue changes: move the backlog over in arrival
-                # order; a new fair queue starts from V = 0.
+            if self.fair != was_fair or settings.share_by != was_charged:
+                # The kind of queue, or the unit of its tags, changes: move the backlog over in
+                # arrival order; a new fair queue starts from V = 0.
                 backlog = cls.rest.tasks_in_order()
                 cls.rest = self._new_rest()
                 for task in backlog:
                     cls.rest.push(task)
             elif isinstance(cls.rest, FairQueue):
                 cls.rest.reweight(self.weights)
-        if had_ceilings or settings.has_ceilings:
+        if had_limits or settings.has_node_limits:
             self._apply_ceilings(now)
         self.stuck = False
 
@@ -406,7 +512,27 @@ class PoolState:
             "tree_nodes": self._tree_nodes(tenant_entries, served),
             "tenant_count": len(self.tenants),
             "ceilings": ceilings,
-            "ceiling_count": len(self.ceilings),
+            "ceiling_count": len(self.ceilings) - self._uncapped_limits(),
+            "share_by": self.settings.share_by,
+            "share_unit": self.settings.share_unit,
+            "rates": {
+                "" if c.name is None else c.name: {
+                    "rate": c.rate,
+                    "tokens": None if now is None else c.tokens(now),
+                    "limited": c.limited_until is not None,
+                    "next_start_in": None if now is None or c.limited_until is None
+                    else max(0.0, c.limited_until - now),
+                }
+                for c in self._listed(self.settings.tenant_rates)
+            },
+            "minimums": {
+                "" if c.name is None else c.name: {
+                    "minimum": c.minimum,
+                    "running": c.running,
+                    "under": c.under_minimum(),
+                }
+                for c in self.minimum_nodes
+            },
         }
 
     def _tenant_entry(self, tenant: str | None, ts: TenantStats, served: FairQueue | None) -> dict[str, object]:
@@ -422,6 +548,8 @@ class PoolState:
             "weighted_share": share,
             "own_weighted_share": own_share,
             "own_lag": self.own_lag(tenant),
+            # share_by="runtime": what its next task will be charged at dispatch (its recent average run time).
+            "average_runtime": ts.average,
         }
 
     def _tree_nodes(self, listed: dict[str, object], served: FairQueue | None) -> dict[str, dict[str, object]]:
@@ -443,21 +571,43 @@ class PoolState:
         """Every ceiling met, or with `limit`, at most that many: the capped ones first (a default ceiling per
         tenant may make a million of them; this costs O(limit), not O(ceilings))."""
         if limit is None or len(self.ceilings) <= limit:
-            return list(self.ceilings.values())
-        names = list(islice(self.capped, limit))
-        if len(names) < limit:
-            names += islice((name for name in self.ceilings if name not in self.capped), limit - len(names))
-        return [self.ceilings[name] for name in names]
+            return [c for c in self.ceilings.values() if c.limit is not None]
+        capped = (c for c in (self.ceilings[name] for name in self.capped) if c.capped)
+        out = list(islice(capped, limit))
+        if len(out) < limit:
+            rest = (c for c in self.ceilings.values() if c.limit is not None and not c.capped)
+            out += islice(rest, limit - len(out))
+        return out
+
+    def _listed(self, names: Collection[str]) -> list[Ceiling]:
+        return [self.ceilings[name] for name in names if name in self.ceilings]
+
+    def _uncapped_limits(self) -> int:
+        """Nodes that have a rate or a minimum but no ceiling (only listed nodes have those: O(listed))."""
+        listed = set(self.settings.tenant_rates) | set(self.settings.tenant_minimums)
+        return sum(1 for name in listed if name in self.ceilings and self.ceilings[name].limit is None)
 
     # -- ceilings ------------------------------------------------------------
 
     def _charge(self, ceilings: tuple[Ceiling, ...], now: float) -> None:
-        """A task under these ceilings started running: cap the nodes that reach their limit."""
+        """A task under these ceilings started running: cap the nodes that reach their limit, take a token from
+        every rated one and hold back those left without."""
         for ceiling in ceilings:
             ceiling.running += 1
-            if ceiling.running >= ceiling.limit and not ceiling.capped:
+            was_blocked = ceiling.blocked
+            limit = ceiling.limit
+            if limit is not None and ceiling.running >= limit and not ceiling.capped:
                 ceiling.capped = True
                 ceiling.since = now
+            rate = ceiling.rate
+            if rate is not None:
+                tat = ceiling.tat
+                ceiling.tat = tat = (tat if tat > now else now) + 1.0 / rate
+                start = next_start(tat, rate)
+                if start > now:
+                    ceiling.limited_until = start
+                    heappush(self.refills, (start, ceiling.name))  # type: ignore[misc]
+            if not was_blocked and ceiling.blocked:
                 self._block(ceiling)
 
     def _block(self, ceiling: Ceiling) -> None:
@@ -480,10 +630,11 @@ class PoolState:
     def _ceiling(self, name: str | None, path: tuple[str | None, ...]) -> Ceiling | None:
         ceiling = self.ceilings.get(name)
         if ceiling is None:
-            limit = self.settings.limit(name)
-            if limit is None:
+            settings = self.settings
+            limit, rate, minimum = settings.limit(name), settings.rate(name), settings.minimum(name)
+            if limit is None and rate is None and minimum is None:
                 return None
-            ceiling = self.ceilings[name] = Ceiling(name, path, limit)
+            ceiling = self.ceilings[name] = Ceiling(name, path, limit, rate, minimum)
         return ceiling
 
     def _ceilings_on(self, path: tuple[str | None, ...]) -> tuple[Ceiling, ...]:
@@ -497,31 +648,50 @@ class PoolState:
 
     def _sweep_ceilings(self) -> None:
         """Keep the listed ceilings and those a kept tenant counts against (default ones come and go)."""
-        listed = self.settings.tenant_limits
-        kept = {name: c for name, c in self.ceilings.items() if name in listed}
+        s = self.settings
+        kept = {name: c for name, c in self.ceilings.items()
+                if name in s.tenant_limits or name in s.tenant_rates or name in s.tenant_minimums}
         for ts in self.tenants.values():
             for c in ts.ceilings:
                 kept[c.name] = c
         self.ceilings = kept
 
     def _apply_ceilings(self, now: float | None) -> None:
-        """(Re)build the ceilings from the settings: recount, cap and uncap, re-sort the deadline tasks."""
-        with_ceilings = self.settings.has_ceilings
+        """(Re)build the ceilings, rates and minimums from the settings: recount, cap and uncap, carry each rated
+        node's bucket over at its new rate, re-sort the deadline tasks."""
+        settings = self.settings
+        with_limits = settings.has_node_limits
         old = self.ceilings
         self.ceilings = {}
         for ts in self.tenants.values():
-            ts.ceilings = self._ceilings_on(ts.path) if with_ceilings else ()
+            ts.ceilings = self._ceilings_on(ts.path) if with_limits else ()
             for ceiling in ts.ceilings:
                 ceiling.running += ts.running
-        for tenant in self.settings.tenant_limits:
-            self._ceiling(tenant, tenant_path(tenant))
+        for listed in (settings.tenant_limits, settings.tenant_rates, settings.tenant_minimums):
+            for tenant in listed:
+                self._ceiling(tenant, tenant_path(tenant))
         capped: set[str | None] = set()
+        self.refills = []
         for name, ceiling in self.ceilings.items():
-            if ceiling.running >= ceiling.limit:
-                capped.add(name)
-                before = old.get(name)
+            before = old.get(name)
+            if ceiling.limit is not None and ceiling.running >= ceiling.limit:
                 ceiling.capped = True
                 ceiling.since = before.since if before is not None and before.capped else now
+            if ceiling.rate is not None and before is not None and before.rate is not None:
+                # The bucket keeps the tokens it had spent, repaid at the new rate: its debt, (tat - now) seconds
+                # at the old rate, is (tat - now) * old / new at the new one. A node just out of tokens stays out
+                # until its next token at the new pace, and a raised rate frees a backlog at once.
+                ceiling.tat = before.tat
+                if now is not None and before.tat > now:
+                    ceiling.tat = now + (before.tat - now) * before.rate / ceiling.rate
+                start = next_start(ceiling.tat, ceiling.rate)
+                if (start > now) if now is not None else before.limited_until is not None:
+                    ceiling.limited_until = start
+                    self.refills.append((start, name))  # type: ignore[arg-type]
+            if ceiling.blocked:
+                capped.add(name)
+        heapify(self.refills)
+        self.minimum_nodes = [c for c in self.ceilings.values() if c.minimum is not None]
         unblocked = self.capped - capped
         blocked = capped - self.capped
         self.capped.clear()
@@ -536,7 +706,7 @@ class PoolState:
             entries = cls.tree.entries() if cls.tree is not None else cls.edf
             entries = [e for e in entries if e[1] == e[2]._seq and e[2].state is QUEUED]
             cls.edf_stale = 0
-            if with_ceilings:
+            if with_limits:
                 cls.edf = []
                 cls.tree = EdfTree(cls, self.capped)
                 for entry in entries:
@@ -548,4 +718,9 @@ class PoolState:
         self.stuck = False
 
     def _new_rest(self) -> FairQueue | FifoQueue:
-        return FairQueue(self.weights, capped=self.capped) if self.fair else FifoQueue()
+        if not self.fair:
+            return FifoQueue()
+        share_by = self.settings.share_by
+        charge_of = (None if share_by == "dispatches" else
+                     self._charge_cost if share_by == "cost" else self._charge_estimate)
+        return FairQueue(self.weights, capped=self.capped, charge_of=charge_of)

@@ -23,6 +23,12 @@ PRIORITY_CLASS: Mapping[str, int] = MappingProxyType({name: i for i, name in enu
 MAX_TENANT_DEPTH = 8
 """How many `/`-separated segments a tenant name may have."""
 
+SHARE_BY: tuple[str, ...] = ("dispatches", "cost", "runtime")
+"""What a dispatch charges its tenant's share: one dispatch, the task's declared cost, or its measured run time."""
+
+SHARE_UNIT: Mapping[str, str] = MappingProxyType({"dispatches": "dispatches", "cost": "cost", "runtime": "seconds"})
+"""The unit lag, virtual time and shares are read in, by `share_by`."""
+
 
 def _frozen(mapping: Mapping) -> Mapping:
     return MappingProxyType(dict(mapping))
@@ -30,16 +36,25 @@ def _frozen(mapping: Mapping) -> Mapping:
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """How one pool schedules: tenant weights and ceilings, fair sharing, and its in-flight cap.
+    """How one pool schedules: tenant weights, ceilings, rates and minimums, fair sharing, what a share counts,
+    and its in-flight cap.
 
     A pool is fair when it sets any of `tenant_weights`, `fair_share`,
-    `default_weight`, `tenant_limits` or `default_tenant_limit`; then tenants
+    `default_weight`, `tenant_limits`, `default_tenant_limit`,
+    `tenant_rates`, `tenant_minimums`, or a `share_by` other than
+    "dispatches"; then tenants
     share each priority class by hierarchical weighted start-time fair
     queuing. Nodes not listed weigh `default_weight` (1 when unset); tasks
     without a tenant form one more top-level tenant of weight 1.
     `tenant_limits` caps how many tasks of a node's subtree run at once;
     `default_tenant_limit` caps each top-level tenant not listed (the
     untenanted tasks included). `max_in_flight=None` means no pool cap.
+    `share_by` is what a dispatch charges its tenant: "dispatches" (1),
+    "cost" (the task's cost) or "runtime" (its run time, estimated then
+    corrected). `tenant_rates` holds the most dispatches per second a node's
+    subtree may start (a bucket of one second's worth, at least one);
+    `tenant_minimums` the running tasks a node's subtree is guaranteed while
+    it has work queued (docs/scheduling.md).
     """
 
     name: str
@@ -49,11 +64,16 @@ class PoolSettings:
     tenant_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     default_weight: float | None = None
     default_tenant_limit: int | None = None
+    share_by: str = "dispatches"
+    tenant_rates: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    tenant_minimums: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         # Freeze the mappings so a settings value can be shared safely.
         object.__setattr__(self, "tenant_weights", _frozen(self.tenant_weights))
         object.__setattr__(self, "tenant_limits", _frozen(self.tenant_limits))
+        object.__setattr__(self, "tenant_rates", _frozen(self.tenant_rates))
+        object.__setattr__(self, "tenant_minimums", _frozen(self.tenant_minimums))
 
     @property
     def fair(self) -> bool:
@@ -61,8 +81,20 @@ class PoolSettings:
             self.fair_share
             or bool(self.tenant_weights)
             or self.default_weight is not None
-            or self.has_ceilings
+            or self.has_node_limits
+            or self.share_by != "dispatches"
         )
+
+    @property
+    def has_node_limits(self) -> bool:
+        """Whether any node of this pool has a ceiling, a rate or a minimum: the pool then counts the running
+        tasks of those nodes' subtrees and passes over the ones it must hold back."""
+        return self.has_ceilings or bool(self.tenant_rates) or bool(self.tenant_minimums)
+
+    @property
+    def share_unit(self) -> str:
+        """What lag, virtual time and shares are counted in: "dispatches", "cost" or "seconds"."""
+        return SHARE_UNIT.get(self.share_by, self.share_by)
 
     @property
     def has_ceilings(self) -> bool:
@@ -87,6 +119,14 @@ class PoolSettings:
             if len(tenant_path(tenant)) > 1:
                 return None
         return self.default_tenant_limit
+
+    def rate(self, tenant: str | None) -> float | None:
+        """The most dispatches per second node `tenant`'s subtree may start, or None."""
+        return None if tenant is None else self.tenant_rates.get(tenant)
+
+    def minimum(self, tenant: str | None) -> int | None:
+        """The running tasks node `tenant`'s subtree is guaranteed while it has work queued, or None."""
+        return None if tenant is None else self.tenant_minimums.get(tenant)
 
 
 def tenant_path(tenant: str | None) -> tuple[str | None, ...]:

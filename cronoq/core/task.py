@@ -36,7 +36,9 @@ class Task:
     same clock as the `now` given to the core), or None. `payload` is opaque
     to the core. `state`, `attempts` and `worker` are maintained by the core:
     `attempts` counts dispatches, `worker` names the worker holding the task
-    while it runs.
+    while it runs. `cost` (None: 1) is what the task charges its tenant's
+    share in a pool with share_by="cost", and its run time's first estimate,
+    in seconds, in one with share_by="runtime".
 
     A Task object enters a core once: after it ends, run it again by
     submitting a new Task (the core may still hold stale references to the
@@ -55,6 +57,7 @@ class Task:
         "state",
         "attempts",
         "worker",
+        "cost",
         # Private bookkeeping of the core:
         "_seq",  # arrival number of the current stay in the core's queues; 0 = never submitted
         "_ts",  # the TenantStats record this task is counted in
@@ -71,6 +74,7 @@ class Task:
     state: str
     attempts: int
     worker: Hashable | None
+    cost: float | None
     _seq: int
     _ts: TenantStats | None
     _next: Task | None
@@ -85,6 +89,7 @@ class Task:
         deadline: float | None = None,
         not_before: float | None = None,
         payload: object = None,
+        cost: float | None = None,
     ) -> None:
         self.id = id
         self.pool = pool
@@ -96,6 +101,7 @@ class Task:
         self.state = QUEUED
         self.attempts = 0
         self.worker = None
+        self.cost = cost
         self._seq = 0
         self._ts = None
         self._next = None

@@ -8,6 +8,13 @@ and tags are integers. Weights are read as the decimals they were written as
 (0.5 is 1/2, 2.5 is 5/2). Only weights whose scale would exceed 2^40 fall back
 to float tags.
 
+A pool that shares by cost or run time charges a dispatch more than one
+step: `charge` quanta of 1/QUANTA_PER_UNIT of a unit (a thousandth of a cost
+unit, a millisecond), each charged `step * charge / QUANTA_PER_UNIT` tag
+units. Such a pool's scale is a multiple of each weight's numerator times
+QUANTA_PER_UNIT, so every step is a multiple of QUANTA_PER_UNIT and that is
+an exact integer too: ties between charged tags stay true ties.
+
 One `Weights` serves every level of a pool's tenant tree: tags of all levels
 are in the same units, and a weight is looked up by the node's full name.
 """
@@ -23,6 +30,14 @@ Tag = Union[int, float]
 # Beyond this the integer tags would turn into slow big numbers; use floats.
 _MAX_SCALE = 1 << 40
 
+QUANTA_PER_UNIT = 1000
+"""Charges are whole thousandths of a unit: of a cost unit, or milliseconds of run time."""
+
+
+def quantize(amount: float) -> int:
+    """`amount` units as whole quanta (rounded to the nearest; never negative)."""
+    return max(0, round(amount * QUANTA_PER_UNIT))
+
 
 class Weights:
     """The node weights of one pool, with each 1/w as an exact tag step.
@@ -37,7 +52,8 @@ class Weights:
     __slots__ = ("weights", "default", "scale", "steps", "default_step", "unit_step")
 
     def __init__(
-        self, weights: Mapping[str, float], previous: Weights | None = None, default: float | None = None
+        self, weights: Mapping[str, float], previous: Weights | None = None, default: float | None = None,
+        charged: bool = False,
     ) -> None:
         self.weights = {tenant: float(w) for tenant, w in weights.items()}
         self.default = 1.0 if default is None else float(default)
@@ -45,8 +61,10 @@ class Weights:
         default_exact = _as_fraction(self.default if default is None else default)
         scale: int | None = 1 if previous is None else previous.scale
         if scale is not None:
+            # Charged: every step must hold whole thousandths, so each numerator counts a thousand times over.
+            per_unit = QUANTA_PER_UNIT if charged else 1
             for f in (*exact.values(), default_exact):
-                scale = lcm(scale, f.numerator)
+                scale = lcm(scale, f.numerator * per_unit)
                 if scale > _MAX_SCALE:
                     scale = None
                     break
@@ -68,6 +86,12 @@ class Weights:
     def step(self, tenant: str | None) -> Tag:
         """1/w of node `tenant` in tag units."""
         return self.unit_step if tenant is None else self.steps.get(tenant, self.default_step)
+
+    def advance(self, step: Tag, charge: int) -> Tag:
+        """The tag units a node of step `step` is charged for `charge` quanta (exact with integer tags)."""
+        if self.scale is None:
+            return step * charge / QUANTA_PER_UNIT
+        return step * charge // QUANTA_PER_UNIT
 
     def to_dispatches(self, tag: Tag) -> float:
         """A tag (or tag difference) in dispatches of a weight-1 node."""

@@ -28,6 +28,7 @@ of clients in other languages. In short:
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Union, get_args
 
@@ -98,6 +99,9 @@ class Submit(_Message, tag="submit"):
     max_retries: int = 0
     submission: Union[str, None] = None
     watch: bool = False
+    cost: Union[float, None] = None
+    """What the task charges its tenant's share in a pool with share_by = "cost" (None: 1). Sent only when
+    given, so a broker that does not know it reads every other submit as before."""
 
 
 class Wait(_Message, tag="wait"):
@@ -271,7 +275,8 @@ class Ready(_Message, tag="ready"):
 
     `settings` holds, per pool, only the settings the worker's `Pool` set
     explicitly (tenant_weights, fair_share, max_in_flight, tenant_limits,
-    default_weight, default_tenant_limit); the broker refuses
+    default_weight, default_tenant_limit, share_by, tenant_rates,
+    tenant_minimums); the broker refuses
     the worker with FAILED_PRECONDITION when one disagrees with its config.
     `concurrency` is the worker's total slots: the slots not free are busy with
     tasks whose `Done` will return them, and no other `Done` may add a slot.
@@ -789,6 +794,23 @@ def check_body(body: bytes, what: str) -> None:
         raise InvalidArgument(f"{what} is not one msgpack document ({exc}): encode it as msgpack") from None
     except RecursionError:
         raise InvalidArgument(f"{what} is not one msgpack document that can be read: it is nested too deeply") from None
+
+
+MAX_COST = 1e9
+"""The largest `cost` a task may declare: a billion units (tokens, pages; seconds in a pool that shares by run
+time). Far above any real task's, it keeps a pool's tags (whole thousandths of a unit) well within 2**53."""
+
+
+def check_cost(cost: object) -> None:
+    """A task's `cost` is None (it counts 1) or a positive finite number no more than MAX_COST: InvalidArgument
+    saying so otherwise. The client checks before sending, the task book again on receipt."""
+    if cost is None:
+        return
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost <= 0:
+        raise InvalidArgument(f"cost must be a positive number (what the task charges its tenant's share in a pool "
+                              f"with share_by = 'cost'), got {cost!r}")
+    if cost > MAX_COST:
+        raise InvalidArgument(f"cost must be at most {MAX_COST:g}, got {cost!r}")
 
 
 def encode_body(value: Any) -> bytes:

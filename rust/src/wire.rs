@@ -127,6 +127,7 @@ pub static CLIENT_REQUESTS: &[Schema] = &[
             f("max_retries", K::Int, D::Int(0)),
             f("submission", K::OptStr, D::Nil),
             f("watch", K::Bool, D::Bool(false)),
+            f("cost", K::OptFloat, D::Nil),
         ],
     },
     Schema { tag: "wait", fields: &[req("rid", K::Int), req("id", K::TaskId)] },

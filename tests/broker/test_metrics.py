@@ -82,3 +82,25 @@ def test_each_ceiling_is_exposed_with_how_long_its_node_has_been_capped():
     assert got[("cronoq_tenant_ceiling_running_tasks", acme)] == 2
     assert (got[("cronoq_tenant_capped", acme)], got[("cronoq_tenant_capped", search)]) == (1, 0)
     assert (got[("cronoq_tenant_capped_seconds", acme)], got[("cronoq_tenant_capped_seconds", search)]) == (6.5, 0)
+
+
+def test_rates_minimums_and_lag_in_the_pool_s_unit_are_exposed():
+    core = SchedulerCore([PoolSettings("gpu", share_by="cost", tenant_rates={"acme": 1},
+                                       tenant_minimums={"light": 3})])
+    for i in range(2):
+        core.submit(Task(f"a{i}", "gpu", tenant="acme", cost=4.0), 0.0)
+    core.submit(Task("l0", "gpu", tenant="light"), 0.0)
+    core.add_worker("w", ["gpu"], 2)
+    core.dispatch(0.0)  # light (under its minimum) and one of acme's, which spends acme's token
+    core.submit(Task("l1", "gpu", tenant="light"), 0.0)
+    text = generate_latest(registry_for(lambda: {"pools": core.stats(now=0.25), "workers": 1}, BrokerMetrics()))
+    got = samples(text.decode())
+    acme, light = (("pool", "gpu"), ("tenant", "acme")), (("pool", "gpu"), ("tenant", "light"))
+    assert got[("cronoq_tenant_rate", acme)] == 1
+    assert got[("cronoq_tenant_rate_limited", acme)] == 1
+    assert got[("cronoq_tenant_rate_next_start_seconds", acme)] == 0.75
+    assert (got[("cronoq_tenant_minimum", light)], got[("cronoq_tenant_minimum_running_tasks", light)]) == (3, 1)
+    assert got[("cronoq_tenant_under_minimum", light)] == 1
+    assert got[("cronoq_pool_share_by", (("pool", "gpu"), ("share_by", "cost")))] == 1
+    assert ("cronoq_tenant_lag", (*acme, ("unit", "cost"))) in got
+    assert ("cronoq_tenant_lag_dispatches", acme) not in got  # its lag is not in dispatches

@@ -102,3 +102,46 @@ def test_an_ancestor_without_tasks_of_its_own_gets_a_row_with_its_share_and_lag(
     text = status_text({"pools": core.stats(), "workers": 0})
     assert _fair_column(text) == {"acme": "75.0%", "search": "75.0%", "globex": "25.0%"}
     assert "acme (own)" not in text
+
+
+def rated_core() -> SchedulerCore:
+    """acme at 1/s has spent its token; light (minimum 3) runs 1 and has 1 more queued; the pool shares by run
+    time."""
+    core = SchedulerCore([PoolSettings("gpu", share_by="runtime", tenant_rates={"acme": 1, "globex": 4},
+                                       tenant_minimums={"light": 3})])
+    for i in range(3):
+        core.submit(Task(f"acme{i}", "gpu", tenant="acme"), 0.0)
+    core.submit(Task("light0", "gpu", tenant="light"), 0.0)
+    core.add_worker("w", ["gpu"], 2)
+    core.dispatch(0.0)
+    core.submit(Task("light1", "gpu", tenant="light"), 0.0)
+    return core
+
+
+def test_status_shows_the_unit_rates_and_minimums():
+    text = status_text({"pools": rated_core().stats(now=0.25), "workers": 1})
+    assert "  shares by runtime: weights share out worker time; lag in seconds" in text
+    rates = text.split("  rates (starts per second):\n")[1].splitlines()
+    assert rates[0] == "    acme                  1/s rate-limited: next start in 0.8 s"
+    assert rates[1].startswith("    globex                4/s, 4.0 to start at once")
+    minimums = text.split("  minimums (running of minimum):\n")[1].splitlines()
+    assert minimums[0] == "    light                1 of 3     under its minimum: its tasks go first"
+
+
+def test_top_shows_only_the_rate_limited_and_those_under_their_minimum():
+    frame = top_frame({"pools": rated_core().stats(now=0.25), "workers": 1}, None, 0.0)
+    assert "  rate-limited:\n    acme                  1/s rate-limited: next start in 0.8 s" in frame
+    assert "globex" not in frame.split("rate-limited:")[1]
+    assert "  under their minimums (go first):\n    light" in frame
+    assert re.search(r"lag [+-]\d+\.\d s", frame)
+
+
+def test_status_shows_each_tenant_s_average_run_in_a_run_time_pool():
+    core = SchedulerCore([PoolSettings("gpu", share_by="runtime")])
+    core.submit(Task("a0", "gpu", tenant="acme"), 0.0)
+    core.add_worker("w", ["gpu"], 1)
+    core.dispatch(0.0)
+    core.finish("a0", 2.5, worker_id="w", attempt=1, state="succeeded")
+    core.submit(Task("a1", "gpu", tenant="acme"), 2.5)
+    text = status_text({"pools": core.stats(now=3.0), "workers": 1})
+    assert "  average run (s), each tenant's next estimate: acme 2.50" in text

@@ -11,7 +11,16 @@ subtree has `limit` tasks running.
 Tags are exact Fractions here, as the rules' arithmetic is. It relies
 on one fact shown in docs/scheduling.md: the start tag of a child that can
 be dispatched from equals max(V, F) evaluated at any moment while it can,
-so no tag is stored at all. When a node gets work after having none (or
+so no tag is stored at all. What a dispatch adds to F is 1/w, or in a pool
+that shares by cost, 1/w times the task's cost in whole thousandths (at
+least one). A node is held back while at its ceiling or while its rate
+bucket is empty: its theoretical arrival time `tat` (one float per rated
+node) says when it may start again, against the `now` of the last expire or
+dispatch. A node with a minimum that runs fewer tasks than that goes ahead
+of its class's fair order, the needy ones among themselves by their
+(tag, arrival) compared level by level down their paths; such a dispatch
+moves each group's V on its path to no more than the smallest tag there.
+When a node gets work after having none (or
 can be dispatched from again after being capped) the rules of
 docs/scheduling.md decide which of its past it forgets; this model applies
 them after every operation by comparing which nodes were backlogged and
@@ -49,6 +58,7 @@ class MTask:
     attempts: int = 0
     worker: Hashable | None = None
     seq: int = 0
+    cost: float | None = None
 
 
 @dataclass
@@ -109,12 +119,14 @@ class MPool:
     finish: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # key -> F
     backlogged: list[set] = field(default_factory=lambda: [set() for _ in range(4)])  # as of the last settle
     eligible: list[set] = field(default_factory=lambda: [set() for _ in range(4)])
+    charge: list[dict] = field(default_factory=lambda: [{} for _ in range(4)])  # key -> quanta of its last dispatch
+    tat: dict = field(default_factory=dict)  # rated node -> theoretical arrival time of its bucket
 
     def reset(self) -> None:
-        """Start the fair state afresh (the pool changed its kind of queue)."""
+        """Start the fair state afresh (the pool changed its kind of queue, or the unit of its tags)."""
         fresh = MPool(self.settings)
         self.vtime, self.last, self.finish = fresh.vtime, fresh.last, fresh.finish
-        self.backlogged, self.eligible = fresh.backlogged, fresh.eligible
+        self.backlogged, self.eligible, self.charge = fresh.backlogged, fresh.eligible, fresh.charge
 
 
 class Model:
@@ -124,6 +136,7 @@ class Model:
         self.workers: dict[Hashable, MWorker] = {}
         self.ready: list[Hashable] = []  # LRU order, least recently ready first
         self.seq = 0
+        self.clock = -INF  # the `now` of the last expire or dispatch: what rate buckets are read against
         self.configure(pools)
 
     # pools
@@ -132,8 +145,8 @@ class Model:
         for s in pools:
             if s.name in self.pools:
                 p = self.pools[s.name]
-                if p.settings.fair != s.fair:
-                    # A pool that changes its kind of queue starts its fair state afresh.
+                if p.settings.fair != s.fair or p.settings.share_by != s.share_by:
+                    # A pool that changes its kind of queue, or the unit of its tags, starts its fair state afresh.
                     p.reset()
                 elif s.fair:
                     # New weights reach the backlog: F of each backlogged node is
@@ -141,7 +154,10 @@ class Model:
                     for cls in range(4):
                         for key in p.backlogged[cls]:
                             last = p.last[cls].get(key)
-                            p.finish[cls][key] = 0 if last is None else last + _inverse(s, key)
+                            p.finish[cls][key] = (0 if last is None else
+                                                  last + _inverse(s, key) * _units(s, p.charge[cls].get(key)))
+                # A bucket is kept, counted at its new rate, while the node keeps a rate.
+                p.tat = {node: tat for node, tat in p.tat.items() if node in s.tenant_rates}
                 p.settings = s
                 p.draining = False
             else:
@@ -263,6 +279,7 @@ class Model:
         return t
 
     def expire(self, now: float) -> list[MTask]:
+        self.clock = now
         out = []
         due = [t for t in self.tasks.values() if t.state == DELAYED and _timer_key(t) <= now]
         due.sort(key=lambda t: (_timer_key(t), t.seq))
@@ -286,7 +303,15 @@ class Model:
     def next_wakeup(self) -> float | None:
         times = [_timer_key(t) for t in self.tasks.values() if t.state == DELAYED]
         times += [t.deadline for t in self.tasks.values() if t.state == QUEUED and t.deadline is not None]
+        for name, p in self.pools.items():
+            if any(t.pool == name and t.state == QUEUED for t in self.tasks.values()):
+                times += [start for node in p.tat if (start := self._next_start(name, node)) > self.clock]
         return min(times) if times else None
+
+    def _next_start(self, name: str, node) -> float:
+        rate = self.pools[name].settings.tenant_rates[node]
+        capacity = rate if rate > 1.0 else 1.0
+        return self.pools[name].tat.get(node, -INF) - (capacity - 1.0) / rate
 
     # workers
     def add_worker(self, wid: Hashable, pools: list[str], free: int) -> None:
@@ -384,6 +409,9 @@ class Model:
                 continue
             if not s.fair:
                 return (cls, INF), min(rest, key=lambda t: t.seq), None
+            needy = self._pick_needy(name, cls, rest)
+            if needy is not None:
+                return (cls, INF), needy[0], needy[1]
             picked = self._pick(name, cls, ROOT, rest)
             if picked is None:
                 continue  # everything left is capped
@@ -413,6 +441,31 @@ class Model:
             return None
         return best[1], best[2]
 
+    def _pick_needy(self, name: str, cls: int, rest: list[MTask]) -> tuple[MTask, list] | None:
+        """The task of the first node under its minimum in the fair order among them, with the (key, tag,
+        forced) of each level: forced down to the needy node, by the fair order below it."""
+        p = self.pools[name]
+        best = None
+        for node, minimum in p.settings.tenant_minimums.items():
+            if self._running(name, node) >= minimum:
+                continue
+            path = prefixes(node)
+            if not all(k in p.eligible[cls] for k in path):
+                continue
+            key, tags = [], []
+            for k in path:
+                tag = max(p.vtime[cls].get(parent_of(k), Fraction(0)), p.finish[cls].get(k, Fraction(0)))
+                task, _below = self._pick(name, cls, k, rest)  # what the node would hand out
+                key.append((tag, task.seq))
+                tags.append((k, tag, True))
+            if best is None or key < best[0]:
+                best = (key, tags, path[-1])
+        if best is None:
+            return None
+        _key, tags, node = best
+        task, below_tags = self._pick(name, cls, node, rest)
+        return task, tags + [(k, tag, False) for k, tag in below_tags]
+
     # ceilings and the tree's transitions
     def _running(self, name: str, node) -> int:
         return sum(
@@ -420,8 +473,11 @@ class Model:
         )
 
     def _capped(self, name: str, node) -> bool:
+        """Held back: at its ceiling, or its rate bucket is empty at the clock."""
         limit = self.pools[name].settings.limit(node)
-        return limit is not None and self._running(name, node) >= limit
+        if limit is not None and self._running(name, node) >= limit:
+            return True
+        return node in self.pools[name].settings.tenant_rates and self._next_start(name, node) > self.clock
 
     def _blocked(self, name: str, tenant: str | None) -> bool:
         return any(self._capped(name, node) for node in prefixes(tenant))
@@ -465,6 +521,8 @@ class Model:
                 p.backlogged[cls], p.eligible[cls] = backlogged, eligible
 
     def dispatch(self, now: float, limit: int | None) -> list[tuple[Hashable, MTask]]:
+        self.clock = now
+        self._settle()  # buckets refilled by now let their nodes go
         out: list[tuple[Hashable, MTask]] = []
         while limit is None or len(out) < limit:
             for wid in list(self.ready):
@@ -483,12 +541,31 @@ class Model:
                     continue
                 _key, t, tags, name, at = best
                 w.rr = at + 1
+                p = self.pools[name]
                 if tags is not None:
-                    p = self.pools[name]
-                    for key, tag in tags:
-                        p.vtime[t.priority][parent_of(key)] = tag
-                        p.last[t.priority][key] = tag
-                        p.finish[t.priority][key] = tag + _inverse(p.settings, key)
+                    cls = t.priority
+                    charge = _charge(p.settings, t)
+                    # A forced level (a node under its minimum) moves V only to the smallest tag of its group.
+                    smallest = {}
+                    for key, tag, *forced in tags:
+                        if forced and forced[0]:
+                            parent = parent_of(key)
+                            smallest[key] = min(
+                                max(p.vtime[cls].get(parent, Fraction(0)), p.finish[cls].get(k, Fraction(0)))
+                                for k in p.eligible[cls] if parent_of(k) == parent
+                            )
+                    for key, tag, *forced in tags:
+                        parent = parent_of(key)
+                        vtime = p.vtime[cls].get(parent, Fraction(0))
+                        p.vtime[cls][parent] = max(vtime, smallest.get(key, tag))
+                        p.last[cls][key] = tag
+                        p.charge[cls][key] = charge
+                        p.finish[cls][key] = tag + _inverse(p.settings, key) * _units(p.settings, charge)
+                for node in prefixes(t.tenant):
+                    rate = p.settings.tenant_rates.get(node) if node is not None else None
+                    if rate is not None:
+                        tat = p.tat.get(node, -INF)
+                        p.tat[node] = (tat if tat > now else now) + 1.0 / rate
                 t.state = RUNNING
                 t.worker = wid
                 t.attempts += 1
@@ -510,6 +587,21 @@ def _inverse(s: PoolSettings, key) -> Fraction:
     if isinstance(key, tuple):
         return Fraction(1)
     return 1 / Fraction(repr(float(s.weight(key))))
+
+
+QUANTA = 1000  # a charge is whole thousandths of a unit
+
+
+def _charge(s: PoolSettings, t: MTask) -> int | None:
+    """What a dispatch of `t` charges in quanta: None (one step) unless the pool shares by cost."""
+    if s.share_by != "cost":
+        return None
+    return QUANTA if t.cost is None else max(1, round(t.cost * QUANTA))
+
+
+def _units(s: PoolSettings, charge: int | None) -> Fraction:
+    """A charge as a multiple of 1/w."""
+    return Fraction(1) if charge is None or s.share_by == "dispatches" else Fraction(charge, QUANTA)
 
 
 def _timer_key(t: MTask) -> float:

@@ -710,7 +710,9 @@ def test_counts_and_stats_are_plain_json():
         "weighted_share": 1.0,  # alone in the normal class, the one served now
         "own_weighted_share": 1.0,
         "own_lag": 0.0,
+        "average_runtime": None,  # known only in a pool that shares by run time
     }
+    assert (p["share_by"], p["share_unit"], p["rates"], p["minimums"]) == ("dispatches", "dispatches", {}, {})
     assert p["tree_nodes"] == {}
     assert p["tenants"][""]["delayed"] == 1
     assert stats["q"]["max_in_flight"] == 3 and stats["q"]["fair"] is False

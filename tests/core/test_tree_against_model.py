@@ -34,12 +34,28 @@ LIMITS = [
 ]
 
 
+RATES = [{}, {"a": 2, "a/x": 0.5}, {"a/x/p": 1, "b": 3}]
+MINIMUMS = [{}, {"b": 1, "a/y": 1}, {"a": 1, "a/x": 1}]
+
+
 @st.composite
 def tree_pool_settings(draw: st.DrawFn, name: str) -> PoolSettings:
-    kind = draw(st.sampled_from(["weights", "fair_share", "limits", "plain"]))
+    kind = draw(st.sampled_from(["weights", "fair_share", "limits", "plain", "rated"]))
     cap = draw(st.sampled_from([None, None, 2, 3]))
     if kind == "plain":
         return PoolSettings(name, max_in_flight=cap)
+    if kind == "rated":
+        # Rates and minimums on a node and its ancestors at once, with ceilings, in either unit.
+        limits, default_limit = draw(st.sampled_from(LIMITS))
+        return PoolSettings(
+            name,
+            tenant_weights=draw(st.sampled_from(WEIGHTS)),
+            tenant_limits=limits,
+            default_tenant_limit=default_limit,
+            tenant_rates=draw(st.sampled_from(RATES)),
+            tenant_minimums=draw(st.sampled_from(MINIMUMS)),
+            share_by=draw(st.sampled_from(["dispatches", "cost"])),
+        )
     weights = draw(st.sampled_from(WEIGHTS)) if kind == "weights" else {}
     limits, default_limit = draw(st.sampled_from(LIMITS)) if kind != "fair_share" else ({}, None)
     return PoolSettings(
@@ -147,6 +163,7 @@ class TreeVersusModel(flat.CoreVersusModel):
         keep = data.draw(st.lists(st.sampled_from(flat.POOL_NAMES), min_size=1, max_size=3, unique=True))
         pools = [data.draw(tree_pool_settings(name)) for name in keep]
         self.core.configure(pools, self.now)
+        self.model.clock = self.now  # the core reads the buckets at the reload's `now`
         self.model.configure(pools)
 
     def _running_per_node(self) -> dict:

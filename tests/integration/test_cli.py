@@ -342,3 +342,15 @@ def test_cancel_says_why_a_running_or_finished_task_was_not_cancelled(broker_fac
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_submit_takes_a_cost_and_refuses_a_bad_one_in_a_sentence(broker_factory):
+    broker = broker_factory(TWO_TENANTS, env=ENV)
+    assert cli(broker, "pause", "llm").returncode == 0
+    for bad in ("0", "-2", "nan"):
+        refused = cli(broker, "submit", "1", "--pool", "llm", "--cost", bad)
+        assert refused.returncode == 1 and "cost must be a positive number" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    accepted = cli(broker, "submit", "1", "--pool", "llm", "--tenant", "acme", "--cost", "2.5")
+    assert accepted.returncode == 0, accepted.stderr
+    assert json.loads(cli(broker, "status", "--json").stdout)["pools"]["llm"]["queued"] == 1

@@ -35,3 +35,12 @@ def test_blocking_code_submits_and_waits(broker_factory, tmp_path):
     finally:
         worker.terminate()
         assert worker.wait(10) == 0  # SIGTERM: the worker finishes and leaves cleanly
+
+
+def test_blocking_code_submits_with_a_cost_and_is_told_a_bad_one(broker_factory):
+    broker = broker_factory('[[pools]]\nname = "llm"\nshare_by = "cost"\n')
+    with cronoq.connect_sync(broker.clients) as sched:
+        with pytest.raises(cronoq.InvalidArgument, match="cost must be a positive number"):
+            sched.submit("x", pool="llm", cost=-1)
+        handle = sched.submit("x", pool="llm", tenant="acme", cost=12.5)
+        assert sched.explain(handle.id).cost == 12.5

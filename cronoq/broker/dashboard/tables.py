@@ -141,6 +141,7 @@ def tenant_rows(pool: dict[str, Any], recent: dict[str, int], weight_of: Callabl
             keep.add(node_name)
             node_name = _parent(node_name)
     ceilings = pool.get("ceilings", {})
+    rates, minimums = pool.get("rates") or {}, pool.get("minimums") or {}
     rows: list[dict[str, Any]] = []
 
     def visit(parent: str | None, depth: int) -> None:
@@ -163,12 +164,28 @@ def tenant_rows(pool: dict[str, Any], recent: dict[str, int], weight_of: Callabl
                 "lag": float(listed["lag"]) if listed is not None else lag_of(name),
                 "ceiling": None if ceiling is None else {
                     "limit": ceiling["limit"], "running": ceiling["running"], "capped": ceiling["capped"]},
+                "rate": _rate(rates.get(name)),
+                "minimum": _minimum(minimums.get(name)),
             })
             if name != NO_TENANT:
                 visit(name, depth + 1)
 
     visit(None, 0)
     return rows
+
+
+def _rate(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A node's rate as a row shows it: starts per second, whether it is out of tokens, and for how long."""
+    if entry is None:
+        return None
+    return {"rate": entry["rate"], "limited": bool(entry.get("limited")), "next_start_in": entry.get("next_start_in")}
+
+
+def _minimum(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A node's minimum as a row shows it: the guarantee, its running tasks, and whether it is under it."""
+    if entry is None:
+        return None
+    return {"minimum": entry["minimum"], "running": entry["running"], "under": bool(entry.get("under"))}
 
 
 def pool_view(name: str, pool: dict[str, Any], recent: dict[str, int], weight_of: Callable[[str], float],
@@ -180,6 +197,8 @@ def pool_view(name: str, pool: dict[str, Any], recent: dict[str, int], weight_of
         "paused": pool["paused"],
         "draining": pool["draining"],
         "fair": pool["fair"],
+        "share_by": pool.get("share_by", "dispatches"),
+        "share_unit": pool.get("share_unit", "dispatches"),
         "max_in_flight": pool["max_in_flight"],
         "queued": pool["queued"],
         "delayed": pool["delayed"],

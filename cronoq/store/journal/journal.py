@@ -194,7 +194,7 @@ class Journal:
     def accepted(self, r: TaskRecord) -> None:
         self._pending.append(AcceptedEntry(
             r.id, r.pool, r.tenant, r.priority, r.payload, r.submitted_at, r.deadline, r.not_before,
-            r.max_retries, r.key, r.submission,
+            r.max_retries, r.key, r.submission, cost=r.cost,
         ))  # not the record itself: it may change before the commit
 
     def dispatched(self, r: TaskRecord) -> None:

@@ -7,8 +7,8 @@ dozen bytes. Times are Unix seconds, as in the task book.
 
 Changing a record's fields means a new `FORMAT`: a broker refuses files of a
 format it does not know instead of guessing. The one exception is a field
-added at the end with a default (`TaskRecord.retries` and
-`TaskRecord.attempt_ends`, `Requeued.retries`, `Requeued.ended` and
+added at the end with a default (`TaskRecord.retries`,
+`TaskRecord.attempt_ends` and `TaskRecord.cost`, `Requeued.retries`, `Requeued.ended` and
 `Requeued.ended_at`): a file without it reads as the default, and a broker
 that does not know it skips it, so such a file keeps its format. Format 2
 (this one) stores a task record as the book's own `TaskRecord` (`t`; an
@@ -26,6 +26,7 @@ from typing import Iterator, Union
 import msgspec
 
 from cronoq.book.records import TaskRecord
+from cronoq.core import QUEUED
 
 FORMAT = 2
 """Version of the on-disk format written, in every file's header."""
@@ -63,6 +64,20 @@ class AcceptedEntry(_Record, tag="a"):
     max_retries: int = 0
     key: Union[str, None] = None
     submission: Union[str, None] = None
+    # The TaskRecord fields between `submission` and `cost`, at their defaults, so that an accepted task with a
+    # cost reads back with it in its place; omitted (omit_defaults) when the task has no cost, as before.
+    state: str = QUEUED
+    attempts: int = 0
+    started_at: Union[float, None] = None
+    finished_at: Union[float, None] = None
+    result: Union[bytes, None] = None
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    seq: int = 0
+    retries: int = 0
+    attempt_ends: None = None
+    cost: Union[float, None] = None
 
 
 class Dispatched(_Record, tag="d"):

@@ -136,3 +136,16 @@ def test_the_failures_ring_is_bounded_and_newest_first():
     assert len(newest.message) == MAX_MESSAGE_CHARS and newest.message.endswith("(cut)")
     assert len(newest.traceback) == MAX_TRACEBACK_CHARS
     assert ring.find("task8") is not None and ring.find("task1") is None
+
+
+def test_rows_show_a_node_s_rate_and_minimum_and_the_pool_its_unit():
+    settings = PoolSettings("gpu", share_by="cost", tenant_rates={"acme": 1}, tenant_minimums={"light": 3})
+    core = backlogged(settings, {"acme": 3, "light": 1}, 2)  # light (under its minimum), then acme spends its token
+    core.submit(Task("more", "gpu", tenant="light"), 1.0)
+    stats = core.stats(now=1.5)
+    rows = {row["tenant"]: row for row in tenant_rows(stats["gpu"], {}, settings.weight, lambda node: 0.0)}
+    assert rows["acme"]["rate"] == {"rate": 1, "limited": True, "next_start_in": 0.5}
+    assert rows["acme"]["minimum"] is None and rows["light"]["rate"] is None
+    assert rows["light"]["minimum"] == {"minimum": 3, "running": 1, "under": True}
+    view = pool_view("gpu", stats["gpu"], {}, settings.weight, lambda node: 0.0)
+    assert (view["share_by"], view["share_unit"]) == ("cost", "cost")

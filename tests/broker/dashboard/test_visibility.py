@@ -24,6 +24,10 @@ STATS = {
         "ceilings": {"acme": {"limit": 4, "running": 3, "capped": False}, "globex": {"limit": 2, "running": 2,
                                                                                   "capped": True}},
         "ceiling_count": 2,
+        "share_by": "runtime", "share_unit": "seconds",
+        "rates": {"acme/search": {"rate": 5.0, "tokens": 0.0, "limited": True, "next_start_in": 0.2},
+                  "globex": {"rate": 1.0, "tokens": 1.0, "limited": False, "next_start_in": None}},
+        "minimums": {"acmex": {"minimum": 2, "running": 1, "under": True}},
     }},
     "workers": 2,
     "schedules": {"nightly": {"tenant": "globex", "pool": "llm"},
@@ -45,6 +49,8 @@ def test_a_pinned_token_gets_its_subtree_and_the_pools_settings_only():
     assert pool["tenants"]["acme"]["lag"] == 0.0  # measured against siblings it may not see
     assert pool["tenants"]["acme/search"]["lag"] == 1.5
     assert set(pool["ceilings"]) == {"acme"} and pool["ceiling_count"] == 1
+    assert set(pool["rates"]) == {"acme/search"} and pool["minimums"] == {}
+    assert (pool["share_by"], pool["share_unit"]) == ("runtime", "seconds")
     assert pool["classes"] == {} and "dispatch_rate" not in pool and "ready_workers" not in pool
     assert (pool["paused"], pool["fair"], pool["max_in_flight"], pool["workers"]) == (False, True, 8, 2)
     assert set(seen["schedules"]) == {"acme-report"} and seen["memory"] == {} and seen["store"] == {}

@@ -1148,3 +1148,27 @@ def test_data_files_without_attempt_ends_read_as_unknown_and_go_on_keeping_new_o
     world.crash()
     world = World(tmp_path, now=world.now)
     assert {task_id: _history(world, task_id) for task_id in ("t0", "t1")} == expected
+
+
+def test_a_task_s_cost_survives_a_crash_and_a_compaction_and_older_files_read_as_none(tmp_path):
+    """`cost` is the last stored field: a journal's accepted entry carries it when given (and keeps its old bytes
+    when not), a snapshot keeps it, and records written before it existed read back as None (it counts 1)."""
+    from cronoq.book.records import stored_form
+    from cronoq.store.journal.records import AcceptedEntry, encode
+
+    plain = AcceptedEntry("t9", "a", None, 2, b"p", 990.0, max_retries=1)
+    assert encode([plain]) == encode([AcceptedEntry("t9", "a", None, 2, b"p", 990.0, max_retries=1, cost=None)])
+    world = World(tmp_path)
+    costly = world.book.submit(SubmitRequest(b"x", pool="a", tenant="acme", cost=20.5), world.now)[0]
+    cheap = world.book.submit(SubmitRequest(b"y", pool="a", tenant="acme"), world.now)[0]
+    world.commit()
+    world.crash()
+    world = World(tmp_path, now=world.now)
+    assert world.book.records[costly.id].cost == 20.5 and world.book.records[cheap.id].cost is None
+    world.journal.compact(world.book.kept(), world.book.paused_pools())
+    world.crash()
+    world = World(tmp_path, now=world.now)
+    assert world.book.records[costly.id].cost == 20.5 and world.book.records[cheap.id].cost is None
+    old_form = stored_form(world.book.records[costly.id])[:-1]  # as stored before records had a cost
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(old_form), type=TaskRecord).cost is None
+    world.close()

@@ -137,7 +137,8 @@ function render() {
 
 function renderPools(o) {
   replaceRows($("pools").querySelector("tbody"), o.pools.map((p) => {
-    const flags = [p.paused ? "paused" : "running", p.draining ? "draining" : null, p.fair ? "fair" : null];
+    const flags = [p.paused ? "paused" : "running", p.draining ? "draining" : null, p.fair ? "fair" : null,
+      p.share_by && p.share_by !== "dispatches" ? "shares by " + p.share_by : null];
     const action = p.paused ? "resume" : "pause";
     return el("tr", { "data-pool": p.name, class: p.paused ? "paused" : null },
       el("td", { class: "name" }, p.name),
@@ -178,15 +179,28 @@ function renderTenants(o) {
     promised.style.width = (100 * (t.weighted_share || 0)).toFixed(1) + "%";
     const label = el("td", { class: "name" }, t.label);
     label.style.paddingLeft = (0.5 + 1.5 * t.depth) + "em";
-    const ceiling = t.ceiling ? number(t.ceiling.running) + " / " + number(t.ceiling.limit)
-      + (t.ceiling.capped ? " (at its ceiling)" : "") : "";
+    const limits = [];
+    if (t.ceiling) {
+      limits.push(number(t.ceiling.running) + " / " + number(t.ceiling.limit)
+        + (t.ceiling.capped ? " (at its ceiling)" : ""));
+    }
+    if (t.rate) {
+      limits.push(t.rate.rate + "/s" + (t.rate.limited
+        ? " (rate-limited: next start in " + (t.rate.next_start_in || 0).toFixed(1) + " s)" : ""));
+    }
+    if (t.minimum) {
+      limits.push("minimum " + number(t.minimum.minimum)
+        + (t.minimum.under ? " (under it: " + number(t.minimum.running) + " running, goes first)" : ""));
+    }
+    const ceiling = limits.join("; ");
+    const unit = { cost: " cost", seconds: " s" }[pool.share_unit] || "";
     return el("tr", { "data-tenant": t.tenant, class: t.depth ? "child" : null },
       label,
       el("td", { class: "bars" }, actual, pool.fair ? promised : null),
       el("td", { class: "share num" }, percent(t.share)),
       el("td", { class: "weighted num" }, pool.fair ? percent(t.weighted_share) : "first come"),
       el("td", { class: "weight num" }, t.weight),
-      el("td", { class: "lag num" }, signed(t.lag)),
+      el("td", { class: "lag num" }, signed(t.lag) + unit),
       el("td", { class: "queued num" }, number(t.queued)),
       el("td", { class: "running num" }, number(t.running)),
       el("td", { class: "ceiling" }, ceiling));
