@@ -335,6 +335,7 @@ fn example_of(pattern: &Json) -> Value {
         ),
         Json::Object(m) => match m.get("type").and_then(Json::as_str) {
             Some("float") => Value::F64(m.get("min").and_then(Json::as_f64).unwrap_or(0.5)),
+            Some("int") => Value::from(m.get("min").and_then(Json::as_i64).unwrap_or(0)),
             Some("string") => Value::from(m.get("contains").and_then(Json::as_str).unwrap_or("text")),
             other => panic!("no example for {other:?}"),
         },
