@@ -33,7 +33,7 @@ from cronoq.broker.metrics import BrokerMetrics
 from cronoq.errors import StoreError
 from cronoq.store.journal.compaction import FORK_MAX_RSS, BackgroundSnapshot, resident_bytes
 from cronoq.store.journal.journal import COMPACT_MIN_BYTES, COMPACT_RATIO, Journal, sync_files
-from cronoq.store.results import database as results
+from cronoq.store.results import database
 from cronoq.store.results.shipping import Archive, open_store
 
 log = logging.getLogger("cronoq.broker")
@@ -94,7 +94,7 @@ class DataDir:
         try:
             journal, replay = Journal.open(
                 data_dir, fsync_each_commit=self._config.durability == "fsync", compact_min_bytes=self._min_bytes,
-                compact_ratio=self._ratio, archived_through=lambda: results.peek_mark(data_dir / results.RESULTS),
+                compact_ratio=self._ratio, archived_through=lambda: database.peek_mark(data_dir / database.RESULTS),
                 held_lock=held_lock,
             )
             self.journal = self._book.journal = journal

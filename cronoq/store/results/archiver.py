@@ -48,7 +48,7 @@ from typing import Any, Union
 import msgspec
 
 from cronoq.store.lifeline import bind_to_parent
-from cronoq.store.results import database as results
+from cronoq.store.results import database
 from cronoq.store.results.scopes import ScopeFilter, log2_for
 
 log = logging.getLogger("cronoq.archiver")
@@ -156,7 +156,7 @@ class FilterKeeper:
         self.dropped = 0  # rows dropped since the filter was built (their bits stay)
 
     def add(self, rows: list[tuple]) -> None:
-        """Set the bits of stored rows' scopes (as results.rows gives them)."""
+        """Set the bits of stored rows' scopes (as database.rows gives them)."""
         scopes = self.filter
         if scopes is not None:
             scopes.add_all([values[2] for values in rows])
@@ -177,7 +177,7 @@ class FilterKeeper:
             return True
         return self.dropped > max(rows, self.filter.capacity // 8) and log2_for(2 * rows) < self.filter.log2
 
-    def rebuild(self, writer: results.Writer) -> tuple[int, int]:
+    def rebuild(self, writer: database.Writer) -> tuple[int, int]:
         """A new filter of every row's scopes, in new shared memory; returns (its fd, log2)."""
         rows = writer.rows
         log2 = log2_for(2 * rows)
@@ -215,7 +215,7 @@ def _shared_memory(size: int) -> int:
 class Archiver:
     """The archiver's loop: read what the broker sends, write it, say what is stored."""
 
-    def __init__(self, sock: socket.socket, writer: results.Writer) -> None:
+    def __init__(self, sock: socket.socket, writer: database.Writer) -> None:
         self.sock = sock
         self.writer = writer
         self.scopes = FilterKeeper()
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sock = socket.socket(fileno=args.fd)
     try:
-        writer = results.Writer(args.db, args.ttl, args.max_bytes, args.now)
+        writer = database.Writer(args.db, args.ttl, args.max_bytes, args.now)
         Archiver(sock, writer).run()
     except sqlite3.Error as exc:
         log.error("the results store %s cannot be written: %s", args.db, exc)

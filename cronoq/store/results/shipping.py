@@ -42,7 +42,7 @@ from cronoq.book.records import TaskRecord, stored_form
 from cronoq.book.taskbook import TaskBook
 from cronoq.errors import StoreError
 from cronoq.store.lifeline import helper_environment
-from cronoq.store.results import database as results
+from cronoq.store.results import database
 from cronoq.store.results.archiver import FilterReady, FrameBuffer, FromArchiver, Put, Retention, Stored, Tick, frame
 from cronoq.store.results.scopes import ScopeFilter, key_scope, submission_scope
 
@@ -65,10 +65,10 @@ BACKLOG_WARNING = 64 << 20
 
 def open_store(data_dir: Path) -> tuple[sqlite3.Connection, int]:
     """Open (or create) data_dir's results store; returns it and its `archived_through`. Raises StoreError."""
-    path = data_dir / results.RESULTS
+    path = data_dir / database.RESULTS
     try:
-        db = results.connect(path)
-        return db, results.read_mark(db)
+        db = database.connect(path)
+        return db, database.read_mark(db)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot use the results store {path}: {exc}; if it is damaged, move it away to start "
                          "without the retained results (queued tasks are in the journal and are not affected)") \
@@ -81,7 +81,7 @@ class Archive:
     def __init__(self, data_dir: Path, db: sqlite3.Connection, archived_through: int, *, ttl: float,
                  max_bytes: int) -> None:
         self.data_dir = data_dir
-        self.path = data_dir / results.RESULTS
+        self.path = data_dir / database.RESULTS
         self.archived_through = archived_through
         self.shipped_through = archived_through
         self.rows = 0
@@ -91,7 +91,7 @@ class Archive:
         self.respawns = 0
         self._sent = 0  # messages sent to this archiver
         self._handled = 0  # of which it has handled (its last reply says)
-        self._reader = results.ResultsReader(db)
+        self._reader = database.ResultsReader(db)
         self._reader.ttl = ttl
         self._filter: ScopeFilter | None = None
         self._filter_map: mmap.mmap | None = None
