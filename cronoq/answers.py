@@ -111,7 +111,8 @@ class Waiting:
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """A snapshot of one task, as `status()` returns it. Times are Unix seconds."""
+    """A snapshot of one task, as `status()` returns it. Times are Unix seconds; `cost` is what the task was
+    submitted with (None when it was given none, and counts 1)."""
 
     id: str
     pool: str
@@ -124,6 +125,8 @@ class TaskInfo:
     finished_at: float | None = None
     deadline: float | None = None
     error: str | None = None
+    cost: float | None = None
+    """The cost the task was submitted with (None: it counts 1)."""
 
 
 @dataclass(frozen=True)

@@ -512,7 +512,7 @@ class TaskBook:
         return TaskInfo(
             id=record.id, pool=record.pool, tenant=record.tenant, priority=PRIORITIES[record.priority],
             state=state, attempts=attempts, submitted_at=record.submitted_at, started_at=record.started_at,
-            finished_at=record.finished_at, deadline=record.deadline, error=error,
+            finished_at=record.finished_at, deadline=record.deadline, error=error, cost=record.cost,
         )
 
     def explain(self, task_id: str, now: float, dispatch_rate: float | None = None,
@@ -528,7 +528,7 @@ class TaskBook:
             not_before=record.not_before if info.state == DELAYED else None,
             history=self._history(record, info),
             waiting=self.core.explain(task_id, now, dispatch_rate, arrival_rates, scope),
-            cost=record.cost, charged=self.core.charged_for(task_id) if info.state == RUNNING else None,
+            charged=self.core.charged_for(task_id) if info.state == RUNNING else None,
         )
 
     def _history(self, record: TaskRecord, info: TaskInfo) -> tuple[AttemptEnd, ...]:

@@ -173,7 +173,7 @@ class ClientRequests:
                 reply(conn, protocol.Info(
                     protocol.PROTOCOL_VERSION, request.rid, info.id, info.pool, info.tenant, info.priority,
                     info.state, info.attempts, info.submitted_at, info.started_at, info.finished_at,
-                    info.deadline, info.error,
+                    info.deadline, info.error, info.cost,
                 ))
             case protocol.Explain():
                 principal.require("explain")

@@ -203,6 +203,7 @@ async def _inspect(client: Client, args: argparse.Namespace) -> int:
         "id": info.id, "pool": info.pool, "tenant": info.tenant, "priority": info.priority, "state": info.state,
         "attempts": info.attempts, "submitted_at": _when(info.submitted_at), "started_at": _when(info.started_at),
         "finished_at": _when(info.finished_at), "deadline": _when(info.deadline), "last_error": info.error or None,
+        "cost": info.cost,
     }
     if args.json:
         print(json.dumps(fields, indent=2))

@@ -555,7 +555,7 @@ class Connection:
         return TaskInfo(
             id=reply.id, pool=reply.pool, tenant=reply.tenant, priority=reply.priority, state=reply.state,
             attempts=reply.attempts, submitted_at=reply.submitted_at, started_at=reply.started_at,
-            finished_at=reply.finished_at, deadline=reply.deadline, error=reply.error,
+            finished_at=reply.finished_at, deadline=reply.deadline, error=reply.error, cost=reply.cost,
         )
 
     async def explain(self, task_id: str) -> Explanation:

@@ -236,6 +236,7 @@ class Info(_Message, tag="info"):
     finished_at: Union[float, None] = None
     deadline: Union[float, None] = None
     error: Union[str, None] = None
+    cost: Union[float, None] = None
 
 
 class Ok(_Message, tag="ok"):

@@ -232,7 +232,7 @@ def test_inspect_json_shows_missing_values_as_null(broker_factory):
     task_id = cli(broker, "submit", "1", "--pool", "llm").stdout.strip()
     shown = json.loads(cli(broker, "inspect", task_id, "--json").stdout)
     assert shown["tenant"] is None and shown["started_at"] is None and shown["finished_at"] is None
-    assert shown["deadline"] is None and shown["last_error"] is None
+    assert shown["deadline"] is None and shown["last_error"] is None and shown["cost"] is None
     assert isinstance(shown["submitted_at"], str)
     assert "-" not in shown.values()
 

@@ -98,6 +98,18 @@ async def test_cost_is_checked_on_submit(backend):
         assert (await handle.result(timeout=30))[2] == "x"
 
 
+async def test_status_tells_the_cost_a_task_was_submitted_with(backend):
+    # TaskInfo.cost: the cost given, also once the task has finished; None for a task given none.
+    async with backend.open([recording_pool("llm", share_by="cost", fair_share=True)]) as sched:
+        costly = await sched.submit("x", pool="llm", tenant="acme", cost=2.5)
+        plain = await sched.submit("y", pool="llm", tenant="acme")
+        await costly.result(timeout=30)
+        await plain.result(timeout=30)
+        assert (await sched.status(costly.id)).cost == 2.5
+        assert (await sched.status(plain.id)).cost is None
+        assert (await sched.explain(costly.id)).cost == 2.5
+
+
 async def test_a_rate_limited_tenant_starts_at_its_rate_and_holds_no_one_back(backend):
     # acme at 5/s: a bucket of 5, then one every 0.2 s. Its 25 tasks need at least (25 - 5) / 5 = 4 s; globex,
     # unlimited, is not made to wait for acme's tokens.

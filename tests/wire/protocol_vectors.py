@@ -181,9 +181,10 @@ def outcome(rid: int, task_id: Any, state: str, error_type: Any = "", error_mess
 
 
 def info(rid: int, task_id: Any, pool: str, tenant: str | None, priority: str, state: str, attempts: int,
-         started_at: Any = None, finished_at: Any = None, deadline: Any = None, error: Any = None) -> dict:
+         started_at: Any = None, finished_at: Any = None, deadline: Any = None, error: Any = None,
+         cost: Any = None) -> dict:
     return reply("info", 1, rid, task_id, pool, tenant, priority, state, attempts, FLOAT, started_at, finished_at,
-                 deadline, error)
+                 deadline, error, cost)
 
 
 def welcome(rid: int) -> dict:
