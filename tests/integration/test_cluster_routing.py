@@ -10,6 +10,7 @@ import pytest
 
 import cronoq
 from tests.integration.test_cluster import Cluster
+from tests.support import run_command
 
 
 @pytest.fixture
@@ -64,3 +65,38 @@ async def test_requests_about_a_down_member_s_task_fail_while_the_others_are_ans
         elsewhere = await client.submit("elsewhere", pool="theirs")
         assert elsewhere.id.startswith("b2:")
         assert (await client.status(elsewhere.id)).state == "queued"
+
+
+async def test_a_cluster_s_status_shows_each_pool_s_share_unit_rates_and_minimums_from_its_owner(tmp_path):
+    # The merged statistics are the owner's own for each pool: asked of b1, b2's pool shows what it shares by,
+    # its rates and its minimums, and b1's plain pool keeps its own (dispatches, none of either).
+    c = Cluster(tmp_path, ["b1", "b2"])
+    c.write('[[pools]]\nname = "plain"\nmember = "b1"\nfair_share = true\n'
+            '[[pools]]\nname = "gpu"\nmember = "b2"\nshare_by = "runtime"\n'
+            '[pools.tenant_weights]\nacme = 10\nglobex = 1\n'
+            '[pools.tenant_rates]\nacme = 0.5\n[pools.tenant_minimums]\nglobex = 2\n')
+    try:
+        c.start("b1")
+        c.start("b2")
+        async with cronoq.connect(c.clients("b1")) as client:
+            await client.pause("gpu")  # no worker either: what is submitted stays queued on b2
+            for tenant in ("acme", "globex"):
+                await client.submit("x", pool="gpu", tenant=tenant, cost=3)
+            await client.submit("y", pool="plain", tenant="acme")
+            stats = await client.stats()
+        gpu, plain = stats["pools"]["gpu"], stats["pools"]["plain"]
+        assert (gpu["member"], gpu["share_by"], gpu["share_unit"]) == ("b2", "runtime", "seconds")
+        assert gpu["rates"]["acme"]["rate"] == 0.5 and not gpu["rates"]["acme"]["limited"]
+        assert gpu["minimums"]["globex"] == {"minimum": 2, "running": 0, "under": True}
+        assert (plain["member"], plain["share_by"], plain["share_unit"]) == ("b1", "dispatches", "dispatches")
+        assert not plain.get("rates") and not plain.get("minimums")
+        assert stats["members"]["b2"]["pools"]["gpu"]["rates"] == gpu["rates"]  # each member's answer is kept too
+
+        # The command line shows the same through either member.
+        shown = run_command(["-m", "cronoq.client.cli", "status", "--broker", c.clients("b1")])
+        assert shown.returncode == 0, shown.stderr
+        gpu_text = shown.stdout.split("pool gpu", 1)[1].split("\npool ", 1)[0]
+        assert "shares by runtime" in gpu_text and "rates (starts per second):" in gpu_text, shown.stdout
+        assert "minimums (running of minimum):" in gpu_text and "globex" in gpu_text, shown.stdout
+    finally:
+        c.stop()
