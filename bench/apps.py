@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import cronoq
@@ -40,6 +41,14 @@ async def _service(payload: dict[str, Any]) -> int:
     return payload["n"]
 
 
+async def _timed(payload: dict[str, Any]) -> list[float]:
+    """The shares bench's handler (`bench/shares.py`): sleeps `payload["s"]` seconds and tells when its run began
+    and ended on this worker's clock, the worker time the run took."""
+    began = time.time()
+    await asyncio.sleep(payload["s"])
+    return [began, time.time()]
+
+
 noop = cronoq.Pool("default", _noop)
 fair = cronoq.Pool("fair", _arrival)
 fair_work = cronoq.Pool("fair", _arrival_then_work)
@@ -51,3 +60,5 @@ pair = [cronoq.Pool("p0", _noop), cronoq.Pool("p1", _noop)]
 """The cluster bench's two pools (`bench/cluster.py`): one per member in the cluster, both on the lone broker."""
 service = cronoq.Pool("est", _service)
 """The estimates bench's pool (`bench/estimates.py`); its weights and ceiling are the broker's."""
+timed = cronoq.Pool("shares", _timed)
+"""The shares bench's pool (`bench/shares.py`); what it shares by is the broker's."""
