@@ -259,6 +259,52 @@ def fairness_table(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _pair(shares: dict[str, Any], first: str, second: str) -> str:
+    return f"{_n(shares.get(first), '.3f')} / {_n(shares.get(second), '.3f')}"
+
+
+def shares_table(path: Path, data: dict[str, Any]) -> list[str]:
+    """`bench/shares.py`: what a share counts, rates, minimums and the dispatch cost of each mode; its PNG."""
+    lines = [_source(path, _when(data["timestamp"]), data.get("machine", {}))
+             + f" Parts 1–3 simulated over {_n(data.get('simulated_seconds'))} s (exact);"
+             " part 4 CPU time, best of 3.",
+             ""]
+    rows = []
+    for mode, row in data["modes"].items():
+        rows.append([f'"{mode}", simulated', _pair(row["dispatches"], "fast", "slow"),
+                     _pair(row["worker_time"], "fast", "slow"), _pair(row["cost"], "fast", "slow")])
+    for mode, row in (data.get("broker") or {}).items():
+        if isinstance(row, dict):
+            rows.append([f'"{mode}", real broker, {_n(row["window_s"], ".1f")} s', "—",
+                         _pair(row["worker_time"], "fast", "slow"), "—"])
+    lines += ["Two tenants at 1 : 1, fast (10 ms tasks, cost 1) and slow (100 ms, cost 10), 4 workers, fast / slow:",
+              "", *_table(["share_by", "dispatches", "worker time", "summed cost"], rows), ""]
+    rated = data["rates"]
+    rows = [[f'"{mode}"', _n(row["limited_per_s"], ".2f"), _n(row["limited_first_second"]),
+             _n(row["limited_busiest_later_second"]),
+             f"{_n(row['others_per_s'], ',.1f')} of {_n(row['others_capacity_per_s'], ',.0f')}"]
+            for mode, row in rated.items() if isinstance(row, dict)]
+    lines += [f"`limited` at tenant_rates {_n(rated['limit'], 'g')}/s beside `a` and `b` (1 : 1 : 1, all backlogged,"
+              f" {_n(rated['task_seconds'] * 1000)} ms tasks, {rated['workers']} workers):", "",
+              *_table(["share_by", "limited: starts/s", "in its first second", "in its busiest later second",
+                       "a + b: starts/s of what the workers leave"], rows, right=range(1, 5)), ""]
+    floors = data["minimums"]
+    rows = [[key, _n(row["light_mean_running"], ".2f"), _n(row["light_least_running"]),
+             f"{_n(row['light_time_share'] * 100, '.1f')} %"] for key, row in floors["rows"].items()]
+    lines += [f"`light` (weight 1) beside `heavy` (weight 10), both backlogged, {_n(floors['task_seconds'] * 1000)} ms"
+              f" tasks, {floors['workers']} workers:", "",
+              *_table(["share_by, tenant_minimums", "light: running on average", "least", "light's worker time"],
+                      rows, right=(1, 2, 3)), ""]
+    modes = [key for key in data["dispatch_cost"][0] if key not in ("backlog", "tenants")]
+    rows = [[_n(row["backlog"])] + [_n(row[mode], ".1f") for mode in modes] for row in data["dispatch_cost"]]
+    tenants = _n(data["dispatch_cost"][0]["tenants"])
+    lines += [f"CPU µs per round (submit, finish, grant, dispatch; {tenants} tenants):",
+              "", *_table(["backlog", *modes], rows, right=range(len(modes) + 1))]
+    if data.get("png"):
+        lines += ["", f"![shares by mode, a rate, a minimum and the dispatch cost](results/{data['png']})"]
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Which file feeds which table
 
@@ -311,6 +357,9 @@ def tables(names: Iterable[str], results: Path = RESULTS) -> dict[str, list[str]
     rust = [load(name) for name in _stamped(names, "rust-")]
     if rust:
         out["rust"] = rust_table([(path, data) for path, data in rust if not data.get("quick")])
+    found = _newest(_stamped(names, "shares-"), load, lambda d: not d.get("quick"))
+    if found:
+        out["shares"] = shares_table(*found)
     if "fairness-adversarial.json" in names:
         out["fairness"] = fairness_table(*load("fairness-adversarial.json"))
     return out

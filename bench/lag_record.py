@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         config = work / "cronoq.toml"
-        config.write_text(CONFIG.format(**ports, share_by=args.share_by, weights="\n".join(f"{t} = {w}" for t, w in WEIGHTS.items()),
+        config.write_text(CONFIG.format(**ports, share_by=args.share_by,
+                                        weights="\n".join(f"{t} = {w}" for t, w in WEIGHTS.items()),
                                         limits="\n".join(f"{t} = {n}" for t, n in CEILING.items())))
         broker_log, worker_log = work / "broker.log", work / "worker.log"
         broker = Children.spawn([python(), "-m", "cronoq.broker.cli", "-c", str(config)], broker_log, env=child_env())

@@ -326,6 +326,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for mode, colour, style in zip(MODES, ("tab:red", "tab:blue", "tab:green"), ("-", "-", ":")):
         line = result["modes"][mode]["slow_time_share_by_second"]
         ax.plot(range(1, len(line) + 1), line, color=colour, lw=2.0, ls=style, label=f'share_by "{mode}"')
+    for mode, colour in (("dispatches", "tab:red"), ("runtime", "tab:blue")):
+        real = (result.get("broker") or {}).get(mode)
+        if real:
+            ax.plot([len(result["modes"][mode]["slow_time_share_by_second"])], [real["worker_time"]["slow"]],
+                    marker="D", color=colour, ls="none",
+                    label=f'"{mode}", real broker, {real["window_s"]:.0f} s')
     ax.axhline(0.5, color="grey", ls="--", lw=1, label="weights 1 : 1")
     ax.set_ylim(0, 1)
     ax.set_title("slow tenant (100 ms tasks) beside fast (10 ms):\nits share of the worker time so far", fontsize=9)
@@ -345,7 +351,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
                                  f'{rated[m]["others_capacity_per_s"]:.0f}' for m in labels], fontsize=8)
     ax.set_title("a tenant rated 5 starts/s beside two backlogged ones", fontsize=9)
     ax.set_ylabel("starts per second", fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 2.6 * rated["limit"])
+    ax.legend(fontsize=7, ncol=2, loc="upper center")
 
     ax = axes[1][0]
     floors = result["minimums"]["rows"]

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from bench import report
 from bench.fairness import deviations, sfq_bound
 from bench.settings import BenchSettings
@@ -207,3 +209,23 @@ def test_the_estimates_bench_explains_a_sample_and_judges_each_against_its_start
     assert estimates.main(["--seconds", "3", "--every", "20"]) == 0
     out = capsys.readouterr().out
     assert "explain now" in out and "before (queued work only)" in out
+
+
+def test_the_shares_bench_counts_shares_rates_and_floors_as_the_rules_say() -> None:
+    # bench/shares.py's simulated parts, two simulated seconds each (the simulation is exact: no timing here).
+    from bench import shares
+
+    quiet = lambda line: None  # noqa: E731
+    by_mode = shares.modes(2.0, quiet)
+    assert by_mode["dispatches"]["dispatches"]["slow"] == pytest.approx(0.5, abs=0.01)
+    assert by_mode["dispatches"]["worker_time"]["slow"] == pytest.approx(10 / 11, abs=0.01)
+    assert by_mode["runtime"]["worker_time"]["slow"] == pytest.approx(0.5, abs=0.02)
+    assert by_mode["cost"]["cost"]["slow"] == pytest.approx(0.5, abs=0.02)
+    rated = shares.rates(2.0, quiet)["dispatches"]
+    assert rated["limited_first_second"] <= 10 and rated["limited_busiest_later_second"] <= 5
+    assert rated["others_per_s"] == pytest.approx(rated["others_capacity_per_s"], rel=0.02)
+    floors = shares.minimums(2.0, quiet)["rows"]
+    assert floors["dispatches, minimum 2"]["light_least_running"] == 2
+    assert floors["dispatches, no minimum"]["light_mean_running"] < 1
+    (row,) = shares.dispatch_cost([200], 50, quiet)
+    assert set(row) == {"backlog", "tenants", *shares.DISPATCH_MODES}
