@@ -271,11 +271,17 @@ def shares_table(path: Path, data: dict[str, Any]) -> list[str]:
              ""]
     rows = []
     for mode, row in data["modes"].items():
-        rows.append([f'"{mode}", simulated', _pair(row["dispatches"], "fast", "slow"),
+        share_by, _, variant = mode.partition(", ")
+        rows.append([f'"{share_by}"' + (f", {variant}" if variant else "") + ", simulated",
+                     _pair(row["dispatches"], "fast", "slow"),
                      _pair(row["worker_time"], "fast", "slow"), _pair(row["cost"], "fast", "slow")])
     for mode, row in (data.get("broker") or {}).items():
         if isinstance(row, dict):
-            rows.append([f'"{mode}", real broker, {_n(row["window_s"], ".1f")} s', "—",
+            runs = row["runs"]
+            total = sum(runs.values()) or 1
+            rows.append([f'"{mode}", real broker, {_n(row["window_s"], ".1f")} s',
+                         _pair({k: v / total for k, v in runs.items()}, "fast", "slow")
+                         + f" ({_n(runs.get('fast'))} / {_n(runs.get('slow'))} runs)",
                          _pair(row["worker_time"], "fast", "slow"), "—"])
     lines += ["Two tenants at 1 : 1, fast (10 ms tasks, cost 1) and slow (100 ms, cost 10), 4 workers, fast / slow:",
               "", *_table(["share_by", "dispatches", "worker time", "summed cost"], rows), ""]

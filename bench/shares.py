@@ -8,8 +8,9 @@ tasks take exactly the time given, the clock jumping from event to event), so th
 same on every machine:
 
 1. **modes**: two tenants weighted 1 : 1, `fast` whose tasks take 10 ms and `slow` 100 ms, 4 workers, both
-   backlogged, under share_by "dispatches", "runtime" and "cost" (fast's tasks declare cost 1, slow's 10).
-   Each tenant's share of the dispatches, of the worker time and of the summed cost.
+   backlogged, under share_by "dispatches", "runtime" and "cost" (fast's tasks declare cost 1, slow's 10),
+   and "runtime" again with fast's tasks spread over ten sub-tenants (fast/u0 …). Each top-level tenant's
+   share of the dispatches, of the worker time and of the summed cost.
 2. **rates**: `limited` at tenant_rates 5/s beside `a` and `b`, all weighted 1 and backlogged, 10 ms tasks,
    4 workers: limited's starts per second (over the run and in its busiest second) against its limit, and
    the others' throughput against what the workers leave them.
@@ -97,35 +98,50 @@ def _shares(values: dict[str, float]) -> dict[str, float]:
     return {k: round(v / total, 4) if total else 0.0 for k, v in sorted(values.items())}
 
 
+TREE_LEAVES = 10
+"""In the "runtime, tenant tree" row, fast's tasks are spread over fast/u0 … fast/u9."""
+
+
+def _top(tenant: str) -> str:
+    return tenant.split("/", 1)[0]
+
+
 def modes(seconds: float, log: Callable[[str], None]) -> dict[str, Any]:
-    """Part 1: two tenants 1 : 1, 10 ms against 100 ms tasks, under each share_by."""
+    """Part 1: two tenants 1 : 1, 10 ms against 100 ms tasks, under each share_by; then share_by "runtime" with
+    fast's tasks spread over sub-tenants (the share is its whole subtree's)."""
     out: dict[str, Any] = {}
     per_slot = {tenant: seconds / d for tenant, d in DURATION.items()}  # enough for each to stay backlogged
-    for mode in MODES:
+    for label, mode, tree in (*((m, m, False) for m in MODES), ("runtime, tenant tree", "runtime", True)):
         core = SchedulerCore([PoolSettings("p", fair_share=True, share_by=mode)])
-        _fill(core, "p", {t: int(4 * n) + 10 for t, n in per_slot.items()}, COST if mode == "cost" else None)
-        duration = lambda task: DURATION[task.tenant]  # noqa: E731
+        counts = {t: int(4 * n) + 10 for t, n in per_slot.items()}
+        if tree:
+            fast = counts.pop("fast")
+            counts.update({f"fast/u{i}": fast // TREE_LEAVES + 10 for i in range(TREE_LEAVES)})
+        _fill(core, "p", counts, {t: COST[_top(t)] for t in counts} if mode == "cost" else None)
+        duration = lambda task: DURATION[_top(task.tenant)]  # noqa: E731
         sim = Simulation(core, "p", workers=4, duration=duration)
         sim.run_until(seconds)
-        until = _backlogged_until(sim, list(DURATION))
+        until = _backlogged_until(sim, list(counts))
         starts = [(t, task) for t, task in sim.run.starts if t < until]
-        time_of = _worker_time(starts, duration, until)
-        dispatched = Counter(task.tenant for _, task in starts)
+        time_of: dict[str, float] = defaultdict(float)
+        for tenant, spent in _worker_time(starts, duration, until).items():
+            time_of[_top(tenant)] += spent
+        dispatched = Counter(_top(task.tenant) for _, task in starts)
         cost = Counter()
         for _, task in starts:
-            cost[task.tenant] += COST[task.tenant]
+            cost[_top(task.tenant)] += COST[_top(task.tenant)]
         # The slow tenant's share of the worker time since the start, once a simulated second (for the PNG).
         timeline = []
         for tick in range(1, int(until) + 1):
             part = _worker_time(starts, duration, float(tick))
             timeline.append(round(part["slow"] / sum(part.values()), 4))
-        out[mode] = {"seconds": round(until, 3), "dispatches": _shares(dict(dispatched)),
+        out[label] = {"seconds": round(until, 3), "dispatches": _shares(dict(dispatched)),
                      "worker_time": _shares(time_of), "cost": _shares(dict(cost)),
                      "dispatch_count": dict(sorted(dispatched.items())), "slow_time_share_by_second": timeline}
-        log(f"  {mode:<10} over {until:.0f} s: worker time fast/slow {out[mode]['worker_time']['fast']:.3f} / "
-            f"{out[mode]['worker_time']['slow']:.3f}; dispatches {out[mode]['dispatches']['fast']:.3f} / "
-            f"{out[mode]['dispatches']['slow']:.3f}; cost {out[mode]['cost']['fast']:.3f} / "
-            f"{out[mode]['cost']['slow']:.3f}")
+        row = out[label]
+        log(f"  {label:<10} over {until:.0f} s: worker time fast/slow {row['worker_time']['fast']:.3f} / "
+            f"{row['worker_time']['slow']:.3f}; dispatches {row['dispatches']['fast']:.3f} / "
+            f"{row['dispatches']['slow']:.3f}; cost {row['cost']['fast']:.3f} / {row['cost']['slow']:.3f}")
     return out
 
 
@@ -272,7 +288,8 @@ def broker(seconds: float, log: Callable[[str], None]) -> dict[str, Any]:
             out[mode] = uvloop.run(_drive(stack.address, seconds))
         row = out[mode]
         log(f"  {mode:<10} worker time fast/slow {row['worker_time']['fast']:.3f} / {row['worker_time']['slow']:.3f}"
-            f" over {row['window_s']:.1f} s ({row['runs']['fast']} and {row['runs']['slow']} runs)")
+            f" over {row['window_s']:.1f} s ({row['runs']['fast']} and {row['runs']['slow']} runs; a run took "
+            f"{row['worker_average_run_ms']} ms on the worker's clock)")
     return out
 
 
@@ -304,9 +321,12 @@ async def _drive(address: str, seconds: float) -> dict[str, Any]:
     # Both stayed backlogged (each had tasks cancelled); the window is from the first start to the pause.
     time_of = {tenant: sum(max(0.0, min(end, stopped) - max(start, first)) for start, end in spans)
                for tenant, spans in runs.items()}
-    return {"window_s": round(stopped - first, 3), "worker_time": _shares(time_of),
-            "runs": {tenant: len(spans) for tenant, spans in runs.items()},
-            "worker_seconds": {tenant: round(v, 3) for tenant, v in time_of.items()}}
+    out = {"window_s": round(stopped - first, 3), "worker_time": _shares(time_of),
+           "runs": {tenant: len(spans) for tenant, spans in runs.items()},
+           "worker_seconds": {tenant: round(v, 3) for tenant, v in time_of.items()},
+           "worker_average_run_ms": {tenant: round(1000 * time_of[tenant] / len(spans), 1)
+                                     for tenant, spans in runs.items() if spans}}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
