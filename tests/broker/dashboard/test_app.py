@@ -82,9 +82,9 @@ def test_the_task_view_carries_the_brokers_explanation_as_data_and_as_cronoq_exp
     parts = dataclasses.replace(parts, explain=lambda task_id, scope=None: msgspec.to_builtins(
         book.explain(task_id, clock(), scope=scope)))
     book.core.pause("llm")
-    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex"), clock())
+    record, _ = book.submit(SubmitRequest(b"\xc0", pool="llm", tenant="globex", cost=4.5), clock())
     status, view = get(Dashboard(parts), f"/api/tasks/{record.id}")
-    assert status == 200 and view["state"] == "queued" and view["attempts"] == 0
+    assert status == 200 and view["state"] == "queued" and view["attempts"] == 0 and view["cost"] == 4.5
     assert view["explain"]["waiting"]["paused"] is True
     assert view["explain_text"] == explain_text(book.explain(record.id, clock()))
     assert "paused" in view["explain_text"]
