@@ -92,7 +92,7 @@ async def test_a_cluster_s_status_shows_each_pool_s_share_unit_rates_and_minimum
         assert not plain.get("rates") and not plain.get("minimums")
         assert stats["members"]["b2"]["pools"]["gpu"]["rates"] == gpu["rates"]  # each member's answer is kept too
 
-        # The command line shows the same through either member.
+        # The command line shows the same, asked of b1, which does not own gpu.
         shown = run_command(["-m", "cronoq.client.cli", "status", "--broker", c.clients("b1")])
         assert shown.returncode == 0, shown.stderr
         gpu_text = shown.stdout.split("pool gpu", 1)[1].split("\npool ", 1)[0]
