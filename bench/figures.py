@@ -275,8 +275,9 @@ def shares_table(path: Path, data: dict[str, Any]) -> list[str]:
         rows.append([f'"{share_by}"' + (f", {variant}" if variant else "") + ", simulated",
                      _pair(row["dispatches"], "fast", "slow"),
                      _pair(row["worker_time"], "fast", "slow"), _pair(row["cost"], "fast", "slow")])
-    for mode, row in (data.get("broker") or {}).items():
-        if isinstance(row, dict):
+    real = data.get("broker") or {}
+    for mode, row in real.items():
+        if isinstance(row, dict) and "worker_time" in row:
             runs = row["runs"]
             total = sum(runs.values()) or 1
             rows.append([f'"{mode}", real broker, {_n(row["window_s"], ".1f")} s',
@@ -286,10 +287,15 @@ def shares_table(path: Path, data: dict[str, Any]) -> list[str]:
     lines += ["Two tenants at 1 : 1, fast (10 ms tasks, cost 1) and slow (100 ms, cost 10), 4 workers, fast / slow:",
               "", *_table(["share_by", "dispatches", "worker time", "summed cost"], rows), ""]
     rated = data["rates"]
-    rows = [[f'"{mode}"', _n(row["limited_per_s"], ".2f"), _n(row["limited_first_second"]),
+    rows = [[f'"{mode}", simulated', _n(row["limited_per_s"], ".2f"), _n(row["limited_first_second"]),
              _n(row["limited_busiest_later_second"]),
              f"{_n(row['others_per_s'], ',.1f')} of {_n(row['others_capacity_per_s'], ',.0f')}"]
             for mode, row in rated.items() if isinstance(row, dict)]
+    if real.get("rates"):
+        row = real["rates"]
+        rows.append([f'"dispatches", real broker, {_n(row["window_s"], ".1f")} s', _n(row["limited_per_s"], ".2f"),
+                     _n(row["limited_first_second"]), _n(row["limited_busiest_later_second"]),
+                     f"{_n(row['others_per_s'], ',.1f')} on 4 slots"])
     lines += [f"`limited` at tenant_rates {_n(rated['limit'], 'g')}/s beside `a` and `b` (1 : 1 : 1, all backlogged,"
               f" {_n(rated['task_seconds'] * 1000)} ms tasks, {rated['workers']} workers):", "",
               *_table(["share_by", "limited: starts/s", "in its first second", "in its busiest later second",

@@ -25,7 +25,8 @@ Rates and minimums run under "dispatches" and again under "runtime". One part ne
 5. **broker**: part 1's two tenants through a real broker and one real worker process of 4 slots whose
    handler sleeps 10 ms or 100 ms, for `--broker-seconds` (default 8) per mode, "dispatches" then
    "runtime": the worker time each tenant had, measured by the worker's clock around each run, over the
-   window in which both were backlogged.
+   window in which both were backlogged. Then part 2's rate the same way: `limited` at 5/s beside `a` and
+   `b`, all 10 ms tasks, its starts per second and theirs.
 
 The result file is `bench/results/shares-<UTC stamp>.json` with its PNG beside it; `python bench/figures.py`
 writes its table into bench/README.md and README.md.
@@ -275,7 +276,8 @@ def dispatch_cost(backlogs: list[int], n: int, log: Callable[[str], None]) -> li
 
 
 def broker(seconds: float, log: Callable[[str], None]) -> dict[str, Any]:
-    """Part 5: fast (10 ms) and slow (100 ms) at 1 : 1 through a real broker and worker, per share_by."""
+    """Part 5: fast (10 ms) and slow (100 ms) at 1 : 1 through a real broker and worker, per share_by; then a
+    tenant rated 5 starts a second beside two backlogged ones."""
     import uvloop
 
     from bench.stacks import cronoq_stack
@@ -285,26 +287,50 @@ def broker(seconds: float, log: Callable[[str], None]) -> dict[str, Any]:
         pools = f'[[pools]]\nname = "shares"\nfair_share = true\nshare_by = "{mode}"\n'
         with cronoq_stack(durable=False, tokens=False, workers=1, concurrency=4, target="bench.apps:timed",
                           pools=pools) as stack:
-            out[mode] = uvloop.run(_drive(stack.address, seconds))
-        row = out[mode]
+            # Enough of each for both to stay backlogged whatever the mode: 4 slots of either.
+            counts = {tenant: int(4 * seconds / d * 1.2) + 20 for tenant, d in DURATION.items()}
+            runs, first, stopped = uvloop.run(_backlog_run(stack.address, DURATION, counts, seconds))
+        out[mode] = row = _time_shares(runs, first, stopped)
         log(f"  {mode:<10} worker time fast/slow {row['worker_time']['fast']:.3f} / {row['worker_time']['slow']:.3f}"
             f" over {row['window_s']:.1f} s ({row['runs']['fast']} and {row['runs']['slow']} runs; a run took "
             f"{row['worker_average_run_ms']} ms on the worker's clock)")
+    limit, task_s = 5.0, 0.010
+    pools = ('[[pools]]\nname = "shares"\nfair_share = true\n'
+             f"[pools.tenant_rates]\nlimited = {limit}\n")
+    durations = {"limited": task_s, "a": task_s, "b": task_s}
+    counts = {"limited": int(2 * limit * seconds) + 20, "a": int(4 * seconds / task_s) + 20,
+              "b": int(4 * seconds / task_s) + 20}
+    with cronoq_stack(durable=False, tokens=False, workers=1, concurrency=4, target="bench.apps:timed",
+                      pools=pools) as stack:
+        runs, first, stopped = uvloop.run(_backlog_run(stack.address, durations, counts, seconds))
+    per_second = Counter(int(began - first) for began, _ in runs["limited"] if began < stopped)
+    window = stopped - first
+    out["rates"] = row = {
+        "limit": limit, "window_s": round(window, 3),
+        "limited_per_s": round(sum(per_second.values()) / window, 2),
+        "limited_first_second": per_second.get(0, 0),
+        "limited_busiest_later_second": max((c for s, c in per_second.items() if 0 < s < int(window)), default=0),
+        "others_per_s": round(sum(1 for t in ("a", "b") for began, _ in runs[t] if began < stopped) / window, 1)}
+    log(f"  rates      limited {row['limited_per_s']:.2f}/s (limit {limit:g}; first second "
+        f"{row['limited_first_second']}, busiest later second {row['limited_busiest_later_second']}); a + b "
+        f"{row['others_per_s']:.1f}/s on 4 slots of 10 ms tasks, over {window:.1f} s")
     return out
 
 
-async def _drive(address: str, seconds: float) -> dict[str, Any]:
+async def _backlog_run(address: str, durations: dict[str, float], counts: dict[str, int],
+                       seconds: float) -> tuple[dict[str, list[tuple[float, float]]], float, float]:
+    """Queue `counts` tasks of each tenant (each sleeping its `durations`) in the paused pool `shares`, let it run
+    for `seconds`, pause it, and cancel what did not start. Returns each tenant's runs as (began, ended) on the
+    worker's clock, the first start and when the pool was paused again."""
     import cronoq
 
-    # Enough of each for both to stay backlogged for `seconds` whatever the mode: 4 slots of either.
-    counts = {tenant: int(4 * seconds / d * 1.2) + 20 for tenant, d in DURATION.items()}
     async with cronoq.connect(address, request_timeout=60) as sched:
         await sched.pause("shares")
         handles: dict[str, list[Any]] = {tenant: [] for tenant in counts}
         for tenant, count in counts.items():
             for start in range(0, count, 500):
                 handles[tenant] += await asyncio.gather(*(
-                    sched.submit({"s": DURATION[tenant]}, pool="shares", tenant=tenant)
+                    sched.submit({"s": durations[tenant]}, pool="shares", tenant=tenant)
                     for _ in range(start, min(count, start + 500))))
         await sched.resume("shares")
         await asyncio.sleep(seconds)
@@ -315,18 +341,24 @@ async def _drive(address: str, seconds: float) -> dict[str, Any]:
         runs: dict[str, list[tuple[float, float]]] = {}
         for tenant, mine in handles.items():
             cancelled = await asyncio.gather(*(h.cancel() for h in mine))
+            if all(not gone for gone in cancelled):
+                raise RuntimeError(f"tenant {tenant} ran out of tasks before the pause: queue more")
             ran = [h for h, gone in zip(mine, cancelled) if not gone]
             runs[tenant] = [tuple(r) for r in await asyncio.gather(*(h.result(timeout=30) for h in ran))]
     first = min(start for spans in runs.values() for start, _ in spans)
-    # Both stayed backlogged (each had tasks cancelled); the window is from the first start to the pause.
+    return runs, first, stopped
+
+
+def _time_shares(runs: dict[str, list[tuple[float, float]]], first: float, stopped: float) -> dict[str, Any]:
+    """Each tenant's worker time from the first start to the pause (every tenant stayed backlogged: each had
+    tasks left to cancel)."""
     time_of = {tenant: sum(max(0.0, min(end, stopped) - max(start, first)) for start, end in spans)
                for tenant, spans in runs.items()}
-    out = {"window_s": round(stopped - first, 3), "worker_time": _shares(time_of),
-           "runs": {tenant: len(spans) for tenant, spans in runs.items()},
-           "worker_seconds": {tenant: round(v, 3) for tenant, v in time_of.items()},
-           "worker_average_run_ms": {tenant: round(1000 * time_of[tenant] / len(spans), 1)
-                                     for tenant, spans in runs.items() if spans}}
-    return out
+    return {"window_s": round(stopped - first, 3), "worker_time": _shares(time_of),
+            "runs": {tenant: len(spans) for tenant, spans in runs.items()},
+            "worker_seconds": {tenant: round(v, 3) for tenant, v in time_of.items()},
+            "worker_average_run_ms": {tenant: round(1000 * sum(end - start for start, end in spans) / len(spans), 1)
+                                      for tenant, spans in runs.items() if spans}}
 
 
 # ---------------------------------------------------------------------------------------------------------------
