@@ -174,16 +174,27 @@ class TreeVersusModel(flat.CoreVersusModel):
             if mp.settings.limit(node) is not None
         }
 
-    @invariant()
-    def ceilings_agree(self) -> None:
-        stats = self.core.stats()
+    def check_stats(self, stats: dict) -> None:
+        super().check_stats(stats)
+        self.ceilings_agree(stats)
+
+    def ceilings_agree(self, stats: dict) -> None:
         for name, mp in self.model.pools.items():
             for key, c in stats[name]["ceilings"].items():
                 node = key or None
                 assert c["limit"] == mp.settings.limit(node)
                 assert c["running"] == self.model._running(name, node), (name, node)
-                assert c["capped"] == self.model._capped(name, node)
+                # "capped" is the ceiling alone; an empty rate bucket shows under "rates" (below).
+                at_limit = c["limit"] is not None and c["running"] >= c["limit"]
+                assert c["capped"] == at_limit, (name, node)
                 assert (c["capped_since"] is not None) == c["capped"]
+            for key, r in stats[name]["rates"].items():
+                node = key or None
+                assert r["rate"] == mp.settings.tenant_rates[node]
+                # The core says "limited" once a dispatch or a wake-up found the bucket empty, and clears it at
+                # the refill time it set: it may only say so while the model's bucket is empty at the clock.
+                if r["limited"]:
+                    assert self.model._next_start(name, node) > self.model.clock, (name, node)
 
     @invariant()
     def tree_backlogs_agree(self) -> None:
