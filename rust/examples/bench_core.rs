@@ -40,6 +40,7 @@ fn task(id: String, tenant: &str) -> NewTask {
         deadline: None,
         not_before: None,
         attempts: 0,
+        cost: None,
     }
 }
 
@@ -73,7 +74,7 @@ fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool) -> f64 {
             }
             spent += cpu_now() - t0;
             for a in out {
-                core.finish(&a.task, &a.worker, a.attempt);
+                core.finish(&a.task, &a.worker, a.attempt, NOW, None).unwrap();
                 core.grant("bench", 1);
             }
             done += m;
