@@ -741,7 +741,21 @@ POOLS: Pools = [
     {"name": "fair", "tenant_weights": {"a": 3, "b": 1, "c": 0.5}},
     {"name": "plain", "max_in_flight": 2},
     {"name": "share", "fair_share": True, "max_in_flight": 3},
+    {"name": "cost", "share_by": "cost", "tenant_weights": {"a": 2, "c": 0.5}, "tenant_rates": {"b": 2},
+     "tenant_minimums": {"c": 1}},
+    {"name": "time", "share_by": "runtime", "fair_share": True, "tenant_limits": {"a": 2}, "tenant_rates": {"c": 0.5},
+     "tenant_minimums": {"b": 1}, "max_in_flight": 4},
 ]
+# What a reload may switch the pools to (and back): new weights, rates, minimums, ceilings and units.
+RELOADED: Pools = [
+    {"name": "fair", "tenant_weights": {"a": 1, "b": 2.5}, "tenant_rates": {"a": 1.5}},
+    {"name": "plain", "max_in_flight": 2},
+    {"name": "share", "fair_share": True, "max_in_flight": 3, "tenant_minimums": {"a": 1}},
+    {"name": "cost", "share_by": "cost", "tenant_weights": {"a": 2, "c": 0.5}, "tenant_rates": {"b": 0.5, "a": 4},
+     "tenant_limits": {"c": 1}},
+    {"name": "time", "share_by": "cost", "fair_share": True, "tenant_rates": {"c": 3}, "tenant_minimums": {"b": 2}},
+]
+COSTS = [0.001, 0.1, 0.3, 1, 2.5, 4]
 TENANTS = [None, "a", "b", "c"]
 OFFSETS = [-1.0, 0.0, 0.5, 1.0, 2.0, 5.0]
 
@@ -752,11 +766,13 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
     r = Recorder("A random interleaving drawn by Hypothesis (tests/core/scheduling_vectors.py, scenarios()).", POOLS)
     r.add_worker("w0", ["fair", "plain", "share"], 3)
     r.add_worker("w1", ["fair"], 1)
+    r.add_worker("w2", ["cost", "time"], 2)
     names = [p["name"] for p in POOLS]
     count = 0
     for _ in range(draw(st.integers(5, max_steps))):
-        op = draw(st.sampled_from(["submit"] * 6 + ["dispatch"] * 3 + ["advance"] * 2 + [
-            "finish", "finish", "requeue", "cancel", "expire", "worker", "grant", "pause", "resume", "wakeup"]))
+        op = draw(st.sampled_from(["submit"] * 6 + ["dispatch"] * 3 + ["advance"] * 3 + [
+            "finish", "finish", "requeue", "cancel", "expire", "worker", "grant", "pause", "resume", "wakeup",
+            "reload", "charged"]))
         running = [(t.id, t.worker, t.attempts) for t in r.core.tasks() if t.state == "running"]
         live = sorted(t.id for t in r.core.tasks())
         if op == "submit":
@@ -765,7 +781,8 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             delay = draw(st.none() | st.sampled_from(OFFSETS))
             r.submit(f"t{count}", draw(st.sampled_from(names)), draw(st.sampled_from(TENANTS)),
                      draw(st.sampled_from(["critical", "high", "normal", "normal", "normal", "low"])),
-                     None if deadline is None else r.now + deadline, None if delay is None else r.now + delay)
+                     None if deadline is None else r.now + deadline, None if delay is None else r.now + delay,
+                     draw(st.none() | st.sampled_from(COSTS)))
         elif op == "dispatch":
             r.dispatch(draw(st.sampled_from([None, None, 1, 2])))
         elif op == "advance":
@@ -774,11 +791,12 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             task_id, worker, attempt = draw(st.sampled_from(sorted(running)))
             if draw(st.integers(0, 5)) == 0:
                 attempt -= 1  # a stale lease: refused
+            ran_for = draw(st.none() | st.none() | st.sampled_from([0.0, 0.05, 0.5, 3.0]))
             if op == "finish":
-                r.finish(task_id, worker, attempt)
+                r.finish(task_id, worker, attempt, ran_for)
             else:
                 delay = draw(st.none() | st.sampled_from(OFFSETS))
-                r.requeue(task_id, worker, attempt, None if delay is None else r.now + delay)
+                r.requeue(task_id, worker, attempt, None if delay is None else r.now + delay, ran_for)
             if draw(st.booleans()):
                 r.grant(worker)
         elif op == "cancel" and live:
@@ -800,6 +818,10 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             r.resume(draw(st.sampled_from(names)))
         elif op == "wakeup":
             r.next_wakeup()
+        elif op == "reload":
+            r.configure(draw(st.sampled_from([POOLS, RELOADED])))
+        elif op == "charged" and running:
+            r.charged_for(draw(st.sampled_from(sorted(running)))[0])
     r.tick()
     return r.vector()
 
