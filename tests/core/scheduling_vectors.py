@@ -52,9 +52,10 @@ def _given(step: dict[str, Any], **fields: Any) -> dict[str, Any]:
 class Recorder:
     """Runs a scenario on the Python core, writing down each step and what the core answered."""
 
-    def __init__(self, about: str, pools: Pools) -> None:
+    def __init__(self, about: str, pools: Pools, needs: tuple[str, ...] = ()) -> None:
         self.about = about
         self.pools = pools
+        self.needs = needs  # features beyond flat tenants, e.g. "tenant_trees" (README: who replays what)
         self.core = SchedulerCore(settings_of(pools))
         self.steps: list[dict[str, Any]] = []
         self.now = 0.0
@@ -150,12 +151,14 @@ class Recorder:
         return wake
 
     def vector(self) -> dict[str, Any]:
-        return {"about": self.about, "pools": self.pools, "steps": self.steps}
+        needs = {"needs": list(self.needs)} if self.needs else {}
+        return {"about": self.about, **needs, "pools": self.pools, "steps": self.steps}
 
 
 def render(vector: dict[str, Any]) -> str:
     """A vector as its file holds it: one step per line, so a diff shows which decision changed."""
-    head = json.dumps({"about": vector["about"], "pools": vector["pools"]}, indent=2)[:-2]
+    needs = {"needs": vector["needs"]} if vector.get("needs") else {}
+    head = json.dumps({"about": vector["about"], **needs, "pools": vector["pools"]}, indent=2)[:-2]
     steps = ",\n".join("    " + json.dumps(step) for step in vector["steps"])
     return f'{head},\n  "steps": [\n{steps}\n  ]\n}}\n'
 
@@ -611,6 +614,32 @@ def rate_with_ceiling_and_minimum() -> Recorder:
     r.grant("w")
     assert letters(r.tick()) == "a"  # under its minimum, with a token: ahead of b again
     r.next_wakeup()
+    return r
+
+
+@case
+def rate_on_parent_and_child() -> Recorder:
+    r = Recorder("Rates on a node and on its child compose: a dispatch takes a token from every rated node on its path, "
+                 "and starts only when each has one. acme may start 4 a second, acme/search 1 of those; globex, "
+                 "unrated, is never held back by either.",
+                 [{"name": "p", "fair_share": True, "tenant_rates": {"acme": 4, "acme/search": 1}}],
+                 needs=("tenant_trees",))
+    for n in range(4):
+        r.submit(f"s{n}", "p", "acme/search")
+        r.submit(f"a{n}", "p", "acme/ads")
+        r.submit(f"g{n}", "p", "globex")
+    r.add_worker("w", ["p"], 20)
+    assert [t for _, t in r.dispatch()] == ["s0", "g0", "a0", "g1", "a1", "g2", "a2", "g3"]
+    assert r.next_wakeup() == 0.25  # acme's next token; search waits for its own, at 1.0
+    r.at(0.25)
+    assert [t for _, t in r.tick()] == ["a3"]
+    assert r.next_wakeup() == 0.5
+    r.at(0.5)
+    assert r.tick() == []  # acme has a token, but search (all that is left) has none
+    assert r.next_wakeup() == 1.0
+    r.at(1.0)
+    assert [t for _, t in r.tick()] == ["s1"]
+    assert r.next_wakeup() == 2.0
     return r
 
 
