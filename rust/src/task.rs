@@ -162,7 +162,7 @@ impl Task {
 
     /// What the task charges its tenant's share in a pool that shares by cost (tokens of an LLM
     /// call, pages of a document; 1 when not given), and its first run-time estimate, in seconds, in
-    /// one that shares by run time. A positive number, at most [`MAX_COST`]; `submit` refuses
+    /// one that shares by run time. A positive number, at most a billion (1e9); `submit` refuses
     /// another with `InvalidArgument`. Other pools ignore it.
     pub fn cost(mut self, cost: f64) -> Task {
         self.cost = Some(cost);

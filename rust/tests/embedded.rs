@@ -260,7 +260,10 @@ async fn a_tenant_under_its_minimum_goes_first() {
 async fn shares_rates_and_minimums_refuse_bad_settings_in_a_sentence() {
     let sched = echo("work");
     let bad_cost = sched.submit(Task::new(1).pool("work").cost(-1.0)).await;
-    assert!(matches!(&bad_cost, Err(Error::InvalidArgument(m)) if m.contains("cost must be a positive number")), "{bad_cost:?}");
+    assert!(
+        matches!(&bad_cost, Err(Error::InvalidArgument(m)) if m.contains("cost must be a positive number")),
+        "{bad_cost:?}"
+    );
     let path = sched.submit(Task::new(1).pool("work").tenant("acme/search")).await;
     assert!(matches!(&path, Err(Error::InvalidArgument(m)) if m.contains("no tenant trees")), "{path:?}");
     let rate = Scheduler::new(vec![PoolConfig::new("p").tenant_rate("a", 0.0)]);
@@ -274,5 +277,9 @@ async fn shares_rates_and_minimums_refuse_bad_settings_in_a_sentence() {
         minimums.err()
     );
     let above = Scheduler::new(vec![PoolConfig::new("p").tenant_minimum("a", 3).tenant_limit("a", 2)]);
-    assert!(matches!(&above, Err(Error::InvalidArgument(m)) if m.contains("its own ceiling is 2")), "{:?}", above.err());
+    assert!(
+        matches!(&above, Err(Error::InvalidArgument(m)) if m.contains("its own ceiling is 2")),
+        "{:?}",
+        above.err()
+    );
 }

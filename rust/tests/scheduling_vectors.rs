@@ -25,7 +25,10 @@ fn vectors() -> Vec<PathBuf> {
 }
 
 fn per_tenant<T>(pool: &Json, key: &str, value: impl Fn(&Json) -> T) -> Vec<(String, T)> {
-    pool.get(key).and_then(Json::as_object).map(|m| m.iter().map(|(t, v)| (t.clone(), value(v))).collect()).unwrap_or_default()
+    pool.get(key)
+        .and_then(Json::as_object)
+        .map(|m| m.iter().map(|(t, v)| (t.clone(), value(v))).collect())
+        .unwrap_or_default()
 }
 
 fn pools_of(pools: &Json) -> Vec<PoolSettings> {

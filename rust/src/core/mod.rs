@@ -211,12 +211,7 @@ struct Pool {
 }
 
 /// What a dispatch of `slot` charges in `share_by`, in quanta (at least one).
-fn charge_of(
-    share_by: ShareBy,
-    slot: &Slot,
-    tenants: &HashMap<Tenant, TenantStats>,
-    pool_average: Option<f64>,
-) -> i64 {
+fn charge_of(share_by: ShareBy, slot: &Slot, tenants: &HashMap<Tenant, TenantStats>, pool_average: Option<f64>) -> i64 {
     match share_by {
         ShareBy::Dispatches => QUANTA_PER_UNIT as i64,
         ShareBy::Cost => slot.cost.map_or(QUANTA_PER_UNIT, |c| quantize(c).max(1)) as i64,
@@ -347,7 +342,10 @@ impl Pool {
         let old = std::mem::take(&mut self.ceilings);
         let was_blocked: HashSet<Tenant> = old.iter().filter(|(_, c)| c.blocked()).map(|(t, _)| t.clone()).collect();
         let settings = &self.settings;
-        let listed = settings.tenant_limits.iter().map(|(t, _)| t)
+        let listed = settings
+            .tenant_limits
+            .iter()
+            .map(|(t, _)| t)
             .chain(settings.tenant_rates.iter().map(|(t, _)| t))
             .chain(settings.tenant_minimums.iter().map(|(t, _)| t));
         let mut names: Vec<Tenant> = self.tenants.keys().cloned().collect();
@@ -656,7 +654,9 @@ impl Core {
             found => {
                 let names: Vec<&str> = self.pools.iter().filter(|p| !p.draining).map(|p| p.name.as_str()).collect();
                 Err(Error::NotFound(match found {
-                    Some(_) => format!("pool {name:?} was removed from the config and is draining; use one of {names:?}"),
+                    Some(_) => {
+                        format!("pool {name:?} was removed from the config and is draining; use one of {names:?}")
+                    }
                     None => format!("no pool named {name:?}; declared pools: {names:?}"),
                 }))
             }
@@ -1192,7 +1192,7 @@ impl Core {
 
     fn check_ran_for(ran_for: Option<f64>) -> Result<()> {
         match ran_for {
-            Some(r) if !(r >= 0.0) => {
+            Some(r) if r.is_nan() || r < 0.0 => {
                 Err(Error::InvalidArgument(format!("ran_for must be a number of seconds >= 0 or None, got {r}")))
             }
             _ => Ok(()),
@@ -1203,7 +1203,14 @@ impl Core {
     /// stale lease returns None and changes nothing. Grants no slot. In a pool that shares by run
     /// time its tenant is charged the run's time: `ran_for` seconds, or `now` less the `now` it was
     /// dispatched at. InvalidArgument for a negative or NaN `ran_for`.
-    pub fn finish(&mut self, id: &str, worker: &str, attempt: u32, now: f64, ran_for: Option<f64>) -> Result<Option<Slot>> {
+    pub fn finish(
+        &mut self,
+        id: &str,
+        worker: &str,
+        attempt: u32,
+        now: f64,
+        ran_for: Option<f64>,
+    ) -> Result<Option<Slot>> {
         Core::check_ran_for(ran_for)?;
         let Some(at) = self.lease(id, worker, attempt) else { return Ok(None) };
         self.release(at, now, ran_for);

@@ -505,7 +505,11 @@ impl FairQueue {
     }
 
     fn entries(&self, tasks: &[Option<Slot>]) -> Vec<Entry> {
-        self.flows.values().flat_map(|f| f.chain.queue.iter().copied()).filter(|e| is_live(tasks, *e, State::Queued)).collect()
+        self.flows
+            .values()
+            .flat_map(|f| f.chain.queue.iter().copied())
+            .filter(|e| is_live(tasks, *e, State::Queued))
+            .collect()
     }
 }
 
@@ -621,9 +625,12 @@ impl ClassQueue {
                 let item = Reverse((Time(d), entry.0, entry.1));
                 match held {
                     None => self.edf.push(item),
-                    Some(blocked) => {
-                        self.groups.entry(tenant.clone()).or_insert(EdfGroup { heap: BinaryHeap::new(), blocked }).heap.push(item)
-                    }
+                    Some(blocked) => self
+                        .groups
+                        .entry(tenant.clone())
+                        .or_insert(EdfGroup { heap: BinaryHeap::new(), blocked })
+                        .heap
+                        .push(item),
                 }
                 self.edf_live += 1;
             }
