@@ -177,18 +177,19 @@ impl PoolSettings {
     }
 }
 
-/// What the core counts of one tenant of one pool.
+/// What the core keeps of one tenant of a pool that shares by run time (only there: a dispatch
+/// elsewhere costs no look-up for it).
 #[derive(Debug, Default)]
 struct TenantStats {
-    /// Its tasks queued, delayed or running.
+    /// Its tasks queued, delayed or running (a record with none may be swept).
     live: usize,
-    running: u32,
-    /// Its recent average run time (share_by runtime).
+    /// Its recent average run time.
     average: Option<f64>,
 }
 
 #[derive(Debug)]
 struct Pool {
+    index: usize,
     name: String,
     settings: PoolSettings,
     weights: Arc<Weights>,
@@ -225,10 +226,11 @@ fn charge_of(share_by: ShareBy, slot: &Slot, tenants: &HashMap<Tenant, TenantSta
 }
 
 impl Pool {
-    fn new(settings: &PoolSettings) -> Pool {
+    fn new(settings: &PoolSettings, index: usize) -> Pool {
         let weights = Arc::new(Pool::weights_for(settings, None));
         let fair = Pool::fair_kind(settings, &weights);
         let mut pool = Pool {
+            index,
             name: settings.name.clone(),
             settings: settings.clone(),
             weights,
@@ -269,6 +271,10 @@ impl Pool {
         self.ceilings.get(tenant).map(Ceiling::blocked)
     }
 
+    /// The record of `tenant`, made on first use; records of tenants with no task are swept once
+    /// the table has doubled past KEEP_IDLE_TENANTS (as the Python core sweeps its own, which it
+    /// keeps in every mode: a pool of more tenants than that which turns to run time by a reload
+    /// may sweep an average at another moment than Python's).
     fn tenant_stats(&mut self, tenant: &Tenant) -> &mut TenantStats {
         if !self.tenants.contains_key(tenant) && self.tenants.len() >= self.tenants_sweep_at {
             self.tenants.retain(|_, t| t.live > 0);
@@ -348,15 +354,17 @@ impl Pool {
             .map(|(t, _)| t)
             .chain(settings.tenant_rates.iter().map(|(t, _)| t))
             .chain(settings.tenant_minimums.iter().map(|(t, _)| t));
-        let mut names: Vec<Tenant> = self.tenants.keys().cloned().collect();
-        names.extend(listed.map(|t| Some(Arc::from(t.as_str()))));
-        for tenant in names {
-            if self.ceilings.contains_key(&tenant) {
-                continue;
-            }
-            if let Some(mut c) = settings.ceiling(&tenant) {
-                c.running = self.tenants.get(&tenant).map_or(0, |t| t.running);
+        for tenant in listed.map(|t| Some(Arc::from(t.as_str()))) {
+            if let Some(c) = settings.ceiling(&tenant) {
                 self.ceilings.insert(tenant, c);
+            }
+        }
+        // Recount what runs (a reload is rare; a dispatch keeps no per-tenant count for it).
+        for t in tasks.iter().flatten() {
+            if t.pool == self.index && t.state == State::Running {
+                if let Some(c) = self.ceilings.get_mut(&t.tenant) {
+                    c.running += 1;
+                }
             }
         }
         self.refills.clear();
@@ -413,6 +421,14 @@ impl Pool {
     fn apply(&mut self, tasks: &[Option<Slot>], settings: &PoolSettings, now: Option<f64>) {
         let (was_fair, had_limits, was_share_by) =
             (self.settings.fair(), self.settings.has_node_limits(), self.settings.share_by);
+        if settings.share_by == ShareBy::Runtime && was_share_by != ShareBy::Runtime {
+            // Tenants' tasks are counted only while the pool shares by run time: count them anew.
+            self.tenants.values_mut().for_each(|t| t.live = 0);
+            let index = self.index;
+            for t in tasks.iter().flatten().filter(|t| t.pool == index) {
+                self.tenant_stats(&t.tenant).live += 1;
+            }
+        }
         self.weights = Arc::new(Pool::weights_for(settings, Some(&self.weights)));
         self.settings = settings.clone();
         self.max_in_flight = settings.max_in_flight;
@@ -638,7 +654,7 @@ impl Core {
                 }
                 None => {
                     self.pool_index.insert(s.name.clone(), self.pools.len());
-                    self.pools.push(Pool::new(s));
+                    self.pools.push(Pool::new(s, self.pools.len()));
                 }
             }
         }
@@ -736,7 +752,9 @@ impl Core {
             seq: 0,
         };
         let tenant: Tenant = slot.tenant.clone();
-        self.pools[pool].tenant_stats(&tenant).live += 1;
+        if self.pools[pool].settings.share_by == ShareBy::Runtime {
+            self.pools[pool].tenant_stats(&tenant).live += 1;
+        }
         let at = match self.free_slots.pop() {
             Some(at) => {
                 self.tasks[at] = Some(slot);
@@ -801,8 +819,10 @@ impl Core {
         let slot = self.tasks[at].take().expect("a live slot");
         self.ids.remove(&slot.id);
         self.free_slots.push(at);
-        if let Some(ts) = self.pools[slot.pool].tenants.get_mut(&slot.tenant) {
-            ts.live -= 1;
+        if self.pools[slot.pool].settings.share_by == ShareBy::Runtime {
+            if let Some(ts) = self.pools[slot.pool].tenants.get_mut(&slot.tenant) {
+                ts.live = ts.live.saturating_sub(1);
+            }
         }
         slot
     }
@@ -1103,7 +1123,6 @@ impl Core {
         pool.queued -= 1;
         pool.running += 1;
         let tenant = tasks[t].as_ref().expect("queued").tenant.clone();
-        pool.tenant_stats(&tenant).running += 1;
         pool.charge_ceiling(&tenant, now);
         Some(t)
     }
@@ -1184,9 +1203,6 @@ impl Core {
         }
         let pool = &mut self.pools[pool];
         pool.running -= 1;
-        if let Some(ts) = pool.tenants.get_mut(&tenant) {
-            ts.running -= 1;
-        }
         pool.uncharge_ceiling(&tenant);
     }
 

@@ -278,7 +278,9 @@ impl FairQueue {
     /// and re-tag or retire the flow. `replace`: the flow's entry is the heap's top (popped here);
     /// else it is dropped as stale.
     fn hand_out(&mut self, tasks: &[Option<Slot>], tenant: &Tenant, charge_of: ChargeOf, replace: bool) -> usize {
-        let weights = self.weights.clone();
+        if replace {
+            self.heap.pop(); // the flow's own entry: the caller found it at the top
+        }
         let flow = self.flows.get_mut(tenant).expect("a flow in the heap");
         let (_, slot) = flow.chain.queue.pop_front().expect("a backlogged flow has a head");
         flow.chain.live -= 1;
@@ -288,31 +290,28 @@ impl FairQueue {
             let charge = charge_of(slot);
             self.charged = charge;
             flow.owed = charge;
-            tag + weights.advance(flow.step, charge)
+            tag + self.weights.advance(flow.step, charge)
         } else {
             tag + flow.step
         };
         flow.finish = next;
-        let live = flow.chain.live;
-        if replace {
-            self.heap.pop();
-        } else {
-            flow.gen += 1;
-            self.entry_went_stale();
+        if !replace {
+            flow.gen += 1; // its entry, somewhere in the heap, is stale from now on
         }
-        let flow = self.flows.get_mut(tenant).expect("still here");
-        if live > 0 {
+        if flow.chain.live > 0 {
             flow.chain.skip_stale(tasks);
             if flow.chain.stale > flow.chain.live {
                 flow.chain.compact(tasks);
             }
             flow.tag = next;
-            let entry = Reverse((next, flow.head_seq(), flow.gen, tenant.clone()));
-            self.heap.push(entry);
+            self.heap.push(Reverse((next, flow.head_seq(), flow.gen, tenant.clone())));
         } else {
             flow.chain = Fifo::default();
             flow.on = false;
             self.nback -= 1;
+        }
+        if !replace {
+            self.entry_went_stale();
         }
         slot
     }
