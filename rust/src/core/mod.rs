@@ -1264,3 +1264,52 @@ impl Core {
         Ok((p.queued, p.delayed, p.running))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(name: &str) -> PoolSettings {
+        PoolSettings { name: name.into(), ..PoolSettings::default() }
+    }
+
+    fn task(id: &str, pool: &str) -> NewTask {
+        NewTask {
+            id: id.into(),
+            pool: pool.into(),
+            tenant: None,
+            priority: 2,
+            deadline: None,
+            not_before: None,
+            attempts: 0,
+            cost: None,
+        }
+    }
+
+    #[test]
+    fn a_pool_left_out_of_a_reload_drains() {
+        let mut core = Core::new(&[settings("a"), settings("b")]).unwrap();
+        core.submit(task("t", "b"), 0.0).unwrap();
+        core.configure(&[settings("a")], Some(1.0)).unwrap();
+        let refused = core.submit(task("u", "b"), 1.0);
+        assert!(matches!(&refused, Err(Error::NotFound(m)) if m.contains("draining")), "{refused:?}");
+        assert!(matches!(core.add_worker("w", &["b"], 1), Err(Error::NotFound(_))));
+        core.add_worker("w", &["a"], 1).unwrap();
+        assert_eq!(core.pool_names(), vec!["a".to_string()]);
+        // Declared again, it takes tasks again; its backlog was kept.
+        core.configure(&[settings("a"), settings("b")], Some(2.0)).unwrap();
+        core.add_worker("w2", &["b"], 1).unwrap();
+        assert_eq!(core.dispatch(2.0, None).iter().map(|a| a.task.to_string()).collect::<Vec<_>>(), ["t"]);
+    }
+
+    #[test]
+    fn a_bad_reload_changes_nothing() {
+        let mut core = Core::new(&[settings("a")]).unwrap();
+        let mut bad = settings("a");
+        bad.tenant_minimums = vec![("x".into(), 3)];
+        bad.max_in_flight = Some(2);
+        assert!(matches!(core.configure(&[bad], None), Err(Error::InvalidArgument(_))));
+        core.submit(task("t", "a"), 0.0).unwrap();
+        assert_eq!(core.counts("a").unwrap(), (1, 0, 0));
+    }
+}
