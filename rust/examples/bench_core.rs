@@ -1,12 +1,13 @@
-//! The embedded scheduler's dispatch cost, for bench/rust.py: `bench_core [PAIRS]`.
+//! The embedded scheduler's dispatch cost, for bench/rust.py: `bench_core [PAIRS] [SHARE_BY]`.
 //!
 //! The same measurement as bench/core_dispatch.py makes of the Python core: a fair pool filled to
 //! the backlog with tasks spread at random over the tenants, then submit + dispatch(limit 1) pairs
 //! timed with the backlog held steady (the dispatched tasks are finished between timed batches;
 //! ids are made outside the timings). Best of 3 runs, in CPU time. Prints one JSON line per row:
-//! ns per pair.
+//! ns per pair. With SHARE_BY (`dispatches`, `cost` or `runtime`) the fair rows share by it, each
+//! task costing 1 to 4, and each row says which.
 
-use cronoq::core::{Core, NewTask, PoolSettings};
+use cronoq::core::{Core, NewTask, PoolSettings, ShareBy};
 
 const NOW: f64 = 0.0;
 
@@ -31,7 +32,7 @@ impl Rng {
     }
 }
 
-fn task(id: String, tenant: &str) -> NewTask {
+fn task(id: String, tenant: &str, cost: Option<f64>) -> NewTask {
     NewTask {
         id,
         pool: "p".into(),
@@ -40,16 +41,20 @@ fn task(id: String, tenant: &str) -> NewTask {
         deadline: None,
         not_before: None,
         attempts: 0,
+        cost,
     }
 }
 
-fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool) -> f64 {
-    let pool = PoolSettings { name: "p".into(), fair_share: fair, ..PoolSettings::default() };
+fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool, share_by: Option<ShareBy>) -> f64 {
+    let share_by = if fair { share_by.unwrap_or_default() } else { ShareBy::Dispatches };
+    let pool = PoolSettings { name: "p".into(), fair_share: fair, share_by, ..PoolSettings::default() };
+    let cost = |rng: &mut Rng| (share_by != ShareBy::Dispatches).then(|| 1.0 + rng.below(4) as f64);
     let mut core = Core::new(&[pool]).unwrap();
     let names: Vec<String> = (0..tenants).map(|i| format!("tenant-{i}")).collect();
     let mut rng = Rng(0x9e3779b97f4a7c15);
     for i in 0..backlog {
-        core.submit(task(format!("q{i}"), &names[rng.below(tenants)]), NOW).unwrap();
+        let tenant = &names[rng.below(tenants)];
+        core.submit(task(format!("q{i}"), tenant, cost(&mut rng)), NOW).unwrap();
     }
     core.add_worker("bench", &["p"], u32::MAX).unwrap();
     let mut next = 0u64;
@@ -62,7 +67,8 @@ fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool) -> f64 {
             let batch: Vec<NewTask> = (0..m)
                 .map(|_| {
                     next += 1;
-                    task(format!("n{next}"), &names[rng.below(tenants)])
+                    let tenant = &names[rng.below(tenants)];
+                    task(format!("n{next}"), tenant, cost(&mut rng))
                 })
                 .collect();
             let mut out = Vec::with_capacity(m);
@@ -73,7 +79,7 @@ fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool) -> f64 {
             }
             spent += cpu_now() - t0;
             for a in out {
-                core.finish(&a.task, &a.worker, a.attempt);
+                core.finish(&a.task, &a.worker, a.attempt, NOW, None).unwrap();
                 core.grant("bench", 1);
             }
             done += m;
@@ -86,6 +92,7 @@ fn row(backlog: usize, tenants: usize, pairs: usize, fair: bool) -> f64 {
 
 fn main() {
     let pairs: usize = std::env::args().nth(1).map_or(100_000, |p| p.parse().expect("PAIRS"));
+    let share_by = std::env::args().nth(2).map(|s| ShareBy::parse(&s).expect("SHARE_BY"));
     let rows = [
         (1_000, 1_000, true),
         (10_000, 1_000, true),
@@ -96,7 +103,10 @@ fn main() {
         (100_000, 1_000, false),
     ];
     for (backlog, tenants, fair) in rows {
-        let ns = row(backlog, tenants, pairs, fair) * 1e9;
-        println!("{{\"backlog\": {backlog}, \"tenants\": {tenants}, \"fair\": {fair}, \"ns_per_pair\": {ns:.1}}}");
+        let ns = row(backlog, tenants, pairs, fair, share_by) * 1e9;
+        let mode = share_by.map(|s| format!(", \"share_by\": \"{}\"", s.as_str())).unwrap_or_default();
+        println!(
+            "{{\"backlog\": {backlog}, \"tenants\": {tenants}, \"fair\": {fair}{mode}, \"ns_per_pair\": {ns:.1}}}"
+        );
     }
 }

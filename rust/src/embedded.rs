@@ -224,6 +224,7 @@ impl Scheduler {
                     deadline,
                     not_before,
                     attempts: 0,
+                    cost: task.cost,
                 },
                 now,
             )?;
@@ -431,12 +432,13 @@ impl Shared {
         let max_retries = inner.records.get(id).map_or(0, |r| r.max_retries);
         match outcome {
             Ok(body) => {
-                inner.core.finish(id, LOCAL_WORKER, attempt);
+                // The lease is this scheduler's own and the run time its clock's: nothing to refuse.
+                let _ = inner.core.finish(id, LOCAL_WORKER, attempt, now, None);
                 finish(&mut inner, id, TaskState::Succeeded, now, Some(body), "", "", "");
             }
             Err(f) if attempt <= max_retries => {
                 let backoff = (RETRY_BACKOFF_BASE * 2f64.powi(attempt as i32 - 1)).min(RETRY_BACKOFF_CAP) * jitter();
-                inner.core.requeue(id, now, LOCAL_WORKER, attempt, Some(now + backoff));
+                let _ = inner.core.requeue(id, now, LOCAL_WORKER, attempt, Some(now + backoff), None);
                 if let Some(r) = inner.records.get_mut(id) {
                     r.state = TaskState::Delayed;
                     r.error_type = f.r#type;
@@ -445,7 +447,8 @@ impl Shared {
                 }
             }
             Err(f) => {
-                inner.core.finish(id, LOCAL_WORKER, attempt);
+                // The lease is this scheduler's own and the run time its clock's: nothing to refuse.
+                let _ = inner.core.finish(id, LOCAL_WORKER, attempt, now, None);
                 finish(&mut inner, id, TaskState::Failed, now, None, &f.r#type, &f.message, &f.traceback);
             }
         }

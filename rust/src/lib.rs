@@ -56,7 +56,7 @@ pub use embedded::Scheduler;
 pub use error::{Error, Result};
 pub use handle::TaskHandle;
 pub use handler::Failure;
-pub use pool::{Fairness, PoolConfig};
+pub use pool::{Fairness, PoolConfig, ShareBy};
 pub use rmpv::Value;
 pub use task::{encode, Payload, Priority, Task, MAX_NAME_LENGTH};
 pub use worker::{Stopper, Worker};

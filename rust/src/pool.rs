@@ -1,6 +1,8 @@
-//! [`PoolConfig`] and [`Fairness`]: a pool's scheduling settings, as the Python `cronoq.Pool` has them.
+//! [`PoolConfig`], [`Fairness`] and [`ShareBy`]: a pool's scheduling settings, as the Python
+//! `cronoq.Pool` has them.
 
 use crate::core::PoolSettings;
+pub use crate::core::ShareBy;
 
 /// How a fair pool shares its workers between tenants: start-time fair queuing by weight.
 /// Mirrors the Python `Pool`'s `tenant_weights` and `fair_share`.
@@ -33,11 +35,18 @@ impl Fairness {
 /// disagrees with its config.
 ///
 /// ```
-/// use cronoq::{Fairness, PoolConfig};
-/// let mut pool = PoolConfig::new("llm");
+/// use cronoq::{Fairness, PoolConfig, ShareBy};
+/// let mut pool = PoolConfig::new("llm")
+///     .share_by(ShareBy::Cost) // a task's share is its cost: Task::cost(tokens)
+///     .tenant_rate("trial", 0.5) // at most one start every two seconds
+///     .tenant_minimum("acme", 2) // two running tasks guaranteed while it has work
+///     .tenant_limit("acme", 6); // and never more than six at once
 /// pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
 /// pool.max_in_flight = Some(8);
 /// ```
+///
+/// A pool with a `share_by`, a rate, a minimum or a ceiling is fair (equal weights unless
+/// `fairness` gives some) even without `fairness`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
     /// The pool's name.
@@ -46,12 +55,65 @@ pub struct PoolConfig {
     pub fairness: Option<Fairness>,
     /// At most this many of the pool's tasks run at once, over all workers.
     pub max_in_flight: Option<u32>,
+    /// What a fair dispatch charges its tenant; `None`: no opinion (dispatches, when embedded).
+    pub share_by: Option<ShareBy>,
+    /// Ceilings: at most this many of a tenant's tasks run at once (`tenant_limits`).
+    pub tenant_limits: Vec<(String, u32)>,
+    /// Rates: at most this many of a tenant's tasks start a second (`tenant_rates`), a token
+    /// bucket of one second's worth (at least one token).
+    pub tenant_rates: Vec<(String, f64)>,
+    /// Minimums: running tasks a tenant is guaranteed while it has work queued
+    /// (`tenant_minimums`); it goes ahead of the fair order within its class until it has them.
+    pub tenant_minimums: Vec<(String, u32)>,
+}
+
+/// Set `tenant`'s entry of a per-tenant list (a later call for the same tenant replaces it).
+fn set<T>(list: &mut Vec<(String, T)>, tenant: String, value: T) {
+    match list.iter_mut().find(|(t, _)| *t == tenant) {
+        Some(entry) => entry.1 = value,
+        None => list.push((tenant, value)),
+    }
 }
 
 impl PoolConfig {
     /// A pool named `name`, without fairness or cap.
     pub fn new(name: impl Into<String>) -> PoolConfig {
-        PoolConfig { name: name.into(), fairness: None, max_in_flight: None }
+        PoolConfig {
+            name: name.into(),
+            fairness: None,
+            max_in_flight: None,
+            share_by: None,
+            tenant_limits: Vec::new(),
+            tenant_rates: Vec::new(),
+            tenant_minimums: Vec::new(),
+        }
+    }
+
+    /// What one fair dispatch charges its tenant's share: one dispatch, the task's
+    /// [`cost`](crate::Task::cost), or its run time (estimated, then corrected when it ends).
+    pub fn share_by(mut self, share_by: ShareBy) -> PoolConfig {
+        self.share_by = Some(share_by);
+        self
+    }
+
+    /// At most `rate` of `tenant`'s tasks start a second (a positive number; below 1, one every
+    /// `1/rate` seconds). Checked when the pool is used.
+    pub fn tenant_rate(mut self, tenant: impl Into<String>, rate: f64) -> PoolConfig {
+        set(&mut self.tenant_rates, tenant.into(), rate);
+        self
+    }
+
+    /// `tenant` is guaranteed `minimum` running tasks while it has work queued (at least 1, no more
+    /// than its ceiling; the minimums together no more than `max_in_flight`).
+    pub fn tenant_minimum(mut self, tenant: impl Into<String>, minimum: u32) -> PoolConfig {
+        set(&mut self.tenant_minimums, tenant.into(), minimum);
+        self
+    }
+
+    /// At most `limit` of `tenant`'s tasks run at once (at least 1).
+    pub fn tenant_limit(mut self, tenant: impl Into<String>, limit: u32) -> PoolConfig {
+        set(&mut self.tenant_limits, tenant.into(), limit);
+        self
     }
 
     /// The settings of the scheduling core.
@@ -61,11 +123,16 @@ impl PoolConfig {
             tenant_weights: self.fairness.as_ref().map(|f| f.tenant_weights.clone()).unwrap_or_default(),
             fair_share: self.fairness.as_ref().is_some_and(|f| f.tenant_weights.is_empty()),
             max_in_flight: self.max_in_flight,
+            share_by: self.share_by.unwrap_or_default(),
+            tenant_limits: self.tenant_limits.clone(),
+            tenant_rates: self.tenant_rates.clone(),
+            tenant_minimums: self.tenant_minimums.clone(),
         }
     }
 
     /// The settings set explicitly, as a worker's `ready` carries them (`tenant_weights`,
-    /// `fair_share`, `max_in_flight`).
+    /// `fair_share`, `max_in_flight`, `share_by`, `tenant_limits`, `tenant_rates`,
+    /// `tenant_minimums`): the broker refuses the worker when one disagrees with its config.
     pub(crate) fn explicit_settings(&self) -> Vec<(rmpv::Value, rmpv::Value)> {
         let mut out = Vec::new();
         if let Some(f) = &self.fairness {
@@ -78,6 +145,22 @@ impl PoolConfig {
         }
         if let Some(cap) = self.max_in_flight {
             out.push(("max_in_flight".into(), rmpv::Value::from(cap)));
+        }
+        if let Some(share_by) = self.share_by {
+            out.push(("share_by".into(), share_by.as_str().into()));
+        }
+        let ints = |list: &[(String, u32)]| {
+            rmpv::Value::Map(list.iter().map(|(t, n)| (t.as_str().into(), rmpv::Value::from(*n))).collect())
+        };
+        if !self.tenant_limits.is_empty() {
+            out.push(("tenant_limits".into(), ints(&self.tenant_limits)));
+        }
+        if !self.tenant_rates.is_empty() {
+            let rates = self.tenant_rates.iter().map(|(t, r)| (t.as_str().into(), rmpv::Value::F64(*r))).collect();
+            out.push(("tenant_rates".into(), rmpv::Value::Map(rates)));
+        }
+        if !self.tenant_minimums.is_empty() {
+            out.push(("tenant_minimums".into(), ints(&self.tenant_minimums)));
         }
         out
     }

@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 /// The longest pool, tenant or key name a broker takes, in characters.
 pub const MAX_NAME_LENGTH: usize = 200;
 
+/// The largest `cost` a task may declare: a billion units (tokens, pages; seconds in a pool that
+/// shares by run time), as a broker checks it.
+pub const MAX_COST: f64 = 1e9;
+
 /// A task's priority class. Classes are strict: every ready `Critical` task goes before any `High`,
 /// and so on, whatever the tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -69,7 +73,8 @@ impl Priority {
 ///     .priority(Priority::High)
 ///     .deadline(Duration::from_secs(30))
 ///     .key("resize-42")
-///     .max_retries(2);
+///     .max_retries(2)
+///     .cost(3.5);
 /// assert_eq!(task.pool_name(), "images");
 /// ```
 #[derive(Debug, Clone)]
@@ -82,6 +87,7 @@ pub struct Task {
     pub(crate) delay: Option<Duration>,
     pub(crate) key: Option<String>,
     pub(crate) max_retries: u32,
+    pub(crate) cost: Option<f64>,
 }
 
 impl Task {
@@ -106,6 +112,7 @@ impl Task {
             delay: None,
             key: None,
             max_retries: 0,
+            cost: None,
         }
     }
 
@@ -153,6 +160,25 @@ impl Task {
         self
     }
 
+    /// What the task charges its tenant's share in a pool that shares by cost (tokens of an LLM
+    /// call, pages of a document; 1 when not given), and its first run-time estimate, in seconds, in
+    /// one that shares by run time. A positive number, at most a billion (1e9); `submit` refuses
+    /// another with `InvalidArgument`. Other pools ignore it.
+    pub fn cost(mut self, cost: f64) -> Task {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// The cost given with [`cost`](Self::cost), if any.
+    pub fn cost_given(&self) -> Option<f64> {
+        self.cost
+    }
+
+    /// The submit message's trailing `cost` field: nil when not given (the broker counts 1).
+    pub(crate) fn wire_cost(&self) -> rmpv::Value {
+        self.cost.map_or(rmpv::Value::Nil, rmpv::Value::F64)
+    }
+
     /// The pool this task goes to.
     pub fn pool_name(&self) -> &str {
         &self.pool
@@ -182,6 +208,17 @@ impl Task {
         }
         if self.deadline == Some(Duration::ZERO) {
             return Err(Error::InvalidArgument("deadline must be more than 0 seconds from now, got 0 seconds".into()));
+        }
+        if let Some(cost) = self.cost {
+            if !(cost.is_finite() && cost > 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "cost must be a positive number (what the task charges its tenant's share in a pool with \
+                     share_by = 'cost'), got {cost}"
+                )));
+            }
+            if cost > MAX_COST {
+                return Err(Error::InvalidArgument(format!("cost must be at most {MAX_COST:e}, got {cost}")));
+            }
         }
         if self.max_retries > 1000 {
             return Err(Error::InvalidArgument(format!(

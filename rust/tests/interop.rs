@@ -13,7 +13,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Task, TaskState, Value, Worker};
+use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, ShareBy, Task, TaskState, Value, Worker};
 use serde::{Deserialize, Serialize};
 use support::{run_python, Broker, Cluster, Scratch};
 
@@ -233,6 +233,68 @@ async fn the_three_to_one_order_through_the_broker() {
     // A worker whose settings disagree with the broker's config is refused, naming the pool.
     let mut wrong = PoolConfig::new("llm");
     wrong.fairness = Some(Fairness::weights([("acme", 1.0)]));
+    let refused = tokio::time::timeout(
+        LONG,
+        Worker::new(&broker.workers).pool(wrong, |_: Payload| async { Ok::<_, Error>(()) }).run(),
+    )
+    .await
+    .expect("refused at once");
+    assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("llm")), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_reach_the_broker_and_a_worker_declares_shares_rates_and_minimums() {
+    let dir = Scratch::new("s");
+    let pools = "[[pools]]\nname = \"llm\"\nshare_by = \"cost\"\nfair_share = true\n\
+                 [pools.tenant_rates]\ntrial = 0.5\n[pools.tenant_minimums]\nacme = 1\n";
+    let broker = Broker::start(&dir.0, pools, "durability = \"none\"", &[]);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    sched.pause("llm").await.unwrap();
+    let mut handles = Vec::new();
+    for n in 0..8 {
+        let task = Task::new(format!("light-{n}")).pool("llm").tenant("light").cost(1.0);
+        handles.push(sched.submit(task).await.unwrap());
+    }
+    for n in 0..3 {
+        let task = Task::new(format!("heavy-{n}")).pool("llm").tenant("heavy").cost(4.0);
+        handles.push(sched.submit(task).await.unwrap());
+    }
+    let refused = sched.submit(Task::new("x").pool("llm").cost(f64::NAN)).await;
+    assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("cost")), "{refused:?}");
+
+    // The worker says the broker's settings: agreeing ones are taken.
+    let agreeing = || {
+        let mut pool =
+            PoolConfig::new("llm").share_by(ShareBy::Cost).tenant_rate("trial", 0.5).tenant_minimum("acme", 1);
+        pool.fairness = Some(Fairness::equal());
+        pool
+    };
+    let order = Arc::new(Mutex::new(String::new()));
+    let seen = order.clone();
+    let worker = Worker::new(&broker.workers).concurrency(1).heartbeat(Duration::from_millis(200), 5).pool(
+        agreeing(),
+        move |p: Payload| {
+            let seen = seen.clone();
+            async move {
+                let name: String = p.decode()?;
+                seen.lock().unwrap().push(name.chars().next().unwrap());
+                Ok::<_, Error>(())
+            }
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    sched.resume("llm").await.unwrap();
+    for h in &handles {
+        h.result_timeout::<()>(LONG).await.unwrap();
+    }
+    // Each heavy task costs four light ones: the broker read every task's cost.
+    assert_eq!(order.lock().unwrap().as_str(), "lhllllhlllh");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+
+    // A worker that disagrees on what a share counts is refused, naming the pool.
+    let wrong = agreeing().share_by(ShareBy::Runtime);
     let refused = tokio::time::timeout(
         LONG,
         Worker::new(&broker.workers).pool(wrong, |_: Payload| async { Ok::<_, Error>(()) }).run(),

@@ -2,11 +2,15 @@
 //!
 //! tests/core/test_scheduling_vectors.py replays the same files through the Python core: both must make
 //! every decision the vectors record (which worker gets which task, in order; what expires; which
-//! leases are current; when the next wake-up is).
+//! leases are current; when the next wake-up is; what a running task is charged).
+//!
+//! A vector that `needs` tenant trees is the Python core's alone for now: this crate's core has
+//! flat tenants, and must refuse such a vector's tenant paths with a clear error rather than order
+//! them differently (checked here, so the day it learns trees this test says to replay them).
 
 use std::path::PathBuf;
 
-use cronoq::core::{Core, NewTask, PoolSettings};
+use cronoq::core::{Core, NewTask, PoolSettings, ShareBy};
 use serde_json::{json, Value as Json};
 
 fn vectors() -> Vec<PathBuf> {
@@ -20,20 +24,27 @@ fn vectors() -> Vec<PathBuf> {
     files
 }
 
-fn pools_of(vector: &Json) -> Vec<PoolSettings> {
-    vector["pools"]
+fn per_tenant<T>(pool: &Json, key: &str, value: impl Fn(&Json) -> T) -> Vec<(String, T)> {
+    pool.get(key)
+        .and_then(Json::as_object)
+        .map(|m| m.iter().map(|(t, v)| (t.clone(), value(v))).collect())
+        .unwrap_or_default()
+}
+
+fn pools_of(pools: &Json) -> Vec<PoolSettings> {
+    pools
         .as_array()
         .unwrap()
         .iter()
         .map(|p| PoolSettings {
             name: p["name"].as_str().unwrap().to_string(),
-            tenant_weights: p
-                .get("tenant_weights")
-                .and_then(Json::as_object)
-                .map(|w| w.iter().map(|(t, w)| (t.clone(), w.as_f64().unwrap())).collect())
-                .unwrap_or_default(),
+            tenant_weights: per_tenant(p, "tenant_weights", |w| w.as_f64().unwrap()),
             fair_share: p.get("fair_share").and_then(Json::as_bool).unwrap_or(false),
             max_in_flight: p.get("max_in_flight").and_then(Json::as_u64).map(|n| n as u32),
+            share_by: ShareBy::parse(p.get("share_by").and_then(Json::as_str).unwrap_or("dispatches")).unwrap(),
+            tenant_limits: per_tenant(p, "tenant_limits", |n| n.as_u64().unwrap() as u32),
+            tenant_rates: per_tenant(p, "tenant_rates", |r| r.as_f64().unwrap()),
+            tenant_minimums: per_tenant(p, "tenant_minimums", |n| n.as_u64().unwrap() as u32),
         })
         .collect()
 }
@@ -44,13 +55,14 @@ fn priority(name: &str) -> u8 {
 
 /// Replay one vector; the steps whose answer differs from the recorded one.
 fn replay(vector: &Json) -> Vec<String> {
-    let mut core = Core::new(&pools_of(vector)).expect("valid pools");
+    let mut core = Core::new(&pools_of(&vector["pools"])).expect("valid pools");
     let mut wrong = Vec::new();
     for (n, step) in vector["steps"].as_array().unwrap().iter().enumerate() {
         let op = step["op"].as_str().unwrap();
         let now = step.get("now").and_then(Json::as_f64).unwrap_or(0.0);
         let s = |k: &str| step[k].as_str().unwrap().to_string();
         let attempt = || step["attempt"].as_i64().unwrap();
+        let ran_for = step.get("ran_for").and_then(Json::as_f64);
         let got: Option<Json> = match op {
             "add_worker" => {
                 let pools: Vec<String> =
@@ -63,7 +75,7 @@ fn replay(vector: &Json) -> Vec<String> {
                 None
             }
             "remove_worker" => {
-                Some(json!(core.remove_worker(&s("worker")).iter().map(|id| id.to_string()).collect::<Vec<_>>()))
+                Some(json!(core.remove_worker(&s("worker"), now).iter().map(|id| id.to_string()).collect::<Vec<_>>()))
             }
             "submit" => {
                 core.submit(
@@ -75,6 +87,7 @@ fn replay(vector: &Json) -> Vec<String> {
                         deadline: step["deadline"].as_f64(),
                         not_before: step["not_before"].as_f64(),
                         attempts: 0,
+                        cost: step.get("cost").and_then(Json::as_f64),
                     },
                     now,
                 )
@@ -94,11 +107,20 @@ fn replay(vector: &Json) -> Vec<String> {
                 ids.sort();
                 Some(json!(ids))
             }
-            "finish" => Some(json!(attempt() > 0 && core.finish(&s("id"), &s("worker"), attempt() as u32).is_some())),
+            "finish" => Some(json!(
+                attempt() > 0 && core.finish(&s("id"), &s("worker"), attempt() as u32, now, ran_for).unwrap().is_some()
+            )),
             "requeue" => Some(json!(
                 attempt() > 0
-                    && core.requeue(&s("id"), now, &s("worker"), attempt() as u32, step["not_before"].as_f64())
+                    && core
+                        .requeue(&s("id"), now, &s("worker"), attempt() as u32, step["not_before"].as_f64(), ran_for)
+                        .unwrap()
             )),
+            "configure" => {
+                core.configure(&pools_of(&step["pools"]), Some(now)).expect("valid pools");
+                None
+            }
+            "charged_for" => Some(core.charged_for(&s("id")).map_or(Json::Null, |t| json!(t))),
             "cancel" => Some(json!(core.cancel(&s("id")).is_some())),
             "pause" => {
                 core.pause(&s("pool")).unwrap();
@@ -127,21 +149,43 @@ fn replay(vector: &Json) -> Vec<String> {
     wrong
 }
 
+fn needs_trees(vector: &Json) -> bool {
+    vector.get("needs").and_then(Json::as_array).is_some_and(|n| n.iter().any(|f| f == "tenant_trees"))
+}
+
+/// The Rust core refuses the tenant paths of a vector that needs trees, in a sentence that says so.
+fn refuses_trees(vector: &Json) -> bool {
+    match Core::new(&pools_of(&vector["pools"])) {
+        Err(cronoq::Error::InvalidArgument(text)) => text.contains("no tenant trees"),
+        _ => false,
+    }
+}
+
 #[test]
 fn the_rust_core_makes_every_decision_of_every_vector() {
     let files = vectors();
     assert!(files.len() >= 20, "expected the shared vectors, found {}", files.len());
     let mut failures = Vec::new();
     let mut decisions = 0;
+    let mut python_only = Vec::new();
     for file in &files {
         let vector: Json = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        if needs_trees(&vector) {
+            assert!(refuses_trees(&vector), "{name} needs tenant trees: the Rust core should refuse its pools");
+            python_only.push(name);
+            continue;
+        }
         decisions += vector["steps"].as_array().unwrap().iter().filter(|s| s.get("expect").is_some()).count();
         for w in replay(&vector) {
             failures.push(format!("{}: {w}", file.file_name().unwrap().to_string_lossy()));
         }
     }
     assert!(failures.is_empty(), "{} wrong decisions:\n{}", failures.len(), failures.join("\n"));
-    println!("{} vectors, {decisions} decisions agreed", files.len());
+    println!(
+        "{} vectors, {decisions} decisions agreed; left to the Python core (tenant trees): {python_only:?}",
+        files.len() - python_only.len()
+    );
 }
 
 #[test]

@@ -36,17 +36,26 @@ Pools = list[dict[str, Any]]
 
 def settings_of(pools: Pools) -> list[PoolSettings]:
     return [
-        PoolSettings(p["name"], p.get("tenant_weights", {}), p.get("fair_share", False), p.get("max_in_flight"))
+        PoolSettings(p["name"], p.get("tenant_weights", {}), p.get("fair_share", False), p.get("max_in_flight"),
+                     tenant_limits=p.get("tenant_limits", {}), share_by=p.get("share_by", "dispatches"),
+                     tenant_rates=p.get("tenant_rates", {}), tenant_minimums=p.get("tenant_minimums", {}))
         for p in pools
     ]
+
+
+def _given(step: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """`step` with the optional fields that were given (left out when None, so older vectors read the same)."""
+    step.update({k: v for k, v in fields.items() if v is not None})
+    return step
 
 
 class Recorder:
     """Runs a scenario on the Python core, writing down each step and what the core answered."""
 
-    def __init__(self, about: str, pools: Pools) -> None:
+    def __init__(self, about: str, pools: Pools, needs: tuple[str, ...] = ()) -> None:
         self.about = about
         self.pools = pools
+        self.needs = needs  # features beyond flat tenants, e.g. "tenant_trees" (README: who replays what)
         self.core = SchedulerCore(settings_of(pools))
         self.steps: list[dict[str, Any]] = []
         self.now = 0.0
@@ -69,13 +78,15 @@ class Recorder:
         return back
 
     def submit(self, id: str, pool: str, tenant: str | None = None, priority: str = "normal",
-               deadline: float | None = None, not_before: float | None = None) -> None:
+               deadline: float | None = None, not_before: float | None = None, cost: float | None = None) -> None:
         task = Task(id, pool, tenant=tenant, priority=PRIORITIES.index(priority),
                     deadline=None if deadline is None else float(deadline),
-                    not_before=None if not_before is None else float(not_before))
+                    not_before=None if not_before is None else float(not_before),
+                    cost=None if cost is None else float(cost))
         self.core.submit(task, self.now)
-        self.steps.append({"op": "submit", "now": self.now, "id": id, "pool": pool, "tenant": tenant,
-                           "priority": priority, "deadline": task.deadline, "not_before": task.not_before})
+        self.steps.append(_given({"op": "submit", "now": self.now, "id": id, "pool": pool, "tenant": tenant,
+                                  "priority": priority, "deadline": task.deadline, "not_before": task.not_before},
+                                 cost=task.cost))
 
     def dispatch(self, limit: int | None = None) -> list[list[str]]:
         got = [[str(w), t.id] for w, t in self.core.dispatch(self.now, limit)]
@@ -92,18 +103,34 @@ class Recorder:
         self.expire()
         return self.dispatch()
 
-    def finish(self, id: str, worker: str, attempt: int = 1) -> bool:
-        done = self.core.finish(id, self.now, worker_id=worker, attempt=attempt, state="succeeded") is not None
-        self.steps.append({"op": "finish", "now": self.now, "id": id, "worker": worker, "attempt": attempt,
-                           "expect": done})
+    def finish(self, id: str, worker: str, attempt: int = 1, ran_for: float | None = None) -> bool:
+        ran_for = None if ran_for is None else float(ran_for)
+        done = self.core.finish(id, self.now, worker_id=worker, attempt=attempt, state="succeeded",
+                                ran_for=ran_for) is not None
+        self.steps.append(_given({"op": "finish", "now": self.now, "id": id, "worker": worker, "attempt": attempt},
+                                 ran_for=ran_for, expect=done))
         return done
 
-    def requeue(self, id: str, worker: str, attempt: int = 1, not_before: float | None = None) -> bool:
+    def requeue(self, id: str, worker: str, attempt: int = 1, not_before: float | None = None,
+                ran_for: float | None = None) -> bool:
+        ran_for = None if ran_for is None else float(ran_for)
         back = self.core.requeue(id, self.now, worker_id=worker, attempt=attempt,
-                                 not_before=None if not_before is None else float(not_before)) is not None
-        self.steps.append({"op": "requeue", "now": self.now, "id": id, "worker": worker, "attempt": attempt,
-                           "not_before": None if not_before is None else float(not_before), "expect": back})
+                                 not_before=None if not_before is None else float(not_before),
+                                 ran_for=ran_for) is not None
+        self.steps.append(_given({"op": "requeue", "now": self.now, "id": id, "worker": worker, "attempt": attempt,
+                                  "not_before": None if not_before is None else float(not_before)},
+                                 ran_for=ran_for, expect=back))
         return back
+
+    def configure(self, pools: Pools) -> None:
+        """A reload: these pools' settings from now on (their `now` stamps what the change caps or re-times)."""
+        self.core.configure(settings_of(pools), self.now)
+        self.steps.append({"op": "configure", "now": self.now, "pools": pools})
+
+    def charged_for(self, id: str) -> float | None:
+        charged = self.core.charged_for(id)
+        self.steps.append({"op": "charged_for", "id": id, "expect": charged})
+        return charged
 
     def cancel(self, id: str) -> bool:
         done = self.core.cancel(id, self.now) is not None
@@ -124,12 +151,14 @@ class Recorder:
         return wake
 
     def vector(self) -> dict[str, Any]:
-        return {"about": self.about, "pools": self.pools, "steps": self.steps}
+        needs = {"needs": list(self.needs)} if self.needs else {}
+        return {"about": self.about, **needs, "pools": self.pools, "steps": self.steps}
 
 
 def render(vector: dict[str, Any]) -> str:
     """A vector as its file holds it: one step per line, so a diff shows which decision changed."""
-    head = json.dumps({"about": vector["about"], "pools": vector["pools"]}, indent=2)[:-2]
+    needs = {"needs": vector["needs"]} if vector.get("needs") else {}
+    head = json.dumps({"about": vector["about"], **needs, "pools": vector["pools"]}, indent=2)[:-2]
     steps = ",\n".join("    " + json.dumps(step) for step in vector["steps"])
     return f'{head},\n  "steps": [\n{steps}\n  ]\n}}\n'
 
@@ -153,17 +182,21 @@ def replay(vector: dict[str, Any]) -> list[str]:
         elif op == "submit":
             core.submit(Task(step["id"], step["pool"], tenant=step["tenant"],
                              priority=PRIORITIES.index(step["priority"]), deadline=step["deadline"],
-                             not_before=step["not_before"]), now)
+                             not_before=step["not_before"], cost=step.get("cost")), now)
         elif op == "dispatch":
             got = [[str(w), t.id] for w, t in core.dispatch(now, step["limit"])]
         elif op == "expire":
             got = sorted(t.id for t in core.expire(now))
         elif op == "finish":
             got = core.finish(step["id"], now, worker_id=step["worker"], attempt=step["attempt"],
-                              state="succeeded") is not None
+                              state="succeeded", ran_for=step.get("ran_for")) is not None
         elif op == "requeue":
             got = core.requeue(step["id"], now, worker_id=step["worker"], attempt=step["attempt"],
-                               not_before=step["not_before"]) is not None
+                               not_before=step["not_before"], ran_for=step.get("ran_for")) is not None
+        elif op == "configure":
+            core.configure(settings_of(step["pools"]), now)
+        elif op == "charged_for":
+            got = core.charged_for(step["id"])
         elif op == "cancel":
             got = core.cancel(step["id"], now) is not None
         elif op == "pause":
@@ -449,6 +482,283 @@ def paused_pool() -> Recorder:
     return r
 
 
+@case
+def cost_four_to_one() -> Recorder:
+    r = Recorder("share_by = cost: a dispatch charges the task's cost, so with equal weights a tenant whose tasks cost "
+                 "4 gets one dispatch for each four of a tenant whose tasks cost 1 (equal summed cost); deadline "
+                 "tasks are not charged.",
+                 [{"name": "p", "share_by": "cost", "fair_share": True}])
+    for n in range(3):
+        r.submit(f"h{n}", "p", "heavy", cost=4)
+    for n in range(9):
+        r.submit(f"l{n}", "p", "light", cost=1)
+    r.submit("d0", "p", "heavy", deadline=10, cost=100)
+    r.add_worker("w", ["p"], 12)
+    assert letters(r.dispatch()) == "dhllllhllllh", letters(r.dispatch())
+    return r
+
+
+@case
+def cost_ties_are_exact() -> Recorder:
+    r = Recorder("Costs are exact to a thousandth: three tasks of 0.1 charge exactly what one of 0.3 does (in floats "
+                 "they would charge 0.30000000000000004), so the tie that follows is a true tie, broken by arrival.",
+                 [{"name": "p", "share_by": "cost", "tenant_weights": {"x": 1, "y": 1}}])
+    for n in range(4):
+        r.submit(f"x{n}", "p", "x", cost=0.1)
+    for n in range(2):
+        r.submit(f"y{n}", "p", "y", cost=0.3)
+    r.add_worker("w", ["p"], 6)
+    assert [t for _, t in r.dispatch()] == ["x0", "y0", "x1", "x2", "x3", "y1"]
+    return r
+
+
+@case
+def rate_burst_and_wakeup() -> Recorder:
+    r = Recorder("tenant_rates: a rate of 3 a second is a bucket of 3 tokens: three start at once, then the tenant is "
+                 "held back (blocking nobody) until its next token, whose time next_wakeup() gives; it rejoins the fair "
+                 "order there, banking nothing for the wait.",
+                 [{"name": "p", "fair_share": True, "tenant_rates": {"a": 3}}])
+    for n in range(6):
+        r.submit(f"a{n}", "p", "a")
+        r.submit(f"b{n}", "p", "b")
+    r.add_worker("w", ["p"], 20)
+    assert letters(r.dispatch()) == "ababab" + "bbb"
+    wake = r.next_wakeup()
+    assert wake is not None and abs(wake - 1 / 3) < 1e-9, wake
+    r.at(0.3)
+    assert r.tick() == []
+    r.at(wake)
+    assert [t for _, t in r.tick()] == ["a3"]
+    r.next_wakeup()
+    r.at(2.0)
+    assert [t for _, t in r.tick()] == ["a4", "a5"]
+    assert r.next_wakeup() is None  # nothing queued: a bucket still refilling wakes nobody
+    return r
+
+
+@case
+def rate_below_one() -> Recorder:
+    r = Recorder("A rate below 1 a second is a bucket of one token: one start, then one every 1/rate seconds; deadline "
+                 "tasks take tokens too and wait for them.",
+                 [{"name": "p", "fair_share": True, "tenant_rates": {"slow": 0.5}}])
+    r.submit("s0", "p", "slow")
+    r.submit("s1", "p", "slow", deadline=10)
+    r.submit("s2", "p", "slow")
+    r.submit("o0", "p", "other")
+    r.add_worker("w", ["p"], 10)
+    assert [t for _, t in r.dispatch()] == ["s1", "o0"]
+    assert r.next_wakeup() == 2.0
+    r.at(1.9)
+    assert r.tick() == []
+    r.at(2.0)
+    assert [t for _, t in r.tick()] == ["s0"]
+    assert r.next_wakeup() == 4.0
+    r.at(4.0)
+    assert [t for _, t in r.tick()] == ["s2"]
+    return r
+
+
+@case
+def rate_reload() -> Recorder:
+    r = Recorder("A reload keeps the tokens a bucket has spent and repays them at the new rate: raised from 1 to 10 a "
+                 "second, a tenant that had just spent its one token may start more at once; lowered back to 1, one "
+                 "that spent its tokens waits for them at the slow pace.",
+                 [{"name": "p", "fair_share": True, "tenant_rates": {"a": 1}}])
+    for n in range(12):
+        r.submit(f"a{n}", "p", "a")
+    r.add_worker("w", ["p"], 20)
+    assert [t for _, t in r.dispatch()] == ["a0"]
+    assert r.next_wakeup() == 1.0
+    r.at(0.5)
+    r.configure([{"name": "p", "fair_share": True, "tenant_rates": {"a": 10}}])
+    fast = r.tick()
+    assert len(fast) > 5, fast
+    r.configure([{"name": "p", "fair_share": True, "tenant_rates": {"a": 1}}])
+    r.next_wakeup()
+    r.at(1.5)
+    assert r.tick() == []
+    r.at(20.0)
+    r.tick()
+    return r
+
+
+@case
+def rate_with_ceiling_and_minimum() -> Recorder:
+    r = Recorder("A rate, a ceiling and a minimum on one tenant: a task starts only when the tenant has a token and is "
+                 "under its ceiling; under its minimum it goes first, but only while it has a token; at its minimum "
+                 "the fair order decides.",
+                 [{"name": "p", "tenant_weights": {"a": 1, "b": 4}, "tenant_rates": {"a": 2},
+                   "tenant_limits": {"a": 3}, "tenant_minimums": {"a": 2}}])
+    for n in range(6):
+        r.submit(f"a{n}", "p", "a")
+    for n in range(10):
+        r.submit(f"b{n}", "p", "b")
+    r.add_worker("w", ["p"], 4)
+    assert letters(r.dispatch()) == "aabb"
+    r.at(0.25)
+    r.finish("a0", "w")
+    r.grant("w")
+    assert letters(r.tick()) == "b"  # under its minimum, but out of tokens
+    r.at(0.5)
+    assert letters(r.tick()) == ""  # a's token came, but the slots are full
+    r.finish("b0", "w")
+    r.grant("w")
+    assert letters(r.tick()) == "a"  # under its minimum again: first
+    r.at(1.5)
+    r.finish("b1", "w")
+    r.finish("b2", "w")
+    r.grant("w", 2)
+    assert letters(r.tick()) == "bb"  # a has a token again, but also its minimum: the fair order (b weighs 4)
+    r.at(2.0)
+    r.finish("a1", "w")
+    r.grant("w")
+    assert letters(r.tick()) == "a"  # under its minimum, with a token: ahead of b again
+    r.next_wakeup()
+    return r
+
+
+@case
+def rate_on_parent_and_child() -> Recorder:
+    r = Recorder("Rates on a node and on its child compose: a dispatch takes a token from every rated node on its path, "
+                 "and starts only when each has one. acme may start 4 a second, acme/search 1 of those; globex, "
+                 "unrated, is never held back by either.",
+                 [{"name": "p", "fair_share": True, "tenant_rates": {"acme": 4, "acme/search": 1}}],
+                 needs=("tenant_trees",))
+    for n in range(4):
+        r.submit(f"s{n}", "p", "acme/search")
+        r.submit(f"a{n}", "p", "acme/ads")
+        r.submit(f"g{n}", "p", "globex")
+    r.add_worker("w", ["p"], 20)
+    assert [t for _, t in r.dispatch()] == ["s0", "g0", "a0", "g1", "a1", "g2", "a2", "g3"]
+    assert r.next_wakeup() == 0.25  # acme's next token; search waits for its own, at 1.0
+    r.at(0.25)
+    assert [t for _, t in r.tick()] == ["a3"]
+    assert r.next_wakeup() == 0.5
+    r.at(0.5)
+    assert r.tick() == []  # acme has a token, but search (all that is left) has none
+    assert r.next_wakeup() == 1.0
+    r.at(1.0)
+    assert [t for _, t in r.tick()] == ["s1"]
+    assert r.next_wakeup() == 2.0
+    return r
+
+
+@case
+def minimums_go_first_within_their_class() -> Recorder:
+    r = Recorder("tenant_minimums: a tenant under its minimum goes ahead of the fair order of its class (weights 10:1 "
+                 "would give it one slot in eleven), but priority classes and deadline tasks still go first; the "
+                 "dispatches it takes are charged, so it pays them back in fair turns later.",
+                 [{"name": "p", "tenant_weights": {"big": 10}, "tenant_minimums": {"small": 2}, "max_in_flight": 6}])
+    for n in range(12):
+        r.submit(f"b{n}", "p", "big")
+    for n in range(4):
+        r.submit(f"s{n}", "p", "small")
+    r.submit("crit", "p", "big", priority="critical")
+    r.submit("due", "p", "big", deadline=30)
+    r.submit("high", "p", "small", priority="high")
+    r.add_worker("w", ["p"], 6)
+    assert [t for _, t in r.dispatch()] == ["crit", "high", "due", "s0", "b0", "b1"]
+    r.at(1)
+    r.finish("s0", "w")
+    r.finish("high", "w")
+    r.grant("w", 2)
+    assert [t for _, t in r.tick()] == ["s1", "s2"]  # both of small's ended: under its minimum again
+    r.at(2)
+    for task in ("crit", "due", "b0", "b1"):
+        r.finish(task, "w")
+    r.grant("w", 4)
+    r.tick()
+    return r
+
+
+@case
+def ceilings_pass_over() -> Recorder:
+    r = Recorder("tenant_limits: a tenant at its ceiling is passed over (its deadline tasks too) without losing its "
+                 "place, and rejoins at max(V, F) when one of its tasks ends.",
+                 [{"name": "p", "fair_share": True, "tenant_limits": {"a": 2}}])
+    for n in range(5):
+        r.submit(f"a{n}", "p", "a")
+        r.submit(f"b{n}", "p", "b")
+    r.submit("a-due", "p", "a", deadline=9)
+    r.add_worker("w", ["p"], 6)
+    assert [t for _, t in r.dispatch()] == ["a-due", "a0", "b0", "b1", "b2", "b3"]
+    r.at(1)
+    r.finish("a0", "w")
+    r.grant("w")
+    assert [t for _, t in r.tick()] == ["a1"]
+    return r
+
+
+@case
+def runtime_correction() -> Recorder:
+    r = Recorder("share_by = runtime: a dispatch is charged an estimate (the task's cost in seconds, else its tenant's "
+                 "recent average run time, else the pool's, else 1 s) and corrected to the run's time when it ends "
+                 "(measured from the dispatch's now, or ran_for); a run past its charge is re-charged at expire.",
+                 [{"name": "p", "share_by": "runtime", "fair_share": True}])
+    for n in range(6):
+        r.submit(f"q{n}", "p", "quick")
+        r.submit(f"s{n}", "p", "slow")
+    r.add_worker("w", ["p"], 2)
+    assert [t for _, t in r.dispatch()] == ["q0", "s0"]
+    assert r.charged_for("q0") == 1.0  # nothing known yet: 1 s
+    r.at(0.1)
+    r.finish("q0", "w")  # ran 0.1 s: charged 0.1, not 1
+    r.grant("w")
+    assert [t for _, t in r.tick()] == ["q1"]
+    assert r.charged_for("q1") == 0.1  # its tenant's average
+    r.at(0.2)
+    r.finish("q1", "w", ran_for=0.05)
+    r.grant("w")
+    assert [t for _, t in r.tick()] == ["q2"]
+    r.at(3.5)  # s0 has run past its 1 s charge: re-charged at its time so far plus 1 s
+    r.expire()
+    assert r.charged_for("s0") == 4.5
+    r.finish("q2", "w")
+    r.grant("w")
+    r.tick()
+    r.submit("c0", "p", "slow", cost=0.01)  # a given cost is its estimate
+    r.at(4.0)
+    r.finish("s0", "w")
+    r.grant("w")
+    r.tick()
+    r.at(4.5)
+    r.requeue(r.core.worker_tasks("w")[0].id, "w", 1, ran_for=0.2)
+    r.grant("w")
+    r.tick()
+    r.at(5.0)
+    r.remove_worker("w")
+    r.add_worker("w2", ["p"], 3)
+    r.tick()
+    for task in [t.id for t in r.core.worker_tasks("w2")]:
+        r.charged_for(task)
+    return r
+
+
+@case
+def shares_reload() -> Recorder:
+    r = Recorder("A reload that changes share_by starts the pool's fair state afresh (tags in two units do not "
+                 "compare): the backlog is kept in arrival order from V = 0.",
+                 [{"name": "p", "fair_share": True}])
+    for n in range(4):
+        r.submit(f"a{n}", "p", "a", cost=3)
+        r.submit(f"b{n}", "p", "b", cost=1)
+    r.add_worker("w", ["p"], 2)
+    assert letters(r.dispatch()) == "ab"
+    r.at(1)
+    r.configure([{"name": "p", "share_by": "cost", "fair_share": True}])
+    r.finish("a0", "w")
+    r.finish("b0", "w")
+    r.grant("w", 2)
+    r.tick()
+    r.at(2)
+    r.configure([{"name": "p", "share_by": "cost", "tenant_weights": {"a": 3}}])
+    for task in [t.id for t in r.core.worker_tasks("w")]:
+        r.finish(task, "w")
+    r.grant("w", 2)
+    r.tick()
+    return r
+
+
 def rendered() -> dict[str, str]:
     """The hand-written cases as their files hold them, by file name."""
     return {f"{name}.json": render(build().vector()) for name, build in CASES.items()}
@@ -460,7 +770,21 @@ POOLS: Pools = [
     {"name": "fair", "tenant_weights": {"a": 3, "b": 1, "c": 0.5}},
     {"name": "plain", "max_in_flight": 2},
     {"name": "share", "fair_share": True, "max_in_flight": 3},
+    {"name": "cost", "share_by": "cost", "tenant_weights": {"a": 2, "c": 0.5}, "tenant_rates": {"b": 2},
+     "tenant_minimums": {"c": 1}},
+    {"name": "time", "share_by": "runtime", "fair_share": True, "tenant_limits": {"a": 2}, "tenant_rates": {"c": 0.5},
+     "tenant_minimums": {"b": 1}, "max_in_flight": 4},
 ]
+# What a reload may switch the pools to (and back): new weights, rates, minimums, ceilings and units.
+RELOADED: Pools = [
+    {"name": "fair", "tenant_weights": {"a": 1, "b": 2.5}, "tenant_rates": {"a": 1.5}},
+    {"name": "plain", "max_in_flight": 2},
+    {"name": "share", "fair_share": True, "max_in_flight": 3, "tenant_minimums": {"a": 1}},
+    {"name": "cost", "share_by": "cost", "tenant_weights": {"a": 2, "c": 0.5}, "tenant_rates": {"b": 0.5, "a": 4},
+     "tenant_limits": {"c": 1}},
+    {"name": "time", "share_by": "cost", "fair_share": True, "tenant_rates": {"c": 3}, "tenant_minimums": {"b": 2}},
+]
+COSTS = [0.001, 0.1, 0.3, 1, 2.5, 4]
 TENANTS = [None, "a", "b", "c"]
 OFFSETS = [-1.0, 0.0, 0.5, 1.0, 2.0, 5.0]
 
@@ -471,11 +795,13 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
     r = Recorder("A random interleaving drawn by Hypothesis (tests/core/scheduling_vectors.py, scenarios()).", POOLS)
     r.add_worker("w0", ["fair", "plain", "share"], 3)
     r.add_worker("w1", ["fair"], 1)
+    r.add_worker("w2", ["cost", "time"], 2)
     names = [p["name"] for p in POOLS]
     count = 0
     for _ in range(draw(st.integers(5, max_steps))):
-        op = draw(st.sampled_from(["submit"] * 6 + ["dispatch"] * 3 + ["advance"] * 2 + [
-            "finish", "finish", "requeue", "cancel", "expire", "worker", "grant", "pause", "resume", "wakeup"]))
+        op = draw(st.sampled_from(["submit"] * 6 + ["dispatch"] * 3 + ["advance"] * 3 + [
+            "finish", "finish", "requeue", "cancel", "expire", "worker", "grant", "pause", "resume", "wakeup",
+            "reload", "charged"]))
         running = [(t.id, t.worker, t.attempts) for t in r.core.tasks() if t.state == "running"]
         live = sorted(t.id for t in r.core.tasks())
         if op == "submit":
@@ -484,7 +810,8 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             delay = draw(st.none() | st.sampled_from(OFFSETS))
             r.submit(f"t{count}", draw(st.sampled_from(names)), draw(st.sampled_from(TENANTS)),
                      draw(st.sampled_from(["critical", "high", "normal", "normal", "normal", "low"])),
-                     None if deadline is None else r.now + deadline, None if delay is None else r.now + delay)
+                     None if deadline is None else r.now + deadline, None if delay is None else r.now + delay,
+                     draw(st.none() | st.sampled_from(COSTS)))
         elif op == "dispatch":
             r.dispatch(draw(st.sampled_from([None, None, 1, 2])))
         elif op == "advance":
@@ -493,11 +820,12 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             task_id, worker, attempt = draw(st.sampled_from(sorted(running)))
             if draw(st.integers(0, 5)) == 0:
                 attempt -= 1  # a stale lease: refused
+            ran_for = draw(st.none() | st.none() | st.sampled_from([0.0, 0.05, 0.5, 3.0]))
             if op == "finish":
-                r.finish(task_id, worker, attempt)
+                r.finish(task_id, worker, attempt, ran_for)
             else:
                 delay = draw(st.none() | st.sampled_from(OFFSETS))
-                r.requeue(task_id, worker, attempt, None if delay is None else r.now + delay)
+                r.requeue(task_id, worker, attempt, None if delay is None else r.now + delay, ran_for)
             if draw(st.booleans()):
                 r.grant(worker)
         elif op == "cancel" and live:
@@ -519,6 +847,10 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             r.resume(draw(st.sampled_from(names)))
         elif op == "wakeup":
             r.next_wakeup()
+        elif op == "reload":
+            r.configure(draw(st.sampled_from([POOLS, RELOADED])))
+        elif op == "charged" and running:
+            r.charged_for(draw(st.sampled_from(sorted(running)))[0])
     r.tick()
     return r.vector()
 

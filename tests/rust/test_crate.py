@@ -52,3 +52,20 @@ def test_the_documented_fair_share_example_runs():
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "as letters:     gaaagaaagaaagaaaa" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(CARGO is None, reason="cargo is not installed: the Rust crate in rust/ is not built here")
+@pytest.mark.long_running
+def test_the_documented_shares_example_runs():
+    """rust/examples/shares.rs holds rust/README.md's share_by snippet; it prints the order of summed cost."""
+    env = dict(os.environ, CARGO_TARGET_DIR=str(CRATE / "target"))
+    env.setdefault("CARGO_BUILD_JOBS", "2")
+    proc = subprocess.run([CARGO, "run", "--locked", "--quiet", "--example", "shares"], cwd=CRATE, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "as letters:     gatggggaggg" in proc.stdout, proc.stdout
+    readme = (CRATE / "README.md").read_text()
+    example = (CRATE / "examples" / "shares.rs").read_text()
+    snippet = 'let pool = PoolConfig::new("llm").share_by(ShareBy::Cost).tenant_rate("trial", 0.5);'
+    assert snippet in readme and snippet in example
+    assert "g a t g g g g a g g g" in readme

@@ -388,6 +388,7 @@ impl Connection {
                     Value::from(task.max_retries),
                     Value::from(submission),
                     Value::Boolean(true),
+                    task.wire_cost(),
                 ],
             );
             // Watch from the start: the outcome may come right behind the `accepted`.

@@ -16,6 +16,10 @@
 //!   pools    classes[0..3]: critical, high, normal, low, in strict order
 //!              edf   heap (deadline, arrival) of queued deadline tasks
 //!              rest  FairQueue (tenant flows, head tags by (S, arrival)) or Fifo
+//!            ceilings  tenant -> ceiling, rate bucket, minimum, running count (ceilings.rs)
+//!            refills   heap of (when, tenant) of the tenants out of rate tokens
+//!   runs     running tasks of pools that share by run time: when dispatched, what charged
+//!   overruns heap of those runs by when they pass what they were charged
 //! ```
 //!
 //! A dispatch walks a pool's classes from critical to low and takes the first task it finds: in a
@@ -26,18 +30,44 @@
 //! ends, a retry, a lost worker), and break every tie. Workers are served least recently ready
 //! first; a worker serving several pools takes the best class, then the earliest deadline, then the
 //! pools take turns.
+//!
+//! What a fair dispatch adds to the tags is the pool's [`ShareBy`]: one step `1/w`, or `charge/w`
+//! for a charge in thousandths of a unit (the task's cost, or its estimated run time, corrected when
+//! the run ends and raised while it runs past it). A tenant at its ceiling or out of rate tokens is
+//! held back (out of the heaps, tags kept) until a task of it ends or `expire`/`dispatch` reaches its
+//! refill time; a tenant under its minimum is served ahead of its class's fair order.
+//!
+//! Tenants are flat here: a tenant name with a `/` (a tenant tree in the Python core) is refused
+//! rather than ordered differently from the Python core.
 
+pub mod ceilings;
 pub mod queues;
 mod slot;
 pub mod weights;
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use queues::{ClassQueue, TimerHeap};
+use ceilings::{next_start, Ceiling};
+use queues::{ClassQueue, Held, Tenant, Time, TimerHeap};
 pub use slot::{Slot, State};
-use weights::Weights;
+use weights::{quantize, Weights, QUANTA_PER_UNIT};
+
+/// Seconds a task is estimated to run, in a pool that shares by run time, when neither it (no
+/// cost), its tenant nor the pool has finished a task yet.
+pub const FIRST_ESTIMATE: f64 = 1.0;
+
+/// How much each finished run moves a tenant's (and the pool's) average run time: about its last 8.
+pub const AVERAGE_WEIGHT: f64 = 1.0 / 8.0;
+
+/// Seconds charged ahead, at least, each time a task of a pool that shares by run time runs past
+/// what it was charged (it is charged its time so far plus this or an eighth of that, the larger).
+pub const RECHARGE_MIN: f64 = 1.0;
+
+/// Tenant counts of tenants with no task left are dropped once the table has doubled past this.
+const KEEP_IDLE_TENANTS: usize = 1024;
 
 /// What the caller hands `submit`.
 #[derive(Debug, Clone)]
@@ -56,6 +86,45 @@ pub struct NewTask {
     pub not_before: Option<f64>,
     /// Dispatches it already had (0 for a new task).
     pub attempts: u32,
+    /// What it charges its tenant's share (None: 1) in a pool that shares by cost; its first
+    /// run-time estimate, in seconds, in one that shares by run time.
+    pub cost: Option<f64>,
+}
+
+/// What one fair dispatch charges its tenant's tags, and so what the shares that follow the
+/// weights are shares *of* (the Python pool's `share_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum ShareBy {
+    /// One step per dispatch (the default): shares of dispatches.
+    #[default]
+    Dispatches,
+    /// The task's cost (default 1): shares of the summed cost.
+    Cost,
+    /// Its run time, estimated at dispatch and corrected when it ends: shares of worker time.
+    Runtime,
+}
+
+impl ShareBy {
+    /// The name in a config file and on the wire: `"dispatches"`, `"cost"` or `"runtime"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareBy::Dispatches => "dispatches",
+            ShareBy::Cost => "cost",
+            ShareBy::Runtime => "runtime",
+        }
+    }
+
+    /// The mode named `name`; InvalidArgument names the three.
+    pub fn parse(name: &str) -> Result<ShareBy> {
+        match name {
+            "dispatches" => Ok(ShareBy::Dispatches),
+            "cost" => Ok(ShareBy::Cost),
+            "runtime" => Ok(ShareBy::Runtime),
+            other => Err(Error::InvalidArgument(format!(
+                "share_by must be one of 'dispatches', 'cost', 'runtime', got {other:?}"
+            ))),
+        }
+    }
 }
 
 /// How one pool schedules.
@@ -69,27 +138,334 @@ pub struct PoolSettings {
     pub fair_share: bool,
     /// At most this many of the pool's tasks running at once.
     pub max_in_flight: Option<u32>,
+    /// What a fair dispatch charges.
+    pub share_by: ShareBy,
+    /// Ceilings: at most this many running tasks per tenant.
+    pub tenant_limits: Vec<(String, u32)>,
+    /// Rates: at most this many dispatches a second per tenant (a bucket of one second's worth).
+    pub tenant_rates: Vec<(String, f64)>,
+    /// Minimums: running tasks a tenant is guaranteed while it has work queued.
+    pub tenant_minimums: Vec<(String, u32)>,
 }
 
 impl PoolSettings {
-    /// Whether tenants share the pool by SFQ.
+    /// Whether tenants share the pool by SFQ: any weight, ceiling, rate or minimum, equal shares,
+    /// or a `share_by` other than dispatches.
     pub fn fair(&self) -> bool {
-        self.fair_share || !self.tenant_weights.is_empty()
+        self.fair_share
+            || !self.tenant_weights.is_empty()
+            || self.has_node_limits()
+            || self.share_by != ShareBy::Dispatches
     }
+
+    /// Whether any tenant has a ceiling, a rate or a minimum.
+    pub fn has_node_limits(&self) -> bool {
+        !(self.tenant_limits.is_empty() && self.tenant_rates.is_empty() && self.tenant_minimums.is_empty())
+    }
+
+    fn listed<T: Copy>(list: &[(String, T)], tenant: &Tenant) -> Option<T> {
+        let name = tenant.as_deref()?;
+        list.iter().find(|(t, _)| t == name).map(|(_, v)| *v)
+    }
+
+    /// A new ceiling record for `tenant` if it has a ceiling, rate or minimum.
+    fn ceiling(&self, tenant: &Tenant) -> Option<Ceiling> {
+        let limit = Self::listed(&self.tenant_limits, tenant);
+        let rate = Self::listed(&self.tenant_rates, tenant);
+        let minimum = Self::listed(&self.tenant_minimums, tenant);
+        (limit.is_some() || rate.is_some() || minimum.is_some()).then(|| Ceiling::new(limit, rate, minimum))
+    }
+}
+
+/// What the core keeps of one tenant of a pool that shares by run time (only there: a dispatch
+/// elsewhere costs no look-up for it).
+#[derive(Debug, Default)]
+struct TenantStats {
+    /// Its tasks queued, delayed or running (a record with none may be swept).
+    live: usize,
+    /// Its recent average run time.
+    average: Option<f64>,
 }
 
 #[derive(Debug)]
 struct Pool {
+    index: usize,
     name: String,
+    settings: PoolSettings,
+    weights: Arc<Weights>,
     classes: [ClassQueue; 4],
     max_in_flight: Option<u32>,
     paused: bool,
+    draining: bool,
     queued: usize,
     delayed: usize,
     running: usize,
+    tenants: HashMap<Tenant, TenantStats>,
+    tenants_sweep_at: usize,
+    /// The pool's recent average run time (share_by runtime).
+    average: Option<f64>,
+    ceilings: HashMap<Tenant, Ceiling>,
+    /// (when, tenant) of the tenants out of tokens; stale entries allowed (an early wake-up).
+    refills: BinaryHeap<Reverse<(Time, Tenant)>>,
+    /// The tenants with a minimum.
+    minimums: Vec<Tenant>,
+}
+
+/// What a dispatch of `slot` charges in `share_by`, in quanta (at least one).
+fn charge_of(share_by: ShareBy, slot: &Slot, tenants: &HashMap<Tenant, TenantStats>, pool_average: Option<f64>) -> i64 {
+    match share_by {
+        ShareBy::Dispatches => QUANTA_PER_UNIT as i64,
+        ShareBy::Cost => slot.cost.map_or(QUANTA_PER_UNIT, |c| quantize(c).max(1)) as i64,
+        ShareBy::Runtime => {
+            let estimate = slot.cost.unwrap_or_else(|| {
+                tenants.get(&slot.tenant).and_then(|t| t.average).or(pool_average).unwrap_or(FIRST_ESTIMATE)
+            });
+            quantize(estimate).max(1) as i64
+        }
+    }
 }
 
 impl Pool {
+    fn new(settings: &PoolSettings, index: usize) -> Pool {
+        let weights = Arc::new(Pool::weights_for(settings, None));
+        let fair = Pool::fair_kind(settings, &weights);
+        let mut pool = Pool {
+            index,
+            name: settings.name.clone(),
+            settings: settings.clone(),
+            weights,
+            classes: std::array::from_fn(|_| ClassQueue::new(fair.clone())),
+            max_in_flight: settings.max_in_flight,
+            paused: false,
+            draining: false,
+            queued: 0,
+            delayed: 0,
+            running: 0,
+            tenants: HashMap::new(),
+            tenants_sweep_at: KEEP_IDLE_TENANTS,
+            average: None,
+            ceilings: HashMap::new(),
+            refills: BinaryHeap::new(),
+            minimums: Vec::new(),
+        };
+        if settings.has_node_limits() {
+            pool.apply_ceilings(&[], None);
+        }
+        pool
+    }
+
+    fn weights_for(settings: &PoolSettings, previous: Option<&Weights>) -> Weights {
+        Weights::new(
+            settings.tenant_weights.iter().map(|(t, w)| (t.as_str(), *w)),
+            previous,
+            settings.share_by != ShareBy::Dispatches,
+        )
+    }
+
+    fn fair_kind(settings: &PoolSettings, weights: &Arc<Weights>) -> Option<(Arc<Weights>, bool)> {
+        settings.fair().then(|| (weights.clone(), settings.share_by != ShareBy::Dispatches))
+    }
+
+    /// Whether `tenant` has a ceiling, rate or minimum, and whether it is held back now.
+    fn held(&self, tenant: &Tenant) -> Held {
+        self.ceilings.get(tenant).map(Ceiling::blocked)
+    }
+
+    /// The record of `tenant`, made on first use; records of tenants with no task are swept once
+    /// the table has doubled past KEEP_IDLE_TENANTS (as the Python core sweeps its own, which it
+    /// keeps in every mode: a pool of more tenants than that which turns to run time by a reload
+    /// may sweep an average at another moment than Python's).
+    fn tenant_stats(&mut self, tenant: &Tenant) -> &mut TenantStats {
+        if !self.tenants.contains_key(tenant) && self.tenants.len() >= self.tenants_sweep_at {
+            self.tenants.retain(|_, t| t.live > 0);
+            self.tenants_sweep_at = KEEP_IDLE_TENANTS.max(2 * self.tenants.len());
+        }
+        self.tenants.entry(tenant.clone()).or_default()
+    }
+
+    fn block(&mut self, tenant: &Tenant, blocked: bool) {
+        for cls in self.classes.iter_mut() {
+            cls.set_blocked(tenant, blocked);
+        }
+    }
+
+    /// A task of `tenant` started: cap it at its ceiling, take a token, hold it back if need be.
+    fn charge_ceiling(&mut self, tenant: &Tenant, now: f64) {
+        let Some(c) = self.ceilings.get_mut(tenant) else { return };
+        c.running += 1;
+        let was_blocked = c.blocked();
+        if c.limit.is_some_and(|limit| c.running >= limit) && !c.capped {
+            c.capped = true;
+            c.since = Some(now);
+        }
+        if let Some(rate) = c.rate {
+            c.tat = (if c.tat > now { c.tat } else { now }) + 1.0 / rate;
+            let start = next_start(c.tat, rate);
+            if start > now {
+                c.limited_until = Some(start);
+                self.refills.push(Reverse((Time(start), tenant.clone())));
+            }
+        }
+        if !was_blocked && c.blocked() {
+            self.block(tenant, true);
+        }
+    }
+
+    /// A task of `tenant` stopped running: uncap it if that frees it.
+    fn uncharge_ceiling(&mut self, tenant: &Tenant) {
+        let Some(c) = self.ceilings.get_mut(tenant) else { return };
+        c.running -= 1;
+        if c.capped && c.limit.is_some_and(|limit| c.running < limit) {
+            c.capped = false;
+            c.since = None;
+            if c.limited_until.is_none() {
+                self.block(tenant, false);
+            }
+        }
+    }
+
+    /// Let go the tenants whose bucket has a token again by `now`.
+    fn refill(&mut self, now: f64) {
+        while let Some(Reverse((due, _))) = self.refills.peek() {
+            if due.0 > now {
+                break;
+            }
+            let Some(Reverse((due, tenant))) = self.refills.pop() else { break };
+            let Some(c) = self.ceilings.get_mut(&tenant) else { continue };
+            if c.limited_until != Some(due.0) {
+                continue; // stale: re-timed by a reload
+            }
+            c.limited_until = None;
+            if !c.capped {
+                self.block(&tenant, false);
+            }
+        }
+    }
+
+    /// (Re)build the ceilings, rates and minimums from the settings: recount, cap and uncap, carry
+    /// each rated tenant's bucket over at its new rate, re-sort the deadline tasks.
+    fn apply_ceilings(&mut self, tasks: &[Option<Slot>], now: Option<f64>) {
+        let old = std::mem::take(&mut self.ceilings);
+        let was_blocked: HashSet<Tenant> = old.iter().filter(|(_, c)| c.blocked()).map(|(t, _)| t.clone()).collect();
+        let settings = &self.settings;
+        let listed = settings
+            .tenant_limits
+            .iter()
+            .map(|(t, _)| t)
+            .chain(settings.tenant_rates.iter().map(|(t, _)| t))
+            .chain(settings.tenant_minimums.iter().map(|(t, _)| t));
+        for tenant in listed.map(|t| Some(Arc::from(t.as_str()))) {
+            if let Some(c) = settings.ceiling(&tenant) {
+                self.ceilings.insert(tenant, c);
+            }
+        }
+        // Recount what runs (a reload is rare; a dispatch keeps no per-tenant count for it).
+        for t in tasks.iter().flatten() {
+            if t.pool == self.index && t.state == State::Running {
+                if let Some(c) = self.ceilings.get_mut(&t.tenant) {
+                    c.running += 1;
+                }
+            }
+        }
+        self.refills.clear();
+        let mut blocked_now = HashSet::new();
+        for (tenant, c) in self.ceilings.iter_mut() {
+            let before = old.get(tenant);
+            if c.limit.is_some_and(|limit| c.running >= limit) {
+                c.capped = true;
+                c.since = match before {
+                    Some(b) if b.capped => b.since,
+                    _ => now,
+                };
+            }
+            if let (Some(rate), Some(b)) = (c.rate, before) {
+                if let Some(old_rate) = b.rate {
+                    // The bucket keeps the tokens it had spent, repaid at the new rate.
+                    c.tat = b.tat;
+                    if let Some(now) = now {
+                        if b.tat > now {
+                            c.tat = now + (b.tat - now) * old_rate / rate;
+                        }
+                    }
+                    let start = next_start(c.tat, rate);
+                    let limited = match now {
+                        Some(now) => start > now,
+                        None => b.limited_until.is_some(),
+                    };
+                    if limited {
+                        c.limited_until = Some(start);
+                        self.refills.push(Reverse((Time(start), tenant.clone())));
+                    }
+                }
+            }
+            if c.blocked() {
+                blocked_now.insert(tenant.clone());
+            }
+        }
+        self.minimums = self.ceilings.iter().filter(|(_, c)| c.minimum.is_some()).map(|(t, _)| t.clone()).collect();
+        let ceilings = &self.ceilings;
+        let held = |t: &Tenant| ceilings.get(t).map(Ceiling::blocked);
+        for cls in self.classes.iter_mut() {
+            for tenant in was_blocked.difference(&blocked_now) {
+                cls.set_blocked(tenant, false);
+            }
+            for tenant in blocked_now.difference(&was_blocked) {
+                cls.set_blocked(tenant, true);
+            }
+            cls.regroup(tasks, &held);
+        }
+    }
+
+    /// Take new settings: new weights re-tag the backlog at once, a new kind of queue (or unit of
+    /// tags) starts from V = 0 with the backlog in arrival order, new ceilings cap and uncap at once.
+    fn apply(&mut self, tasks: &[Option<Slot>], settings: &PoolSettings, now: Option<f64>) {
+        let (was_fair, had_limits, was_share_by) =
+            (self.settings.fair(), self.settings.has_node_limits(), self.settings.share_by);
+        if settings.share_by == ShareBy::Runtime && was_share_by != ShareBy::Runtime {
+            // Tenants' tasks are counted only while the pool shares by run time: count them anew.
+            self.tenants.values_mut().for_each(|t| t.live = 0);
+            let index = self.index;
+            for t in tasks.iter().flatten().filter(|t| t.pool == index) {
+                self.tenant_stats(&t.tenant).live += 1;
+            }
+        }
+        self.weights = Arc::new(Pool::weights_for(settings, Some(&self.weights)));
+        self.settings = settings.clone();
+        self.max_in_flight = settings.max_in_flight;
+        let fair = Pool::fair_kind(settings, &self.weights);
+        let rebuild = settings.fair() != was_fair || settings.share_by != was_share_by;
+        let ceilings = &self.ceilings;
+        let held = |t: &Tenant| ceilings.get(t).map(Ceiling::blocked);
+        for cls in self.classes.iter_mut() {
+            cls.reconfigure(tasks, fair.clone(), rebuild, &held);
+        }
+        if had_limits || settings.has_node_limits() {
+            self.apply_ceilings(tasks, now);
+        }
+    }
+
+    /// What the dispatch that just handed out `slot` charged its tenant, in quanta; None if it was
+    /// not charged (a deadline task, or a pool that counts dispatches).
+    fn charged(&self, slot: &Slot) -> Option<i64> {
+        if slot.deadline.is_some() {
+            return None;
+        }
+        self.classes[slot.priority as usize].charged()
+    }
+
+    /// `slot` was charged `charged` quanta for its run; charge it `charge` instead.
+    fn correct(&mut self, slot: &Slot, charged: i64, charge: i64) {
+        let held = self.held(&slot.tenant) == Some(true);
+        self.classes[slot.priority as usize].correct(&slot.tenant, charge - charged, held);
+    }
+
+    /// A run of `seconds` ended: move the tenant's and the pool's averages.
+    fn observe(&mut self, tenant: &Tenant, seconds: f64) {
+        let ts = self.tenant_stats(tenant);
+        ts.average = Some(ts.average.map_or(seconds, |a| a + (seconds - a) * AVERAGE_WEIGHT));
+        self.average = Some(self.average.map_or(seconds, |a| a + (seconds - a) * AVERAGE_WEIGHT));
+    }
+
     fn dispatchable(&self) -> bool {
         self.queued > 0 && !self.paused && self.max_in_flight.is_none_or(|cap| (self.running as u64) < cap as u64)
     }
@@ -131,6 +507,25 @@ pub struct Core {
     timers: TimerHeap,
     expiry: TimerHeap,
     seq: u64,
+    /// The last `now` given to `expire` or `dispatch`, for a `configure` given none.
+    last_now: Option<f64>,
+    /// Running tasks of pools that share by run time: slot -> (the `now` of their dispatch, what
+    /// their tenant is charged for the run so far, in quanta).
+    runs: HashMap<usize, (f64, i64)>,
+    /// (charged until, seq, slot) of those runs; re-charged at expire/dispatch (stale entries skipped).
+    overruns: BinaryHeap<Reverse<(Time, u64, usize)>>,
+}
+
+fn tenant_problem(tenant: &str) -> Option<String> {
+    if tenant.is_empty() {
+        return Some("a tenant must be a non-empty string".into());
+    }
+    tenant.contains('/').then(|| {
+        format!(
+            "tenant {tenant:?} is a tenant path: this crate's embedded scheduler has no tenant trees (the broker \
+             has); use a name without '/'"
+        )
+    })
 }
 
 /// Check pool settings: names unique and non-empty, weights positive and finite, caps at least 1.
@@ -146,7 +541,14 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
                 p.name
             )));
         }
+        let node = |setting: &str, tenant: &str| -> Result<()> {
+            match tenant_problem(tenant) {
+                Some(problem) => Err(Error::InvalidArgument(format!("pool {:?}: {setting}: {problem}", p.name))),
+                None => Ok(()),
+            }
+        };
         for (tenant, w) in &p.tenant_weights {
+            node("tenant_weights", tenant)?;
             if !(w.is_finite() && *w > 0.0) {
                 return Err(Error::InvalidArgument(format!(
                     "pool {:?}: the weight of tenant {tenant:?} must be a positive number, got {w}",
@@ -157,6 +559,55 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
         if p.max_in_flight == Some(0) {
             return Err(Error::InvalidArgument(format!("pool {:?}: max_in_flight must be at least 1", p.name)));
         }
+        for (tenant, limit) in &p.tenant_limits {
+            node("tenant_limits", tenant)?;
+            if *limit < 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {:?}: the ceiling of tenant {tenant:?} must be an int >= 1, got {limit}",
+                    p.name
+                )));
+            }
+        }
+        for (tenant, rate) in &p.tenant_rates {
+            node("tenant_rates", tenant)?;
+            if !(rate.is_finite() && *rate > 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {:?}: the rate of tenant {tenant:?} must be a positive number of dispatches per second, \
+                     got {rate}",
+                    p.name
+                )));
+            }
+        }
+        for (tenant, minimum) in &p.tenant_minimums {
+            node("tenant_minimums", tenant)?;
+            if *minimum < 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {:?}: the minimum of tenant {tenant:?} must be an int >= 1, got {minimum}",
+                    p.name
+                )));
+            }
+            if let Some((_, ceiling)) = p.tenant_limits.iter().find(|(t, _)| t == tenant) {
+                if ceiling < minimum {
+                    return Err(Error::InvalidArgument(format!(
+                        "pool {:?}: tenant {tenant:?} is guaranteed {minimum} running tasks but its own ceiling is \
+                         {ceiling}; lower the minimum or raise the ceiling",
+                        p.name
+                    )));
+                }
+            }
+        }
+        let total: u64 = p.tenant_minimums.iter().map(|(_, m)| *m as u64).sum();
+        if let Some(cap) = p.max_in_flight {
+            if total > cap as u64 {
+                let listed: Vec<String> = p.tenant_minimums.iter().map(|(t, m)| format!("{t}={m}")).collect();
+                return Err(Error::InvalidArgument(format!(
+                    "pool {:?}: tenant_minimums guarantee {total} running tasks ({}) but max_in_flight is {cap}; \
+                     lower the minimums or raise max_in_flight",
+                    p.name,
+                    listed.join(", ")
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -164,7 +615,6 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
 impl Core {
     /// A core for these pools. InvalidArgument on a duplicate name or a bad setting.
     pub fn new(pools: &[PoolSettings]) -> Result<Core> {
-        check_settings(pools)?;
         let mut core = Core {
             pools: Vec::new(),
             pool_index: HashMap::new(),
@@ -177,46 +627,78 @@ impl Core {
             timers: TimerHeap::default(),
             expiry: TimerHeap::default(),
             seq: 0,
+            last_now: None,
+            runs: HashMap::new(),
+            overruns: BinaryHeap::new(),
         };
-        for s in pools {
-            let weights =
-                s.fair().then(|| Arc::new(Weights::new(s.tenant_weights.iter().map(|(t, w)| (t.as_str(), *w)))));
-            core.pool_index.insert(s.name.clone(), core.pools.len());
-            core.pools.push(Pool {
-                name: s.name.clone(),
-                classes: std::array::from_fn(|_| ClassQueue::new(weights.clone())),
-                max_in_flight: s.max_in_flight,
-                paused: false,
-                queued: 0,
-                delayed: 0,
-                running: 0,
-            });
-        }
+        core.configure(pools, None)?;
         Ok(core)
     }
 
-    fn pool_of(&self, name: &str) -> Result<usize> {
-        self.pool_index.get(name).copied().ok_or_else(|| {
-            let names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
-            Error::NotFound(format!("no pool named {name:?}; declared pools: {names:?}"))
-        })
+    /// Apply a (re)loaded list of pools. New pools appear; existing ones take their new settings at
+    /// once: new weights re-tag the queued backlog, a changed `share_by` (or fairness) starts the
+    /// fair state afresh with the backlog in arrival order, new ceilings cap and uncap, and each
+    /// rated tenant keeps the tokens it had spent, repaid at its new rate (`now` stamps the change;
+    /// None: the last `now` given to `expire` or `dispatch`). Pools left out drain: they take no new
+    /// task or worker, and their backlog still runs. InvalidArgument, changing nothing, on a bad
+    /// setting or a duplicate name.
+    pub fn configure(&mut self, pools: &[PoolSettings], now: Option<f64>) -> Result<()> {
+        check_settings(pools)?;
+        let now = now.or(self.last_now);
+        for s in pools {
+            match self.pool_index.get(&s.name) {
+                Some(&p) => {
+                    let pool = &mut self.pools[p];
+                    pool.draining = false;
+                    pool.apply(&self.tasks, s, now);
+                }
+                None => {
+                    self.pool_index.insert(s.name.clone(), self.pools.len());
+                    self.pools.push(Pool::new(s, self.pools.len()));
+                }
+            }
+        }
+        for pool in self.pools.iter_mut() {
+            pool.draining = !pools.iter().any(|s| s.name == pool.name);
+        }
+        Ok(())
     }
 
-    /// Names of the pools, in declaration order.
+    fn pool_of(&self, name: &str) -> Result<usize> {
+        match self.pool_index.get(name) {
+            Some(&p) if !self.pools[p].draining => Ok(p),
+            found => {
+                let names: Vec<&str> = self.pools.iter().filter(|p| !p.draining).map(|p| p.name.as_str()).collect();
+                Err(Error::NotFound(match found {
+                    Some(_) => {
+                        format!("pool {name:?} was removed from the config and is draining; use one of {names:?}")
+                    }
+                    None => format!("no pool named {name:?}; declared pools: {names:?}"),
+                }))
+            }
+        }
+    }
+
+    /// A pool by name, draining or not.
+    fn any_pool(&self, name: &str) -> Result<usize> {
+        self.pool_index.get(name).copied().map_or_else(|| self.pool_of(name), Ok)
+    }
+
+    /// Names of the pools that take tasks, in declaration order.
     pub fn pool_names(&self) -> Vec<String> {
-        self.pools.iter().map(|p| p.name.clone()).collect()
+        self.pools.iter().filter(|p| !p.draining).map(|p| p.name.clone()).collect()
     }
 
     /// Stop dispatching from `pool` (it still takes tasks; deadlines still expire).
     pub fn pause(&mut self, pool: &str) -> Result<()> {
-        let p = self.pool_of(pool)?;
+        let p = self.any_pool(pool)?;
         self.pools[p].paused = true;
         Ok(())
     }
 
     /// Dispatch from `pool` again.
     pub fn resume(&mut self, pool: &str) -> Result<()> {
-        let p = self.pool_of(pool)?;
+        let p = self.any_pool(pool)?;
         self.pools[p].paused = false;
         Ok(())
     }
@@ -235,6 +717,14 @@ impl Core {
         }
         if task.tenant.as_deref() == Some("") {
             return Err(Error::InvalidArgument("tenant must be a non-empty string or None".into()));
+        }
+        if let Some(problem) = task.tenant.as_deref().and_then(tenant_problem) {
+            return Err(Error::InvalidArgument(problem));
+        }
+        if let Some(cost) = task.cost {
+            if !(cost.is_finite() && cost > 0.0) {
+                return Err(Error::InvalidArgument(format!("cost must be a positive number or None (1), got {cost}")));
+            }
         }
         for (what, t) in [("deadline", task.deadline), ("not_before", task.not_before)] {
             if t.is_some_and(f64::is_nan) {
@@ -257,9 +747,14 @@ impl Core {
             not_before: task.not_before,
             state: State::Queued,
             attempts: task.attempts,
+            cost: task.cost,
             worker: None,
             seq: 0,
         };
+        let tenant: Tenant = slot.tenant.clone();
+        if self.pools[pool].settings.share_by == ShareBy::Runtime {
+            self.pools[pool].tenant_stats(&tenant).live += 1;
+        }
         let at = match self.free_slots.pop() {
             Some(at) => {
                 self.tasks[at] = Some(slot);
@@ -294,7 +789,8 @@ impl Core {
         t.seq = seq;
         t.state = State::Queued;
         let (pool, priority, deadline, tenant) = (t.pool, t.priority as usize, t.deadline, t.tenant.clone());
-        self.pools[pool].classes[priority].push(&tenant, deadline, (seq, at));
+        let held = self.pools[pool].held(&tenant);
+        self.pools[pool].classes[priority].push(&tenant, deadline, (seq, at), held);
         self.pools[pool].queued += 1;
         if let Some(d) = deadline {
             self.expiry.push(d, seq, at);
@@ -323,6 +819,11 @@ impl Core {
         let slot = self.tasks[at].take().expect("a live slot");
         self.ids.remove(&slot.id);
         self.free_slots.push(at);
+        if self.pools[slot.pool].settings.share_by == ShareBy::Runtime {
+            if let Some(ts) = self.pools[slot.pool].tenants.get_mut(&slot.tenant) {
+                ts.live = ts.live.saturating_sub(1);
+            }
+        }
         slot
     }
 
@@ -370,6 +871,8 @@ impl Core {
     /// Release delayed tasks that are due and expire every task whose deadline <= now; returns the
     /// expired tasks (no longer held).
     pub fn expire(&mut self, now: f64) -> Vec<Slot> {
+        self.last_now = Some(now);
+        self.catch_up(now);
         let mut expired = Vec::new();
         for at in self.timers.pop_due(&self.tasks, State::Delayed, now) {
             let t = self.slot(at);
@@ -393,9 +896,20 @@ impl Core {
         expired
     }
 
-    /// The earliest time a delayed task becomes due or a queued or delayed task's deadline passes.
+    /// The earliest time a delayed task becomes due, a queued or delayed task's deadline passes,
+    /// or a tenant out of rate tokens (with tasks queued in its pool) may start again.
     pub fn next_wakeup(&mut self) -> Option<f64> {
-        let timer = self.timers.peek_key(&self.tasks, State::Delayed);
+        let mut timer = self.timers.peek_key(&self.tasks, State::Delayed);
+        for pool in &self.pools {
+            if pool.queued == 0 {
+                continue; // a tenant with nothing queued need not wake
+            }
+            if let Some(Reverse((refill, _))) = pool.refills.peek() {
+                if timer.is_none_or(|t| refill.0 < t) {
+                    timer = Some(refill.0);
+                }
+            }
+        }
         let deadline = self.expiry.peek_key(&self.tasks, State::Queued);
         match (timer, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -454,14 +968,16 @@ impl Core {
         }
     }
 
-    /// Forget a worker; its running tasks go back to their class (queued) and their ids are returned.
-    pub fn remove_worker(&mut self, id: &str) -> Vec<Arc<str>> {
+    /// Forget a worker; its running tasks go back to their class (queued) and their ids are
+    /// returned. In a pool that shares by run time each lost run is charged from its dispatch to
+    /// `now` (the slot was held that long).
+    pub fn remove_worker(&mut self, id: &str, now: f64) -> Vec<Arc<str>> {
         let Some(at) = self.worker_index.remove(id) else { return Vec::new() };
         self.unready(at);
         let w = self.workers[at].take().expect("known");
         let mut back = Vec::new();
         for t in w.running {
-            self.release(t);
+            self.release(t, now, None);
             back.push(self.slot(t).id.clone());
             self.enqueue(t);
         }
@@ -497,6 +1013,8 @@ impl Core {
     /// Each goes to the least recently ready worker that has a task to take; that worker then
     /// becomes the most recently ready.
     pub fn dispatch(&mut self, now: f64, limit: Option<usize>) -> Vec<Assignment> {
+        self.last_now = Some(now);
+        self.catch_up(now);
         let mut out = Vec::new();
         'outer: while limit.is_none_or(|l| out.len() < l) {
             if self.pools.iter().all(|p| p.queued == 0) {
@@ -518,6 +1036,9 @@ impl Core {
                 let (task, attempt, deadline) = (slot.id.clone(), slot.attempts, slot.deadline);
                 if deadline.is_some() {
                     self.expiry.stale(&self.tasks, State::Queued);
+                }
+                if self.pools[pool].settings.share_by == ShareBy::Runtime {
+                    self.watch_run(pool, t, now);
                 }
                 self.ready.remove(pos);
                 if still_free {
@@ -574,21 +1095,84 @@ impl Core {
         None
     }
 
-    /// Pop the pool's next task by class, then EDF, then fair share or FIFO; count it running.
+    /// Pop the pool's next task by class, then EDF, then a tenant under its minimum, then fair
+    /// share or FIFO; count it running, and against its tenant's ceiling and rate.
     fn take(&mut self, p: usize, now: f64) -> Option<usize> {
         let tasks = &self.tasks;
         let pool = &mut self.pools[p];
+        let ceilings = &pool.ceilings;
+        let needy: Vec<Tenant> = pool
+            .minimums
+            .iter()
+            .filter(|t| ceilings.get(*t).is_some_and(|c| c.under_minimum() && !c.blocked()))
+            .cloned()
+            .collect();
+        let (share_by, tenants, average) = (pool.settings.share_by, &pool.tenants, pool.average);
+        let charge = |slot: usize| charge_of(share_by, tasks[slot].as_ref().expect("queued"), tenants, average);
+        let mut taken = None;
         for cls in pool.classes.iter_mut() {
             if cls.queued > 0 {
-                if let Some(t) = cls.pop(tasks, now) {
+                if let Some(t) = cls.pop(tasks, now, &needy, &charge) {
                     cls.queued -= 1;
-                    pool.queued -= 1;
-                    pool.running += 1;
-                    return Some(t);
+                    taken = Some(t);
+                    break;
                 }
             }
         }
-        None
+        let t = taken?;
+        pool.queued -= 1;
+        pool.running += 1;
+        let tenant = tasks[t].as_ref().expect("queued").tenant.clone();
+        pool.charge_ceiling(&tenant, now);
+        Some(t)
+    }
+
+    /// A task of a pool that shares by run time started: remember when, and what it was charged.
+    fn watch_run(&mut self, p: usize, at: usize, now: f64) {
+        let slot = self.slot(at);
+        if let Some(charged) = self.pools[p].charged(slot) {
+            let seq = slot.seq;
+            self.runs.insert(at, (now, charged));
+            self.overruns.push(Reverse((Time(now + charged as f64 / QUANTA_PER_UNIT as f64), seq, at)));
+        }
+    }
+
+    /// Let go the tenants whose rate bucket has refilled by `now`, and charge the running tasks of
+    /// pools that share by run time for the time they have run past their charge.
+    fn catch_up(&mut self, now: f64) {
+        for pool in self.pools.iter_mut() {
+            if !pool.settings.tenant_rates.is_empty() && pool.refills.peek().is_some_and(|Reverse((t, _))| t.0 <= now) {
+                pool.refill(now);
+            }
+        }
+        while let Some(&Reverse((due, seq, at))) = self.overruns.peek() {
+            if due.0 >= now {
+                break;
+            }
+            self.overruns.pop();
+            let live = matches!(&self.tasks[at], Some(t) if t.state == State::Running && t.seq == seq);
+            let Some(&(started, charged)) = self.runs.get(&at) else { continue };
+            if !live || started + charged as f64 / QUANTA_PER_UNIT as f64 != due.0 {
+                continue; // ended, re-dispatched or re-charged since: stale
+            }
+            let p = self.slot(at).pool;
+            if self.pools[p].settings.share_by != ShareBy::Runtime {
+                continue; // a reload changed what the pool charges: its tags are no longer in seconds
+            }
+            let ran = quantize(now - started) as i64;
+            let charge = ran + (quantize(RECHARGE_MIN) as i64).max(ran / 8);
+            let slot = self.tasks[at].as_ref().expect("running");
+            self.pools[p].correct(slot, charged, charge);
+            self.runs.insert(at, (started, charge));
+            self.overruns.push(Reverse((Time(started + charge as f64 / QUANTA_PER_UNIT as f64), seq, at)));
+        }
+    }
+
+    /// Seconds the running task `id`'s tenant is charged for its run so far, in a pool that shares
+    /// by run time (its estimate, or more once it has run longer); None for any other task.
+    pub fn charged_for(&self, id: &str) -> Option<f64> {
+        let at = self.ids.get(id)?;
+        self.runs.get(at).map(|(_, charged)| *charged as f64 / QUANTA_PER_UNIT as f64)
     }
 
     fn lease(&self, id: &str, worker: &str, attempt: u32) -> Option<usize> {
@@ -598,30 +1182,72 @@ impl Core {
         (t.state == State::Running && t.attempts == attempt && t.worker == Some(w)).then_some(at)
     }
 
-    fn release(&mut self, at: usize) {
-        let t = self.slot_mut(at);
-        let (pool, worker) = (t.pool, t.worker.take());
+    /// A running task leaves its worker: uncount it, and in a pool that shares by run time charge
+    /// its run: `ran_for` seconds, or from the `now` of its dispatch to `now`.
+    fn release(&mut self, at: usize, now: f64, ran_for: Option<f64>) {
+        let run = self.runs.remove(&at);
+        let t = self.tasks[at].as_mut().expect("a live slot");
+        let (pool, worker, tenant) = (t.pool, t.worker.take(), t.tenant.clone());
+        if let Some((started, charged)) = run {
+            if self.pools[pool].settings.share_by == ShareBy::Runtime {
+                let seconds = ran_for.unwrap_or((now - started).max(0.0));
+                let slot = self.tasks[at].as_ref().expect("a live slot");
+                self.pools[pool].correct(slot, charged, quantize(seconds) as i64);
+                self.pools[pool].observe(&tenant, seconds);
+            }
+        }
         if let Some(w) = worker {
             if let Some(worker) = self.workers[w].as_mut() {
                 worker.running.retain(|&x| x != at);
             }
         }
-        self.pools[pool].running -= 1;
+        let pool = &mut self.pools[pool];
+        pool.running -= 1;
+        pool.uncharge_ceiling(&tenant);
     }
 
-    /// Close the lease (id, attempt) of `worker`: the task is finished and forgotten. A stale lease
-    /// returns None and changes nothing. Grants no slot.
-    pub fn finish(&mut self, id: &str, worker: &str, attempt: u32) -> Option<Slot> {
-        let at = self.lease(id, worker, attempt)?;
-        self.release(at);
-        Some(self.forget(at))
+    fn check_ran_for(ran_for: Option<f64>) -> Result<()> {
+        match ran_for {
+            Some(r) if r.is_nan() || r < 0.0 => {
+                Err(Error::InvalidArgument(format!("ran_for must be a number of seconds >= 0 or None, got {r}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Close the lease (id, attempt) of `worker` at `now`: the task is finished and forgotten. A
+    /// stale lease returns None and changes nothing. Grants no slot. In a pool that shares by run
+    /// time its tenant is charged the run's time: `ran_for` seconds, or `now` less the `now` it was
+    /// dispatched at. InvalidArgument for a negative or NaN `ran_for`.
+    pub fn finish(
+        &mut self,
+        id: &str,
+        worker: &str,
+        attempt: u32,
+        now: f64,
+        ran_for: Option<f64>,
+    ) -> Result<Option<Slot>> {
+        Core::check_ran_for(ran_for)?;
+        let Some(at) = self.lease(id, worker, attempt) else { return Ok(None) };
+        self.release(at, now, ran_for);
+        Ok(Some(self.forget(at)))
     }
 
     /// Send a running lease back: queued now, or delayed until `not_before`. It keeps its deadline
-    /// and attempts and gets a fresh arrival. A stale lease returns false.
-    pub fn requeue(&mut self, id: &str, now: f64, worker: &str, attempt: u32, not_before: Option<f64>) -> bool {
-        let Some(at) = self.lease(id, worker, attempt) else { return false };
-        self.release(at);
+    /// and attempts and gets a fresh arrival; its run is charged as `finish` charges it. A stale
+    /// lease returns false.
+    pub fn requeue(
+        &mut self,
+        id: &str,
+        now: f64,
+        worker: &str,
+        attempt: u32,
+        not_before: Option<f64>,
+        ran_for: Option<f64>,
+    ) -> Result<bool> {
+        Core::check_ran_for(ran_for)?;
+        let Some(at) = self.lease(id, worker, attempt) else { return Ok(false) };
+        self.release(at, now, ran_for);
         if let Some(nb) = not_before {
             self.slot_mut(at).not_before = Some(nb);
         }
@@ -629,12 +1255,61 @@ impl Core {
             Some(nb) if nb > now => self.delay(at),
             _ => self.enqueue(at),
         }
-        true
+        Ok(true)
     }
 
     /// Queued, delayed and running tasks of `pool`.
     pub fn counts(&self, pool: &str) -> Result<(usize, usize, usize)> {
-        let p = &self.pools[self.pool_of(pool)?];
+        let p = &self.pools[self.any_pool(pool)?];
         Ok((p.queued, p.delayed, p.running))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(name: &str) -> PoolSettings {
+        PoolSettings { name: name.into(), ..PoolSettings::default() }
+    }
+
+    fn task(id: &str, pool: &str) -> NewTask {
+        NewTask {
+            id: id.into(),
+            pool: pool.into(),
+            tenant: None,
+            priority: 2,
+            deadline: None,
+            not_before: None,
+            attempts: 0,
+            cost: None,
+        }
+    }
+
+    #[test]
+    fn a_pool_left_out_of_a_reload_drains() {
+        let mut core = Core::new(&[settings("a"), settings("b")]).unwrap();
+        core.submit(task("t", "b"), 0.0).unwrap();
+        core.configure(&[settings("a")], Some(1.0)).unwrap();
+        let refused = core.submit(task("u", "b"), 1.0);
+        assert!(matches!(&refused, Err(Error::NotFound(m)) if m.contains("draining")), "{refused:?}");
+        assert!(matches!(core.add_worker("w", &["b"], 1), Err(Error::NotFound(_))));
+        core.add_worker("w", &["a"], 1).unwrap();
+        assert_eq!(core.pool_names(), vec!["a".to_string()]);
+        // Declared again, it takes tasks again; its backlog was kept.
+        core.configure(&[settings("a"), settings("b")], Some(2.0)).unwrap();
+        core.add_worker("w2", &["b"], 1).unwrap();
+        assert_eq!(core.dispatch(2.0, None).iter().map(|a| a.task.to_string()).collect::<Vec<_>>(), ["t"]);
+    }
+
+    #[test]
+    fn a_bad_reload_changes_nothing() {
+        let mut core = Core::new(&[settings("a")]).unwrap();
+        let mut bad = settings("a");
+        bad.tenant_minimums = vec![("x".into(), 3)];
+        bad.max_in_flight = Some(2);
+        assert!(matches!(core.configure(&[bad], None), Err(Error::InvalidArgument(_))));
+        core.submit(task("t", "a"), 0.0).unwrap();
+        assert_eq!(core.counts("a").unwrap(), (1, 0, 0));
     }
 }

@@ -32,6 +32,8 @@ pub struct Slot {
     pub state: State,
     /// Dispatches so far.
     pub attempts: u32,
+    /// What it charges its tenant's share (None: 1) in a pool that shares by cost or run time.
+    pub cost: Option<f64>,
     pub(super) worker: Option<usize>,
     pub(crate) seq: u64,
 }

@@ -6,6 +6,12 @@
 //! read as the decimals they were written as (0.5 is 1/2, 2.5 is 5/2: the shortest decimal that
 //! reads back as the same f64, as Python's `repr` gives). Past a scale of 2^40 tags are floats,
 //! exactly where the Python core switches too, so both cores order every task alike.
+//!
+//! A pool that shares by cost or run time charges a dispatch `charge` quanta of a thousandth of a
+//! unit (of a cost unit, a millisecond): `step * charge / 1000` tag units. Its scale counts every
+//! numerator a thousand times over, so every step is a multiple of 1000 and charged tags stay exact
+//! integers: ties between them stay true ties. A reload keeps the previous scale as a factor (the
+//! scale only grows), so existing tags convert exactly.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -13,12 +19,26 @@ use std::ops::Add;
 
 const MAX_SCALE: u128 = 1 << 40;
 
+/// Charges are whole thousandths of a unit: of a cost unit, or milliseconds of run time.
+pub const QUANTA_PER_UNIT: u64 = 1000;
+
+/// `amount` units as whole quanta, rounded to the nearest (ties to even, as Python's `round`), never
+/// negative.
+pub fn quantize(amount: f64) -> u64 {
+    let q = (amount * QUANTA_PER_UNIT as f64).round_ties_even();
+    if q > 0.0 {
+        q as u64
+    } else {
+        0
+    }
+}
+
 /// A start or finish tag: an exact integer in units of 1/scale, or a float past the exact range.
 /// One queue only ever holds tags of one kind.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Tag {
-    /// Units of 1/scale.
-    Exact(u128),
+    /// Units of 1/scale (a run-time correction may take a tag below zero).
+    Exact(i128),
     /// Dispatches of a weight-1 tenant, as a float.
     Float(f64),
 }
@@ -44,10 +64,21 @@ impl Add for Tag {
 }
 
 impl Tag {
-    fn as_f64(self) -> f64 {
+    /// The tag as a float (in tag units).
+    pub fn as_f64(self) -> f64 {
         match self {
             Tag::Exact(a) => a as f64,
             Tag::Float(a) => a,
+        }
+    }
+
+    /// The tag in the units of a scale `factor` times finer (exact), or as a float divided by the
+    /// old scale (`Err(old)`) when the new weights have float tags.
+    pub fn rescale(self, factor: std::result::Result<i128, i128>) -> Tag {
+        match (self, factor) {
+            (Tag::Exact(a), Ok(f)) => Tag::Exact(a * f),
+            (Tag::Exact(a), Err(old)) => Tag::Float(a as f64 * (1.0 / old as f64)),
+            (Tag::Float(a), _) => Tag::Float(a),
         }
     }
 }
@@ -75,6 +106,8 @@ pub struct Weights {
     weights: HashMap<String, f64>,
     steps: HashMap<String, Tag>,
     default_step: Tag,
+    /// Tag units per dispatch of a weight-1 tenant; None when tags are floats.
+    scale: Option<u128>,
 }
 
 fn gcd(a: u128, b: u128) -> u128 {
@@ -106,18 +139,28 @@ fn as_fraction(weight: f64) -> Option<(u128, u128)> {
 }
 
 impl Weights {
-    /// Weights for `tenant_weights` (each positive and finite: checked by the caller).
-    pub fn new<'a>(tenant_weights: impl IntoIterator<Item = (&'a str, f64)>) -> Weights {
+    /// Weights for `tenant_weights` (each positive and finite: checked by the caller), in tags that
+    /// count dispatches (`charged` false) or thousandths of a unit (`charged` true), at a scale that
+    /// is a multiple of `previous`'s (a reload's previous weights).
+    pub fn new<'a>(
+        tenant_weights: impl IntoIterator<Item = (&'a str, f64)>,
+        previous: Option<&Weights>,
+        charged: bool,
+    ) -> Weights {
         let weights: HashMap<String, f64> = tenant_weights.into_iter().map(|(t, w)| (t.to_string(), w)).collect();
         let fractions: Option<Vec<(&String, (u128, u128))>> =
             weights.iter().map(|(t, w)| as_fraction(*w).map(|f| (t, f))).collect();
-        let mut scale: Option<u128> = Some(1);
+        // Charged: every step must hold whole thousandths, so each numerator counts a thousand times over.
+        let per_unit: u128 = if charged { QUANTA_PER_UNIT as u128 } else { 1 };
+        let mut scale: Option<u128> = previous.map_or(Some(1), |p| p.scale);
         match &fractions {
             None => scale = None,
             Some(fractions) => {
-                for (_, (num, _)) in fractions {
-                    let s = scale.unwrap();
-                    let l = s / gcd(s, *num) * num;
+                // The default weight (1) counts too, as the Python core's does.
+                let numerators = fractions.iter().map(|(_, (num, _))| *num).chain([1]);
+                for num in numerators {
+                    let Some(s) = scale else { break };
+                    let l = s / gcd(s, num * per_unit) * (num * per_unit);
                     if l > MAX_SCALE {
                         scale = None;
                         break;
@@ -131,20 +174,20 @@ impl Weights {
                 let mut steps = HashMap::new();
                 for (t, (num, den)) in fractions {
                     match scale.checked_mul(den) {
-                        Some(x) => steps.insert(t.clone(), Tag::Exact(x / num)),
+                        Some(x) => steps.insert(t.clone(), Tag::Exact((x / num) as i128)),
                         None => return Weights::floats(weights),
                     };
                 }
-                (steps, Tag::Exact(scale))
+                (steps, Tag::Exact(scale as i128))
             }
             _ => return Weights::floats(weights),
         };
-        Weights { weights, steps, default_step }
+        Weights { weights, steps, default_step, scale }
     }
 
     fn floats(weights: HashMap<String, f64>) -> Weights {
         let steps = weights.iter().map(|(t, w)| (t.clone(), Tag::Float(1.0 / w))).collect();
-        Weights { weights, steps, default_step: Tag::Float(1.0) }
+        Weights { weights, steps, default_step: Tag::Float(1.0), scale: None }
     }
 
     /// The weight of `tenant` (1 when unlisted or untenanted).
@@ -155,6 +198,26 @@ impl Weights {
     /// 1/w of `tenant` in tag units.
     pub fn step(&self, tenant: Option<&str>) -> Tag {
         tenant.and_then(|t| self.steps.get(t).copied()).unwrap_or(self.default_step)
+    }
+
+    /// The tag units a tenant of step `step` is charged for `charge` quanta (a negative charge is a
+    /// correction in its favour); exact with integer tags.
+    pub fn advance(&self, step: Tag, charge: i64) -> Tag {
+        match step {
+            Tag::Exact(s) => Tag::Exact((s * charge as i128).div_euclid(QUANTA_PER_UNIT as i128)),
+            Tag::Float(s) => Tag::Float(s * charge as f64 / QUANTA_PER_UNIT as f64),
+        }
+    }
+
+    /// How tags of `self` convert to tags of `new`: `Ok(factor)` to multiply an exact tag by, or
+    /// `Err(old scale)` when `new` has float tags; None when nothing changes.
+    pub fn conversion(&self, new: &Weights) -> Option<std::result::Result<i128, i128>> {
+        match (self.scale, new.scale) {
+            (old, new) if old == new => None,
+            (Some(old), Some(new)) => Some(Ok((new / old) as i128)),
+            (Some(old), None) => Some(Err(old as i128)),
+            (None, _) => None,
+        }
     }
 
     /// The zero tag of this pool's kind.
@@ -178,10 +241,32 @@ mod tests {
 
     #[test]
     fn steps_are_exact() {
-        let w = Weights::new([("a", 3.0), ("b", 1.0), ("c", 0.5)]);
+        let w = Weights::new([("a", 3.0), ("b", 1.0), ("c", 0.5)], None, false);
         assert_eq!(w.step(Some("a")), Tag::Exact(1));
         assert_eq!(w.step(Some("b")), Tag::Exact(3));
         assert_eq!(w.step(Some("c")), Tag::Exact(6));
         assert_eq!(w.step(None), Tag::Exact(3));
+    }
+}
+
+#[cfg(test)]
+mod charged_tests {
+    use super::*;
+
+    #[test]
+    fn charged_steps_hold_whole_thousandths() {
+        let w = Weights::new([("a", 3.0), ("b", 1.0)], None, true);
+        assert_eq!(w.step(Some("a")), Tag::Exact(1000));
+        assert_eq!(w.step(Some("b")), Tag::Exact(3000));
+        // A cost of 0.1 (100 quanta) is a tenth of a step, exactly.
+        assert_eq!(w.advance(w.step(Some("a")), 100), Tag::Exact(100));
+    }
+
+    #[test]
+    fn quantize_rounds_half_to_even_as_python_does() {
+        assert_eq!(quantize(0.0005), 0);
+        assert_eq!(quantize(0.0015), 2);
+        assert_eq!(quantize(0.1), 100);
+        assert_eq!(quantize(-3.0), 0);
     }
 }
