@@ -16,7 +16,7 @@
 //! layers, each using modules of its own layer or below, never above:
 //!
 //! 1. `error`, `address` (a broker's addresses), [`wire`] (the protocol's messages, one schema each),
-//!    `link` and `transport` (a ZeroMQ DEALER on tokio, and what its monitor says), [`core`] (the
+//!    `libzmq` (the libzmq calls, linked by build.rs), `link` and `transport` (a ZeroMQ DEALER on tokio, and what its monitor says), [`core`] (the
 //!    scheduling rules: no I/O, no clock).
 //! 2. `task` ([`Task`], [`Payload`]), `answers` ([`TaskInfo`], [`Explanation`]: the fields they
 //!    share are written once), `clustermap` (the cluster map and task ids), `channel` (a broker
@@ -42,6 +42,7 @@ mod embedded;
 mod error;
 mod handle;
 mod handler;
+mod libzmq;
 mod link;
 mod pool;
 mod task;
