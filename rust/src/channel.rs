@@ -35,9 +35,12 @@ impl Endpoint {
     /// A broker's client endpoint: replies come back. `addresses` as the user gave them (a
     /// primary, then its standbys; see [`Addresses`](crate::Addresses)), `curve_server_key` as 40
     /// Z85 characters or a `NAME.key` file. `InvalidArgument` for no address or a bad key.
-    pub fn client(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
+    pub async fn client(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
         let addresses = address::parse(addresses, "broker address")?;
-        let curve_server_key = curve_server_key.map(curve_public_key).transpose()?;
+        let curve_server_key = match curve_server_key {
+            Some(key) => Some(curve_public_key(key).await?),
+            None => None,
+        };
         let options = Options { curve_server_key, monitor: true, heartbeat: Some(CLIENT_HEARTBEAT) };
         Ok(Endpoint { addresses, token, options, direction: Direction::ClientReply })
     }
@@ -45,9 +48,12 @@ impl Endpoint {
     /// A broker's worker endpoint: commands come. The monitor's handshakes tell the worker to
     /// register on every new connection (a restarted broker, or a standby that took over, does not
     /// know it; a `ready` sent while none was up was dropped).
-    pub fn worker(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
+    pub async fn worker(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
         let addresses = address::parse(addresses, "broker address")?;
-        let curve_server_key = curve_server_key.map(curve_public_key).transpose()?;
+        let curve_server_key = match curve_server_key {
+            Some(key) => Some(curve_public_key(key).await?),
+            None => None,
+        };
         let options = Options { curve_server_key, monitor: true, heartbeat: None };
         Ok(Endpoint { addresses, token, options, direction: Direction::WorkerCommand })
     }

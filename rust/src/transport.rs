@@ -237,7 +237,15 @@ impl Drop for Dealer {
 
 /// A broker's CURVE public key, given as its 40 Z85 characters or as the path of a `NAME.key`
 /// certificate file (as `cronoq keygen` writes it); 32 bytes.
-pub(crate) fn curve_public_key(value: &str) -> Result<Vec<u8>> {
+/// The file is read on tokio's blocking pool, never on the runtime's threads.
+pub(crate) async fn curve_public_key(value: &str) -> Result<Vec<u8>> {
+    let given = value.to_string();
+    tokio::task::spawn_blocking(move || read_curve_public_key(&given))
+        .await
+        .unwrap_or_else(|e| Err(Error::InvalidArgument(format!("reading the broker's public key failed: {e}"))))
+}
+
+fn read_curve_public_key(value: &str) -> Result<Vec<u8>> {
     let text = if value.len() == 40 && !std::path::Path::new(value).exists() {
         value.to_string()
     } else {

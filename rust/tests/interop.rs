@@ -778,3 +778,63 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
     stopper.stop().await;
     serving.await.unwrap().expect("a graceful stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_is_never_lost() {
+    let dir = Scratch::new("stop");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let worker = || {
+        Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) })
+    };
+    // Right after spawning: the spawned `run` has not been polled yet when the stop is asked.
+    let spawned = worker();
+    let stopper = spawned.stopper();
+    let running = tokio::spawn(spawned.run());
+    tokio::time::timeout(LONG, stopper.stop()).await.expect("stop returned");
+    tokio::time::timeout(LONG, running).await.expect("run returned").unwrap().unwrap();
+    // Before `run` at all: it returns at once, having served nothing.
+    let unstarted = worker();
+    let stopper = unstarted.stopper();
+    stopper.stop().await;
+    tokio::time::timeout(LONG, unstarted.run()).await.expect("run returned at once").unwrap();
+    // While it serves, and again after it returned: both return.
+    let serving = worker();
+    let stopper = serving.stopper();
+    let running = tokio::spawn(serving.run());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(LONG, stopper.stop()).await.expect("stop returned");
+    running.await.unwrap().unwrap();
+    tokio::time::timeout(LONG, stopper.stop()).await.expect("a second stop returns at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_result_future_withdraws_its_wait() {
+    // The broker holds at most 1,024 waits per task. A `result()` dropped by `tokio::time::timeout`
+    // must withdraw its wait, or after 1,024 of them every client's `result` of the task fails with
+    // ResourceExhausted.
+    let dir = Scratch::new("unwait");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let client = cronoq::connect(&broker.clients).await.unwrap();
+    let task = client.submit(Task::new("later").pool("work")).await.unwrap(); // no worker yet: it waits
+    for _ in 0..1100 {
+        let dropped = tokio::time::timeout(Duration::from_millis(2), client.result::<String>(task.id())).await;
+        assert!(dropped.is_err(), "the task has no worker: its result cannot come");
+    }
+    client.ping().await.unwrap(); // every wait and unwait above has reached the broker
+    let other = cronoq::connect(&broker.clients).await.unwrap();
+    let waited = other.result_timeout::<String>(task.id(), Duration::from_millis(200)).await;
+    assert!(matches!(waited, Err(Error::Timeout(_))), "{waited:?}");
+    let worker = Worker::new(&broker.workers)
+        .pool(PoolConfig::new("work"), |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) });
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        let id = task.id().to_string();
+        async move { other.result_timeout::<String>(&id, LONG).await }
+    });
+    assert_eq!(client.result_timeout::<String>(task.id(), LONG).await.unwrap(), "LATER");
+    assert_eq!(waiting.await.unwrap().unwrap(), "LATER");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}

@@ -82,6 +82,31 @@ struct Pending {
     expires: Option<Instant>,
 }
 
+/// A request whose caller is still waiting. Dropped before the reply came (the caller's future was
+/// dropped or timed out), it forgets the request, so a new connection does not re-send it, and
+/// withdraws a `wait` at the broker with `unwait`. This is what makes every request cancel-safe.
+struct Outstanding<'a> {
+    connection: &'a Connection,
+    rid: i64,
+    /// The task a `wait` under `rid` is for.
+    unwait: Option<&'a str>,
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        let inner = &self.connection.inner;
+        let mut state = inner.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.watches.remove(&self.rid);
+        if state.pending.remove(&self.rid).is_none() {
+            return; // answered, or failed: the broker holds nothing for it
+        }
+        if let Some(task_id) = self.unwait {
+            let header = wire::encode_header("unwait", vec![Value::from(self.rid), Value::from(task_id)]);
+            let _ = inner.outbox.send(Cmd::Send { rid: 0, header, body: None });
+        }
+    }
+}
+
 /// How a watched task's wait ended: its outcome, or nothing (the watch was refused or closed, and
 /// an explicit `wait` is needed).
 #[derive(Debug, Clone)]
@@ -278,12 +303,13 @@ impl Connection {
         body: Option<Vec<u8>>,
         resend: bool,
     ) -> Reply {
-        let rx = {
+        let (rid, rx) = {
             let mut state = self.inner.state.lock().unwrap();
             let rid = state.rid();
             let header = wire::encode_header(tag, fields(rid));
-            self.send(&mut state, rid, header, body, resend, true)?
+            (rid, self.send(&mut state, rid, header, body, resend, true)?)
         };
+        let _outstanding = Outstanding { connection: self, rid, unwait: None };
         rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()))
     }
 
@@ -394,7 +420,9 @@ impl Connection {
             state.watches.insert(rid, watch.clone());
             (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
         };
+        let outstanding = Outstanding { connection: self, rid, unwait: None };
         let reply = rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()));
+        std::mem::forget(outstanding); // answered: nothing to withdraw (and the watch must stay)
         let (header, _) = match reply {
             Ok(reply) => reply,
             Err(e) => {
@@ -436,19 +464,14 @@ impl Connection {
             let header = wire::encode_header("wait", vec![Value::from(rid), Value::from(task_id)]);
             (rid, self.send(&mut state, rid, header, None, true, false)?)
         };
+        // Whether this future times out or is dropped (a `select!`, a `tokio::time::timeout`), the
+        // broker lets go of the wait: it holds a bounded number per task.
+        let _outstanding = Outstanding { connection: self, rid, unwait: Some(task_id) };
         let reply = match give_up {
             None => rx.await,
             Some(at) => match tokio::time::timeout_at(at.into(), rx).await {
                 Ok(r) => r,
-                Err(_) => {
-                    // Tell the broker to let go of the wait.
-                    let mut state = self.inner.state.lock().unwrap();
-                    if state.pending.remove(&rid).is_some() {
-                        let header = wire::encode_header("unwait", vec![Value::from(rid), Value::from(task_id)]);
-                        let _ = self.inner.outbox.send(Cmd::Send { rid: 0, header, body: None });
-                    }
-                    return Err(timed_out(task_id, timeout));
-                }
+                Err(_) => return Err(timed_out(task_id, timeout)),
             },
         };
         let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed().into()))?;

@@ -97,7 +97,7 @@ impl Connect {
     }
 
     async fn open(self) -> Result<Client> {
-        let endpoint = Endpoint::client(&self.addresses, self.token, self.curve.as_deref())?;
+        let endpoint = Endpoint::client(&self.addresses, self.token, self.curve.as_deref()).await?;
         let home = Connection::open(endpoint, self.request_timeout)?;
         let router = self.routing.then(|| Arc::new(Router::new(home.clone())));
         Ok(Client { home, router })

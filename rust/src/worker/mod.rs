@@ -50,24 +50,51 @@ pub struct Worker {
     liveness: u32,
     pools: Vec<(PoolConfig, Handler)>,
     stop_tx: watch::Sender<bool>,
-    done_rx: watch::Receiver<bool>,
-    done_tx: watch::Sender<bool>,
+    phase: watch::Sender<Phase>,
 }
 
-/// Stops a running [`Worker`] gracefully: it takes no more tasks, lets the running ones finish and
-/// report, then leaves. Cloneable.
-#[derive(Clone)]
+/// Where a [`Worker`]'s `run` is: what [`Stopper::stop`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// `run` has not started: a stop asked now makes it return at once when it does.
+    Idle,
+    Running,
+    /// `run` returned, or its future was dropped.
+    Finished,
+}
+
+/// Stops a [`Worker`] gracefully: it takes no more tasks, lets the running ones finish and
+/// report, then leaves. Cloneable; stopping twice is harmless.
+///
+/// A stop is never lost: asked before `run` starts (even before a spawned `run` was first
+/// polled), `run` returns `Ok(())` at once without connecting.
+#[derive(Clone, Debug)]
 pub struct Stopper {
     stop: watch::Sender<bool>,
-    done: watch::Receiver<bool>,
+    phase: watch::Receiver<Phase>,
 }
 
 impl Stopper {
-    /// Ask the worker to stop, and wait until its `run` has returned.
+    /// Ask the worker to stop, and wait until its `run` has returned (at once if it has not
+    /// started, or has already returned).
+    ///
+    /// Cancel-safe: the stop is asked before the first await, so dropping this future only stops
+    /// the waiting.
     pub async fn stop(&self) {
-        let _ = self.stop.send(true);
-        let mut done = self.done.clone();
-        let _ = done.wait_for(|d| *d).await;
+        // `send_replace` keeps the value even while no receiver exists (before `run` subscribes);
+        // `send` would drop it, and the stop with it.
+        self.stop.send_replace(true);
+        let mut phase = self.phase.clone();
+        let _ = phase.wait_for(|p| *p != Phase::Running).await;
+    }
+}
+
+/// Marks `run` finished however it ends (returned, or its future dropped).
+struct Finishing(watch::Sender<Phase>);
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.0.send_replace(Phase::Finished);
     }
 }
 
@@ -79,7 +106,7 @@ impl Worker {
     /// the moment it has taken over. `run` fails with `InvalidArgument` when none is given.
     pub fn new(address: impl Addresses) -> Worker {
         let (stop_tx, _) = watch::channel(false);
-        let (done_tx, done_rx) = watch::channel(false);
+        let (phase, _) = watch::channel(Phase::Idle);
         Worker {
             addresses: address.into_strings(),
             token: Vec::new(),
@@ -89,8 +116,7 @@ impl Worker {
             liveness: 3,
             pools: Vec::new(),
             stop_tx,
-            done_rx,
-            done_tx,
+            phase,
         }
     }
 
@@ -137,7 +163,7 @@ impl Worker {
 
     /// A handle that stops this worker gracefully.
     pub fn stopper(&self) -> Stopper {
-        Stopper { stop: self.stop_tx.clone(), done: self.done_rx.clone() }
+        Stopper { stop: self.stop_tx.clone(), phase: self.phase.subscribe() }
     }
 
     /// Serve until stopped. Returns the broker's refusal (`NotFound` for an undeclared pool,
@@ -147,11 +173,17 @@ impl Worker {
     /// Given a cluster member's address, the worker serves the whole cluster: it reads the map,
     /// registers with each member that owns some of its pools (through a connection of its own,
     /// with a share of the slots) and follows the map as the members report it.
+    ///
+    /// Cancel-safe in the sense tokio uses: dropping the future closes the connections at once
+    /// (running handlers are not awaited, and the broker re-queues their tasks when it misses the
+    /// worker), and a [`Stopper::stop`] waiting on it returns.
     pub async fn run(self) -> Result<()> {
-        let done = self.done_tx.clone();
-        let result = self.serve().await;
-        let _ = done.send(true);
-        result
+        self.phase.send_replace(Phase::Running);
+        let _finishing = Finishing(self.phase.clone());
+        if *self.stop_tx.borrow() {
+            return Ok(()); // stopped before it started
+        }
+        self.serve().await
     }
 
     async fn serve(self) -> Result<()> {
@@ -160,7 +192,7 @@ impl Worker {
                 "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
             ));
         }
-        let endpoint = Endpoint::worker(&self.addresses, self.token.clone(), self.curve.as_deref())?;
+        let endpoint = Endpoint::worker(&self.addresses, self.token.clone(), self.curve.as_deref()).await?;
         let shared = Arc::new(Shared {
             endpoint: endpoint.clone(),
             heartbeat_interval: self.heartbeat_interval,
