@@ -260,8 +260,15 @@ async fn a_pinned_token_naming_another_tenant_is_refused() {
     assert_eq!(sched.status(mine.id()).await.unwrap().tenant.as_deref(), Some("acme"));
     assert!(matches!(sched.pause("work").await, Err(Error::PermissionDenied(_))));
 
-    let stranger =
-        cronoq::connect(&broker.clients).token("nobody").request_timeout(Duration::from_secs(10)).await.unwrap();
+    // An unknown token is refused when the client is made.
+    let refused = cronoq::connect(&broker.clients).token("nobody").await;
+    assert!(matches!(&refused, Err(Error::Unauthenticated(m)) if m.contains("unknown token")), "{refused:?}");
+    let stranger = cronoq::connect(&broker.clients)
+        .token("nobody")
+        .request_timeout(Duration::from_secs(10))
+        .lazy(true)
+        .await
+        .unwrap();
     // The broker answers an unknown connection once a second: the refusal of its `hello` fails the
     // submit at once, not after the request timeout.
     let t0 = std::time::Instant::now();
@@ -323,7 +330,7 @@ async fn curve_encrypts_client_and_worker() {
     // Without the key, or with another broker's, the handshake cannot succeed and nothing is sent in
     // clear: requests fail with Unavailable naming the mistake, long before their request_timeout
     // (LONG bounds the wait, so waiting it out would fail the test).
-    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
     let refused = tokio::time::timeout(LONG, plain.ping()).await.expect("failed before its request_timeout");
     // The mismatch is named when libzmq reports it; on a busy machine the broker may drop the connection
     // first, and the answer says so and gives the same remedy. Either way: CURVE, and give the public key.
@@ -342,6 +349,7 @@ async fn curve_encrypts_client_and_worker() {
     let wrong = cronoq::connect(&broker.clients)
         .curve_server_key(dir.0.join("other").join("broker.key").to_str().unwrap())
         .request_timeout(Duration::from_secs(600))
+        .lazy(true)
         .await
         .unwrap();
     let refused = tokio::time::timeout(LONG, wrong.submit(Task::new("x").pool("work")))
@@ -371,7 +379,8 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
     // Unavailable naming that once the refusals have gone on for a second, not after their
     // request_timeout of ten minutes (LONG bounds the wait: waiting it out fails the test).
     let closed = format!("tcp://127.0.0.1:{}", support::free_port());
-    let sched = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await.unwrap();
+    // Lazily: the client is made without asking the broker; its requests meet the refusals.
+    let sched = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
     let refused =
         tokio::time::timeout(LONG, sched.submit(Task::new("x"))).await.expect("failed before its request_timeout");
     assert!(
@@ -384,7 +393,7 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
     // A primary and its standby, both refusing: hopeless only once every address is.
     let standby = format!("tcp://127.0.0.1:{}", support::free_port());
     let both =
-        cronoq::connect([closed.as_str(), standby.as_str()]).request_timeout(Duration::from_secs(600)).await.unwrap();
+        cronoq::connect([closed.as_str(), standby.as_str()]).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
     let refused = tokio::time::timeout(LONG, both.ping()).await.expect("failed before its request_timeout");
     assert!(
         matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&closed) && m.contains(&standby)),
@@ -837,4 +846,70 @@ async fn a_dropped_result_future_withdraws_its_wait() {
     assert_eq!(waiting.await.unwrap().unwrap(), "LATER");
     stopper.stop().await;
     running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistakes_are_named_at_once() {
+    let dir = Scratch::new("mistakes");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let noop = |_: Payload| async { Ok::<_, Error>(()) };
+
+    // A client given the broker's worker endpoint: refused when it is made, naming the right one.
+    let refused = tokio::time::timeout(LONG, cronoq::connect(&broker.workers)).await.expect("at once");
+    assert!(
+        matches!(&refused, Err(Error::WrongEndpoint { address, message })
+            if address == &broker.workers && message.contains(&broker.clients)),
+        "{refused:?}"
+    );
+    assert_eq!(refused.unwrap_err().code(), "INVALID_ARGUMENT");
+    // A worker given its client endpoint: run() stops at once, naming the right one.
+    let stopped = tokio::time::timeout(LONG, Worker::new(&broker.clients).pool(PoolConfig::new("work"), noop).run())
+        .await
+        .expect("stopped at once");
+    assert!(
+        matches!(&stopped, Err(Error::WrongEndpoint { message, .. }) if message.contains(&broker.workers)),
+        "{stopped:?}"
+    );
+
+    // A dead address: connect fails once the connections have been refused for a second (the
+    // Python client's first request takes as long), not after the request timeout.
+    let closed = format!("tcp://127.0.0.1:{}", support::free_port());
+    let started = std::time::Instant::now();
+    let refused = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await;
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&format!("connection refused at {closed}"))),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < LONG, "failed before its request_timeout");
+
+    // A token variable that is not set: named, before anything is sent.
+    let variable = "CRONOQ_TEST_TOKEN_THAT_IS_NOT_SET";
+    let missing = cronoq::connect(&broker.clients).token_env(variable).await;
+    assert!(matches!(&missing, Err(Error::MissingToken { variable: v }) if v == variable), "{missing:?}");
+    assert!(missing.unwrap_err().to_string().contains(variable));
+    let missing = Worker::new(&broker.workers).token_env(variable).pool(PoolConfig::new("work"), noop).run().await;
+    assert!(matches!(&missing, Err(Error::MissingToken { .. })), "{missing:?}");
+    // Concurrency 0 is refused, as the embedded scheduler refuses it.
+    let zero = Worker::new(&broker.workers).concurrency(0).pool(PoolConfig::new("work"), noop).run().await;
+    assert!(matches!(&zero, Err(Error::InvalidArgument(m)) if m.contains("concurrency")), "{zero:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_token_is_explained_the_rust_way() {
+    let dir = Scratch::new("notoken");
+    let broker = Broker::start(
+        &dir.0,
+        "[[pools]]\nname = \"work\"\n[[auth.tokens]]\ntoken_env = \"CRONOQ_T_CLIENT\"\nrole = \"client\"\n",
+        "durability = \"none\"",
+        &[("CRONOQ_T_CLIENT", "client-secret")],
+    );
+    let refused = tokio::time::timeout(LONG, cronoq::connect(&broker.clients)).await.expect("at once");
+    assert!(
+        matches!(&refused, Err(Error::Unauthenticated(m)) if m.contains(".token(") && !m.contains("cronoq.connect")),
+        "{refused:?}"
+    );
+    // The variable, when set, is read when the client is made.
+    std::env::set_var("CRONOQ_T_CLIENT_FOR_RUST", "client-secret");
+    let client = cronoq::connect(&broker.clients).token_env("CRONOQ_T_CLIENT_FOR_RUST").await.unwrap();
+    client.ping().await.unwrap();
 }

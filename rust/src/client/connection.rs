@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
+use tracing::Instrument;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::answers::{Explanation, TaskInfo};
@@ -167,6 +168,9 @@ struct State {
     unreachable: Option<String>,
     /// The `hello` (by rid) that failed, and how: callers waiting for the rules fail as it did.
     hello_failure: Option<(i64, Error)>,
+    /// The broker could not read this connection's messages at all (the wrong endpoint): every
+    /// request fails so at once, until a new connection.
+    misdirected: Option<Error>,
 }
 
 impl State {
@@ -234,11 +238,14 @@ impl Connection {
                 refused: None,
                 unreachable: None,
                 hello_failure: None,
+                misdirected: None,
             }),
         });
         let connection = Connection { inner: inner.clone() };
         connection.ask_rules();
-        tokio::spawn(run(channel, rx, Arc::downgrade(&inner)));
+        let span = tracing::info_span!("cronoq.client", broker = %inner.address);
+        tracing::debug!(parent: &span, "connecting");
+        tokio::spawn(run(channel, rx, Arc::downgrade(&inner)).instrument(span));
         Ok(connection)
     }
 
@@ -279,6 +286,9 @@ impl Connection {
         }
         if let Some(reason) = &state.unreachable {
             return Err(Error::Unavailable(reason.clone()));
+        }
+        if let Some(error) = &state.misdirected {
+            return Err(error.clone());
         }
         let (tx, rx) = oneshot::channel();
         state.pending.insert(
@@ -612,7 +622,8 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     if header.tag == "error" && header.str("code") == "UNAUTHENTICATED" {
         // The broker answers a message with a bad token once, whatever it held: every request sent
         // with this token shares its fate.
-        let error = Error::from_code("UNAUTHENTICATED", header.str("message"));
+        let error = Error::from_code("UNAUTHENTICATED", crate::error::for_rust(header.str("message")));
+        tracing::warn!(broker = %inner.address, %error, "the broker refused this client's token");
         state.refused = Some((Instant::now(), error.clone()));
         for (rid, mut p) in state.pending.drain() {
             state.watches.remove(&rid);
@@ -625,6 +636,24 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
             state.max_payload_bytes = None;
         }
         inner.rules.notify_waiters();
+        return;
+    }
+    if header.tag == "error" && rid == 0 {
+        // No request has rid 0: the broker could not read the message at all. Refused as it is, so
+        // would every later one be: the wrong endpoint (the broker names the right one), or
+        // another protocol version. Fail everything now, and every request until a new connection.
+        let (code, message) = (header.str("code"), header.str("message"));
+        let error = if code == "INVALID_ARGUMENT" && message.contains("endpoint") {
+            Error::WrongEndpoint { address: inner.address.clone(), message: message.to_string() }
+        } else {
+            Error::from_code(code, message)
+        };
+        tracing::warn!(broker = %inner.address, %error, "the broker could not read this client's messages");
+        state.misdirected = Some(error.clone());
+        let rids: Vec<i64> = state.pending.keys().copied().collect();
+        for rid in rids {
+            fail_request(inner, state, rid, error.clone());
+        }
         return;
     }
     let Some(mut pending) = state.pending.remove(&rid) else { return };
@@ -659,6 +688,12 @@ fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>, sen
     state.connections += handshakes;
     state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
     state.unreachable = None;
+    state.misdirected = None;
+    if first {
+        tracing::debug!("connected to the broker");
+    } else {
+        tracing::info!(outstanding = state.pending.len(), "reconnected to the broker: re-sending what is outstanding");
+    }
     if !first || handshakes > 1 {
         state.reconnects += 1;
         for (rid, p) in &state.pending {
@@ -721,6 +756,9 @@ fn sweep(inner: &Inner, state: &mut State, channel: &Channel) {
 /// (no connection completed), and those held here are dropped.
 fn give_up(inner: &Inner, state: &mut State, reason: String, held: &mut Vec<Posted>) {
     let error = Error::Unavailable(reason.clone());
+    if state.unreachable.is_none() {
+        tracing::warn!(%reason, "giving up on the broker until a connection succeeds");
+    }
     state.unreachable = Some(reason);
     let rids: Vec<i64> = state.pending.keys().copied().collect();
     for rid in rids {

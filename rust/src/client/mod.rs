@@ -20,7 +20,7 @@ use self::cluster::Router;
 use self::connection::Connection;
 use crate::address::Addresses;
 use crate::answers::{Explanation, TaskInfo};
-use crate::channel::Endpoint;
+use crate::channel::{Endpoint, Token};
 use crate::clustermap::ClusterMap;
 use crate::error::Result;
 use crate::handle::TaskHandle;
@@ -50,10 +50,11 @@ pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
 pub fn connect(address: impl Addresses) -> Connect {
     Connect {
         addresses: address.into_strings(),
-        token: Vec::new(),
+        token: Token::None,
         curve: None,
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         routing: true,
+        lazy: false,
     }
 }
 
@@ -62,16 +63,37 @@ pub fn connect(address: impl Addresses) -> Connect {
 #[must_use = "a Connect does nothing until awaited"]
 pub struct Connect {
     addresses: Vec<String>,
-    token: Vec<u8>,
+    token: Token,
     curve: Option<String>,
     request_timeout: Duration,
     routing: bool,
+    lazy: bool,
 }
 
 impl Connect {
     /// The token to show the broker (its secret's bytes); none for an open broker.
     pub fn token(mut self, token: impl AsRef<[u8]>) -> Connect {
-        self.token = token.as_ref().to_vec();
+        self.token = Token::Given(token.as_ref().to_vec());
+        self
+    }
+
+    /// Read the token from the environment variable `variable` when awaited (as the `cronoq`
+    /// commands' `--token-env`): [`Error::MissingToken`] naming it if it is not set.
+    pub fn token_env(mut self, variable: impl Into<String>) -> Connect {
+        self.token = Token::Env(variable.into());
+        self
+    }
+
+    /// Return at once, without asking the broker anything (`false`, the default: awaiting asks
+    /// the broker a `ping` and fails as a request would).
+    ///
+    /// By default a mistake shows when the client is made: no broker at the address
+    /// (`Unavailable`, after the second of refused connections the Python client also allows), a
+    /// CURVE mismatch (`Unavailable`), the broker's worker endpoint given for its client endpoint
+    /// ([`Error::WrongEndpoint`]), a token it does not take (`Unauthenticated`). A lazy client
+    /// meets them at its first request instead, and may be made before its broker starts.
+    pub fn lazy(mut self, lazy: bool) -> Connect {
+        self.lazy = lazy;
         self
     }
 
@@ -97,8 +119,16 @@ impl Connect {
     }
 
     async fn open(self) -> Result<Client> {
-        let endpoint = Endpoint::client(&self.addresses, self.token, self.curve.as_deref()).await?;
+        let token = self.token.resolve()?;
+        let endpoint = Endpoint::client(&self.addresses, token, self.curve.as_deref()).await?;
         let home = Connection::open(endpoint, self.request_timeout)?;
+        if !self.lazy {
+            if let Err(error) = home.ping().await {
+                tracing::warn!(broker = %home.endpoint().describe(), %error, "cannot connect to the broker");
+                home.close();
+                return Err(error);
+            }
+        }
         let router = self.routing.then(|| Arc::new(Router::new(home.clone())));
         Ok(Client { home, router })
     }

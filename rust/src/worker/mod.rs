@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use self::cluster::serve_cluster;
 use self::session::{End, Role, Session, Shared};
 use crate::address::Addresses;
-use crate::channel::Endpoint;
+use crate::channel::{Endpoint, Token};
 use crate::error::{Error, Result};
 use crate::handler::{self, Handler};
 use crate::pool::PoolConfig;
@@ -43,7 +44,7 @@ use crate::task::Payload;
 /// ```
 pub struct Worker {
     addresses: Vec<String>,
-    token: Vec<u8>,
+    token: Token,
     curve: Option<String>,
     concurrency: u32,
     heartbeat_interval: Duration,
@@ -109,7 +110,7 @@ impl Worker {
         let (phase, _) = watch::channel(Phase::Idle);
         Worker {
             addresses: address.into_strings(),
-            token: Vec::new(),
+            token: Token::None,
             curve: None,
             concurrency: 4,
             heartbeat_interval: Duration::from_secs(1),
@@ -122,7 +123,14 @@ impl Worker {
 
     /// The token to show the broker (a `worker` or `admin` role's secret).
     pub fn token(mut self, token: impl AsRef<[u8]>) -> Worker {
-        self.token = token.as_ref().to_vec();
+        self.token = Token::Given(token.as_ref().to_vec());
+        self
+    }
+
+    /// Read the token from the environment variable `variable` when `run` starts (as
+    /// `cronoq-worker --token-env`): `run` fails with [`Error::MissingToken`] naming it if it is not set.
+    pub fn token_env(mut self, variable: impl Into<String>) -> Worker {
+        self.token = Token::Env(variable.into());
         self
     }
 
@@ -132,9 +140,10 @@ impl Worker {
         self
     }
 
-    /// At most `n` tasks at once over all pools (default 4; 0 is taken as 1).
+    /// At most `n` tasks at once over all pools (default 4). `run` fails with `InvalidArgument`
+    /// for 0, as [`Scheduler::concurrency`](crate::Scheduler::concurrency) does.
     pub fn concurrency(mut self, n: u32) -> Worker {
-        self.concurrency = n.max(1);
+        self.concurrency = n;
         self
     }
 
@@ -183,7 +192,13 @@ impl Worker {
         if *self.stop_tx.borrow() {
             return Ok(()); // stopped before it started
         }
-        self.serve().await
+        let span = tracing::info_span!("cronoq.worker", broker = %self.addresses.join(","));
+        let result = self.serve().instrument(span.clone()).await;
+        match &result {
+            Ok(()) => tracing::info!(parent: &span, "the worker stopped"),
+            Err(error) => tracing::error!(parent: &span, %error, "the worker cannot serve"),
+        }
+        result
     }
 
     async fn serve(self) -> Result<()> {
@@ -192,7 +207,13 @@ impl Worker {
                 "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
             ));
         }
-        let endpoint = Endpoint::worker(&self.addresses, self.token.clone(), self.curve.as_deref()).await?;
+        if self.concurrency == 0 {
+            return Err(Error::InvalidArgument(
+                "a Worker's concurrency must be at least 1, got 0: it is how many tasks run at once".into(),
+            ));
+        }
+        let token = self.token.resolve()?;
+        let endpoint = Endpoint::worker(&self.addresses, token, self.curve.as_deref()).await?;
         let shared = Arc::new(Shared {
             endpoint: endpoint.clone(),
             heartbeat_interval: self.heartbeat_interval,
