@@ -45,6 +45,7 @@ mod handler;
 mod libzmq;
 mod link;
 mod pool;
+mod stats;
 mod task;
 mod transport;
 pub mod wire;
@@ -53,11 +54,15 @@ mod worker;
 pub use address::Addresses;
 pub use answers::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, TaskInfo, TaskState, Waiting};
 pub use client::{connect, Client, Connect, DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT};
+pub use clustermap::{ClusterMap, ClusterMember};
 pub use embedded::Scheduler;
 pub use error::{Error, Result};
 pub use handle::TaskHandle;
 pub use handler::Failure;
 pub use pool::{Fairness, PoolConfig};
+pub use stats::{
+    CeilingStats, ClassStats, MemberStats, MemoryStats, PoolStats, ResultsStats, ScheduleStats, Stats, StoreStats, TenantStats,
+};
 pub use rmpv::Value;
 pub use task::{encode, Payload, Priority, Task, MAX_NAME_LENGTH};
 pub use worker::{Stopper, Worker};

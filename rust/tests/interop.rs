@@ -590,23 +590,9 @@ async fn client_and_worker_follow_the_standby_that_takes_over() {
     running.await.unwrap().unwrap();
 }
 
-/// The members of `value` (a `cluster` answer) that list `pool`.
-fn owners_of(value: &Value, pool: &str) -> Vec<String> {
-    let field = |v: &Value, name: &str| {
-        v.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
-    };
-    let members = field(value, "members").and_then(|m| m.as_array().cloned()).unwrap_or_default();
-    members
-        .iter()
-        .filter(|m| {
-            field(m, "pools")
-                .and_then(|p| p.as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .any(|p| p.as_str() == Some(pool))
-        })
-        .filter_map(|m| field(m, "name").and_then(|n| n.as_str().map(str::to_string)))
-        .collect()
+/// The members of a cluster map that list `pool`.
+fn owners_of(map: &cronoq::ClusterMap, pool: &str) -> Vec<String> {
+    map.members.iter().filter(|m| m.pools.iter().any(|p| p == pool)).map(|m| m.name.clone()).collect()
 }
 
 /// Wait until every member's map says `pool` is `owner`'s: a reload reaches the members one by one, and
@@ -684,20 +670,7 @@ async fn the_client_routes_over_a_cluster() {
 
     // stats: every member's, merged, each pool naming its member.
     let stats = sched.stats().await.unwrap();
-    let pool_member = |pool: &str| {
-        let pools = stats.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("pools")).unwrap().1.clone();
-        let entry = pools.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some(pool)).unwrap().1.clone();
-        entry
-            .as_map()
-            .unwrap()
-            .iter()
-            .find(|(k, _)| k.as_str() == Some("member"))
-            .unwrap()
-            .1
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let pool_member = |pool: &str| stats.pools[pool].member.clone().unwrap();
     assert_eq!((pool_member("one"), pool_member("two")), ("b1".to_string(), "b2".to_string()));
 
     // A reload moves "two" to b1. The client's map still says b2: b2 refuses, naming b1, and the
@@ -717,14 +690,6 @@ async fn the_client_routes_over_a_cluster() {
     stop_two.stop().await;
     serving_one.await.unwrap().unwrap();
     serving_two.await.unwrap().unwrap();
-}
-
-/// The value under `name` in a msgpack map.
-fn entry(value: &Value, name: &str) -> Value {
-    value
-        .as_map()
-        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
-        .unwrap_or(Value::Nil)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -759,7 +724,7 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
     assert_eq!(one.result_timeout::<String>(LONG).await.unwrap(), "a in one");
     assert_eq!(two.result_timeout::<String>(LONG).await.unwrap(), "b in two");
     let b2 = cronoq::connect(cluster.clients("b2")).routing(false).await.unwrap();
-    assert_eq!(entry(&b2.stats().await.unwrap(), "workers").as_u64(), Some(1), "the worker serves b2");
+    assert_eq!(b2.stats().await.unwrap().workers, 1, "the worker serves b2");
 
     // Held on b2 (one running, the others queued behind max_in_flight) when a reload moves "two"
     // to b1. The worker reads the new map from its members: it serves "two" on b1 from then on, and
@@ -781,7 +746,7 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
     }
     until("the worker left b2", LONG, || {
         let b2 = b2.clone();
-        async move { b2.stats().await.is_ok_and(|stats| entry(&stats, "workers").as_u64() == Some(0)) }
+        async move { b2.stats().await.is_ok_and(|stats| stats.workers == 0) }
     })
     .await;
     stopper.stop().await;

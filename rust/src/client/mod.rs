@@ -14,7 +14,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmpv::Value;
 
 use self::cluster::Router;
 use self::connection::Connection;
@@ -24,6 +23,7 @@ use crate::channel::{Endpoint, Token};
 use crate::clustermap::ClusterMap;
 use crate::error::Result;
 use crate::handle::TaskHandle;
+use crate::stats::Stats;
 use crate::task::Task;
 
 /// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
@@ -232,29 +232,27 @@ impl Client {
         }
     }
 
-    /// The broker's per-pool statistics (admin token), as a msgpack map.
+    /// The broker's statistics (admin token): per pool, workers, schedules, memory and store.
     ///
     /// In a cluster, every member's, merged as the Python client merges them: `pools` holds every
     /// member's pools (each naming its `member`), `workers` the sum, `members` each member's own
     /// answer, or `{"unreachable": why}` for one that did not answer within 5 s (or the
     /// request_timeout, if shorter); `cluster` is the map's version.
-    pub async fn stats(&self) -> Result<Value> {
-        match &self.router {
-            Some(router) => router.stats().await,
-            None => self.home.stats().await,
-        }
+    pub async fn stats(&self) -> Result<Stats> {
+        let value = match &self.router {
+            Some(router) => router.stats().await?,
+            None => self.home.stats().await?,
+        };
+        Stats::from_value(value)
     }
 
     /// The cluster map as the broker gives it (members, their addresses and pools, the map's
     /// version; docs/protocol.md, "Clusters"), or `None` from a broker that is no member of a
     /// cluster. Routing follows the map read here.
-    pub async fn cluster(&self) -> Result<Option<Value>> {
+    pub async fn cluster(&self) -> Result<Option<ClusterMap>> {
         match &self.router {
             Some(router) => router.cluster().await,
-            None => {
-                let value = self.home.cluster_map().await?;
-                Ok(ClusterMap::parse(&value)?.map(|_| value))
-            }
+            None => ClusterMap::parse(&self.home.cluster_map().await?),
         }
     }
 
