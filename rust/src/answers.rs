@@ -73,6 +73,7 @@ macro_rules! task_answer {
 
 /// Where a task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum TaskState {
     /// Waiting for a worker.
     Queued,
@@ -127,6 +128,7 @@ impl TaskState {
 task_answer! {
     /// A snapshot of a task, as `status` returns it. Times are Unix seconds.
     #[derive(Debug, Clone, PartialEq)]
+    #[non_exhaustive]
     pub struct TaskInfo {}
 }
 
@@ -156,6 +158,7 @@ task_answer! {
     /// `not_before`, how each attempt ended (`history`) and, while the task is queued or delayed,
     /// what stands before it (`waiting`).
     #[derive(Debug, Clone, PartialEq)]
+    #[non_exhaustive]
     pub struct Explanation {
         /// How many more runs a failed run earns.
         pub max_retries: u32,
@@ -170,6 +173,7 @@ task_answer! {
 
 /// How one attempt (dispatch) of a task ended, as far as the broker knows.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct AttemptEnd {
     /// The attempt's number, from 1.
     pub attempt: u32,
@@ -183,6 +187,7 @@ pub struct AttemptEnd {
 
 /// How an attempt ended ([`AttemptEnd::ended`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Ended {
     /// The task's last attempt, and it succeeded.
     Succeeded,
@@ -230,6 +235,7 @@ impl Ended {
 
 /// Why a queued or delayed task has not started. Every count is of queued tasks of its pool.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Waiting {
     /// Whether its class shares dispatches by tenant.
     pub fair: bool,
@@ -274,6 +280,7 @@ pub struct Waiting {
 
 /// One node of a task's tenant path, as the fair share of its class sees it now.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct NodeState {
     /// The tenant's name (a path such as `acme/search` below the top).
     pub name: String,
@@ -293,6 +300,7 @@ pub struct NodeState {
 
 /// A node's ceiling: its limit, its subtree's running tasks, and whether (since when) it is capped.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CeilingState {
     /// At most this many of its subtree's tasks run at once.
     pub limit: u64,

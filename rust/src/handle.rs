@@ -53,7 +53,12 @@ pub(crate) trait Source: Send + Sync + UnwindSafe + RefUnwindSafe {
     fn wait<'a>(&'a self, task_id: &'a str, timeout: Option<Duration>) -> Answer<'a, TaskOutcome>;
 }
 
-/// A submitted task: its id, and its result once it ends.
+/// A submitted task: its id, and its result once it ends. Cheap to clone: clones ask the same
+/// client (or scheduler).
+///
+/// Every method is cancel-safe: dropping its future (a `select!`, a `tokio::time::timeout`)
+/// leaves nothing behind, and a `result()` dropped while it waits withdraws its wait at the broker.
+#[derive(Clone)]
 pub struct TaskHandle {
     id: String,
     duplicate: bool,

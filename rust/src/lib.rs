@@ -12,11 +12,12 @@
 //!
 //! # Layout
 //!
-//! The modules (all private but [`core`] and [`wire`]; the public names are re-exported here) in
+//! The modules (all private but `core` and `wire`, which are hidden and unstable: the vector tests
+//! and benchmarks use them; the public names are re-exported here) in
 //! layers, each using modules of its own layer or below, never above:
 //!
-//! 1. `error`, `address` (a broker's addresses), [`wire`] (the protocol's messages, one schema each),
-//!    `libzmq` (the libzmq calls, linked by build.rs), `link` and `transport` (a ZeroMQ DEALER on tokio, and what its monitor says), [`core`] (the
+//! 1. `error`, `address` (a broker's addresses), `wire` (the protocol's messages, one schema each),
+//!    `libzmq` (the libzmq calls, linked by build.rs), `link` and `transport` (a ZeroMQ DEALER on tokio, and what its monitor says), `core` (the
 //!    scheduling rules: no I/O, no clock).
 //! 2. `task` ([`Task`], [`Payload`]), `answers` ([`TaskInfo`], [`Explanation`]: the fields they
 //!    share are written once), `clustermap` (the cluster map and task ids), `channel` (a broker
@@ -37,6 +38,9 @@ mod answers;
 mod channel;
 mod client;
 mod clustermap;
+/// The scheduling core, for this crate's vector tests and benchmarks: **not a stable API**; it
+/// changes without notice in any release.
+#[doc(hidden)]
 pub mod core;
 mod embedded;
 mod error;
@@ -48,6 +52,9 @@ mod pool;
 mod stats;
 mod task;
 mod transport;
+/// The wire protocol's messages, for this crate's vector tests: **not a stable API**; it changes
+/// without notice in any release.
+#[doc(hidden)]
 pub mod wire;
 mod worker;
 
@@ -55,7 +62,7 @@ pub use address::Addresses;
 pub use answers::{AttemptEnd, CeilingState, Ended, Explanation, NodeState, TaskInfo, TaskState, Waiting};
 pub use client::{connect, Client, Connect, DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT};
 pub use clustermap::{ClusterMap, ClusterMember};
-pub use embedded::Scheduler;
+pub use embedded::{Scheduler, SchedulerBuilder};
 pub use error::{Error, Result};
 pub use handle::TaskHandle;
 pub use handler::Failure;

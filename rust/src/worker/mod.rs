@@ -54,6 +54,20 @@ pub struct Worker {
     phase: watch::Sender<Phase>,
 }
 
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("addresses", &self.addresses)
+            .field("token", &self.token)
+            .field("curve_server_key", &self.curve)
+            .field("concurrency", &self.concurrency)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("liveness", &self.liveness)
+            .field("pools", &self.pools.iter().map(|(p, _)| p).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where a [`Worker`]'s `run` is: what [`Stopper::stop`] waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
