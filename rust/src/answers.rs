@@ -128,6 +128,10 @@ mod priority_name {
 
 impl TaskState {
     /// The state named `name` on the wire.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` for a name that is no state.
     pub fn parse(name: &str) -> Result<TaskState> {
         Ok(match name {
             "queued" => TaskState::Queued,
@@ -142,6 +146,7 @@ impl TaskState {
     }
 
     /// The name on the wire.
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             TaskState::Queued => "queued",
@@ -155,6 +160,7 @@ impl TaskState {
     }
 
     /// Whether the task will never change again.
+    #[must_use]
     pub fn is_terminal(self) -> bool {
         matches!(self, TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled | TaskState::Expired)
     }
@@ -268,6 +274,7 @@ impl Ended {
     }
 
     /// The broker's word for it: `succeeded`, `failed`, `retried`, `worker_lost`, `running`, `unknown`.
+    #[must_use]
     pub fn as_str(&self) -> &str {
         match self {
             Ended::Succeeded => "succeeded",
@@ -366,6 +373,10 @@ impl Explanation {
     /// Read the value of the broker's `ok` answering `explain`; `Unavailable` naming the field
     /// by its path (`waiting.nodes[0].weight`) when it cannot be read (a broker speaking another
     /// version of the map).
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the map cannot be read, naming the field by its path.
     pub fn from_value(value: &Value) -> Result<Explanation> {
         let task = wire::field(value, "id").and_then(Value::as_str).unwrap_or("?");
         serde_path_to_error::deserialize(value.clone()).map_err(|e| {

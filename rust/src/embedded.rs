@@ -172,6 +172,10 @@ impl SchedulerBuilder {
 
     /// The scheduler. `InvalidArgument` for no pool, two pools of one name, a weight that is not
     /// positive, or a concurrency of 0; `NotFound` for a handler of a pool not declared.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` or `NotFound`, as above.
     pub fn build(self) -> Result<Scheduler> {
         if self.concurrency == 0 {
             return Err(Error::InvalidArgument("concurrency must be a positive integer, got 0".into()));
@@ -182,7 +186,7 @@ impl SchedulerBuilder {
         {
             let mut inner = sched.shared.inner.lock().unwrap();
             for (pool, handler) in self.handlers {
-                if !inner.core.pool_names().iter().any(|p| *p == pool) {
+                if !inner.core.pool_names().contains(&pool) {
                     return Err(Error::NotFound(format!(
                         "no pool named {pool:?}; declared pools: {:?}",
                         inner.core.pool_names()
@@ -204,6 +208,10 @@ impl Scheduler {
     /// A scheduler for these pools with no handler (4 slots, 1 MiB payloads): its tasks wait, as
     /// they would for a worker. [`Scheduler::builder`] adds handlers and options.
     /// InvalidArgument for no pool, two pools of one name, or a weight that is not positive.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument`, as above.
     pub fn new(pools: Vec<PoolConfig>) -> Result<Scheduler> {
         if pools.is_empty() {
             return Err(Error::InvalidArgument("Scheduler needs at least one PoolConfig".into()));
@@ -250,6 +258,10 @@ impl Scheduler {
 
     /// Queue a task; returns its handle at once. Refuses what the broker would: InvalidArgument for
     /// a bad field or a payload over the limit, NotFound for an unknown pool.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument`, `NotFound`, as above; `FailedPrecondition` once closed.
     pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
         let body = task.check()?;
         if body.len() > self.max_payload_bytes {
@@ -324,26 +336,47 @@ impl Scheduler {
     }
 
     /// Wait for a task's value by id (see [`TaskHandle::result`]).
+    ///
+    /// # Errors
+    ///
+    /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `NotFound`, `Decode` when
+    /// the result is not a `T`.
     pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
         self.shared.wait(task_id, None).await?.into_result(task_id)?.decode()
     }
 
     /// A snapshot of a task. NotFound for an id this scheduler does not know.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an unknown task.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
         self.shared.status(task_id)
     }
 
     /// Cancel a task not yet dispatched; false if it runs or has finished. NotFound for an unknown id.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an unknown task.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
         self.shared.cancel(task_id)
     }
 
     /// Stop dispatching `pool`; it still takes tasks and their deadlines still pass.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an undeclared pool.
     pub async fn pause(&self, pool: &str) -> Result<()> {
         self.shared.inner.lock().unwrap().core.pause(pool)
     }
 
     /// Dispatch `pool` again.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an undeclared pool.
     pub async fn resume(&self, pool: &str) -> Result<()> {
         self.shared.inner.lock().unwrap().core.resume(pool)?;
         self.shared.wake.notify_one();
@@ -351,6 +384,10 @@ impl Scheduler {
     }
 
     /// Queued, delayed and running tasks of `pool`.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an undeclared pool.
     pub fn counts(&self, pool: &str) -> Result<(usize, usize, usize)> {
         self.shared.inner.lock().unwrap().core.counts(pool)
     }

@@ -130,9 +130,9 @@ impl Error {
             | Error::Cancelled(m)
             | Error::Unavailable(m)
             | Error::Timeout(m) => m,
-            Error::TaskFailed { message, .. }
-            | Error::Other { message, .. }
-            | Error::WrongEndpoint { message, .. } => message,
+            Error::TaskFailed { message, .. } | Error::Other { message, .. } | Error::WrongEndpoint { message, .. } => {
+                message
+            }
             Error::Decode { what, .. } | Error::Encode { what, .. } => what,
             Error::MissingToken { variable } => variable,
         }

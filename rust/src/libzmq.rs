@@ -203,16 +203,16 @@ impl Socket {
     }
 
     pub fn connect(&self, endpoint: &str) -> Result<(), ZmqError> {
-        let endpoint =
-            CString::new(endpoint).map_err(|_| ZmqError { errno: 0, message: "the address holds a NUL byte".into() })?;
+        let endpoint = CString::new(endpoint)
+            .map_err(|_| ZmqError { errno: 0, message: "the address holds a NUL byte".into() })?;
         // SAFETY: a NUL-terminated endpoint that outlives the call.
         check(unsafe { zmq_connect(self.0, endpoint.as_ptr()) })
     }
 
     /// Publish this socket's `events` on a PAIR endpoint `inproc://...`.
     pub fn monitor(&self, endpoint: &str, events: i32) -> Result<(), ZmqError> {
-        let endpoint =
-            CString::new(endpoint).map_err(|_| ZmqError { errno: 0, message: "the endpoint holds a NUL byte".into() })?;
+        let endpoint = CString::new(endpoint)
+            .map_err(|_| ZmqError { errno: 0, message: "the endpoint holds a NUL byte".into() })?;
         // SAFETY: a NUL-terminated endpoint that outlives the call.
         check(unsafe { zmq_socket_monitor(self.0, endpoint.as_ptr(), events) })
     }

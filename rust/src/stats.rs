@@ -245,7 +245,9 @@ mod tests {
         assert_eq!((llm.queued, llm.max_in_flight, llm.dispatch_rate), (3, None, 2.0));
         assert_eq!(llm.tenants["acme"].lag, -1.5);
         assert_eq!(stats.workers, 2);
-        assert!(matches!(&stats.members["b2"], MemberStats::Unreachable { unreachable } if unreachable.contains("5 s")));
+        assert!(
+            matches!(&stats.members["b2"], MemberStats::Unreachable { unreachable } if unreachable.contains("5 s"))
+        );
         let wrong = Stats::from_value(map(vec![("workers", Value::from("many"))]));
         assert!(matches!(wrong, Err(Error::Decode { .. })), "{wrong:?}");
     }

@@ -392,8 +392,11 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
 
     // A primary and its standby, both refusing: hopeless only once every address is.
     let standby = format!("tcp://127.0.0.1:{}", support::free_port());
-    let both =
-        cronoq::connect([closed.as_str(), standby.as_str()]).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
+    let both = cronoq::connect([closed.as_str(), standby.as_str()])
+        .request_timeout(Duration::from_secs(600))
+        .lazy(true)
+        .await
+        .unwrap();
     let refused = tokio::time::timeout(LONG, both.ping()).await.expect("failed before its request_timeout");
     assert!(
         matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&closed) && m.contains(&standby)),
@@ -757,9 +760,8 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
 async fn a_stop_is_never_lost() {
     let dir = Scratch::new("stop");
     let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
-    let worker = || {
-        Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) })
-    };
+    let worker =
+        || Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) });
     // Right after spawning: the spawned `run` has not been polled yet when the stop is asked.
     let spawned = worker();
     let stopper = spawned.stopper();
@@ -798,8 +800,9 @@ async fn a_dropped_result_future_withdraws_its_wait() {
     let other = cronoq::connect(&broker.clients).await.unwrap();
     let waited = other.result_timeout::<String>(task.id(), Duration::from_millis(200)).await;
     assert!(matches!(waited, Err(Error::Timeout(_))), "{waited:?}");
-    let worker = Worker::new(&broker.workers)
-        .pool(PoolConfig::new("work"), |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) });
+    let worker = Worker::new(&broker.workers).pool(PoolConfig::new("work"), |p: Payload| async move {
+        Ok::<_, Error>(p.decode::<String>()?.to_uppercase())
+    });
     let stopper = worker.stopper();
     let running = tokio::spawn(worker.run());
     let waiting = tokio::spawn({

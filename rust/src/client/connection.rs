@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
-use tracing::Instrument;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tracing::Instrument;
 
 use crate::answers::{Explanation, TaskInfo};
 use crate::channel::{Channel, Endpoint, Outgoing};

@@ -42,6 +42,7 @@ use crate::task::Payload;
 /// worker.run().await?; // until stopped: running tasks finish first
 /// # Ok(()) }
 /// ```
+#[must_use = "a Worker does nothing until run"]
 pub struct Worker {
     addresses: Vec<String>,
     token: Token,
@@ -155,7 +156,7 @@ impl Worker {
     }
 
     /// At most `n` tasks at once over all pools (default 4). `run` fails with `InvalidArgument`
-    /// for 0, as [`Scheduler::concurrency`](crate::Scheduler::concurrency) does.
+    /// for 0, as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) does.
     pub fn concurrency(mut self, n: u32) -> Worker {
         self.concurrency = n;
         self
@@ -185,6 +186,7 @@ impl Worker {
     }
 
     /// A handle that stops this worker gracefully.
+    #[must_use]
     pub fn stopper(&self) -> Stopper {
         Stopper { stop: self.stop_tx.clone(), phase: self.phase.subscribe() }
     }
@@ -200,6 +202,12 @@ impl Worker {
     /// Cancel-safe in the sense tokio uses: dropping the future closes the connections at once
     /// (running handlers are not awaited, and the broker re-queues their tasks when it misses the
     /// worker), and a [`Stopper::stop`] waiting on it returns.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` (no pool, concurrency 0, a bad address or key), `MissingToken`,
+    /// `WrongEndpoint` (the broker's client endpoint), `Unavailable` (a CURVE handshake that cannot
+    /// succeed at any address), and the broker's refusal of the worker, as above.
     pub async fn run(self) -> Result<()> {
         self.phase.send_replace(Phase::Running);
         let _finishing = Finishing(self.phase.clone());

@@ -378,7 +378,8 @@ impl Session {
                 if command.rid() == 0 && code == "INVALID_ARGUMENT" && message.contains("endpoint") {
                     // The broker could not read a message at all and names its other endpoint:
                     // this is its client endpoint. No retry can help.
-                    let error = Error::WrongEndpoint { address: self.endpoint.describe(), message: message.to_string() };
+                    let error =
+                        Error::WrongEndpoint { address: self.endpoint.describe(), message: message.to_string() };
                     tracing::error!(%error, "the broker refused this worker");
                     return Next::Stop(error);
                 }
