@@ -8,7 +8,25 @@
 //! - A client or worker given a cluster member's address serves the whole cluster.
 //! - [`Scheduler`]: the broker's scheduling rules in this process.
 //!
-//! Errors are one [`Error`] enum whose codes are the Python `CronoqError` codes. See README.md.
+//! Errors are one [`Error`] enum whose codes are the Python `CronoqError` codes. Every future is
+//! cancel-safe (a dropped `result()` withdraws its wait at the broker). Events and spans go to
+//! [`tracing`](https://docs.rs/tracing). The README (below, compiled as doc-tests) shows more.
+//!
+//! ```
+//! use cronoq::{Payload, PoolConfig, Scheduler, Task};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> cronoq::Result<()> {
+//! let sched = Scheduler::builder(vec![PoolConfig::new("default")])
+//!     .handler("default", |p: Payload| async move { Ok::<_, cronoq::Error>(p.decode::<u32>()? * 2) })
+//!     .build()?;
+//! let task = sched.submit(Task::new(21u32)).await?;
+//! assert_eq!(task.result::<u32>().await?, 42);
+//!
+//! // Against a broker, the same calls on a Client:
+//! // let sched = cronoq::connect("tcp://127.0.0.1:5555").await?;
+//! # Ok(()) }
+//! ```
 //!
 //! # Layout
 //!
@@ -82,3 +100,8 @@ pub use stats::{
 };
 pub use task::{encode, Payload, Priority, Task, MAX_NAME_LENGTH};
 pub use worker::{Stopper, Worker};
+
+// Every `rust` block of README.md is compiled (and the runnable ones run) with the doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
