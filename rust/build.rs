@@ -40,5 +40,8 @@ fn vendored() {
         })
     };
     let (lib, include) = (variable("libdir"), variable("includedir"));
-    zeromq_src::Build::new().with_libsodium(Some(zeromq_src::LibLocation::new(lib, include))).build();
+    // zeromq-src prints libsodium's directory in quotes (`{:?}`), which the linker cannot use:
+    // say it plainly too.
+    println!("cargo:rustc-link-search=native={lib}");
+    zeromq_src::Build::new().with_libsodium(Some(zeromq_src::LibLocation::new(&lib, &include))).build();
 }
