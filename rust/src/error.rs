@@ -38,6 +38,16 @@ pub enum Error {
     Cancelled(String),
     /// The broker could not be reached in time, or the connection was closed; retrying may help.
     Unavailable(String),
+    /// A cluster member refused a pool another member owns (code `FAILED_PRECONDITION`): a client
+    /// made with `.routing(false)` sees it; a routing client follows `member` by itself.
+    NotOwner {
+        /// The pool.
+        pool: String,
+        /// The member that owns it.
+        member: String,
+        /// What the member said.
+        message: String,
+    },
     /// The handler failed: the remote error's type, message and traceback (empty when it had none).
     TaskFailed {
         /// The handler's error type (a Python exception class, a Rust type name, or `WorkerLost`, ...).
@@ -101,7 +111,7 @@ impl Error {
             Error::Unauthenticated(_) => "UNAUTHENTICATED",
             Error::PermissionDenied(_) => "PERMISSION_DENIED",
             Error::NotFound(_) => "NOT_FOUND",
-            Error::FailedPrecondition(_) => "FAILED_PRECONDITION",
+            Error::FailedPrecondition(_) | Error::NotOwner { .. } => "FAILED_PRECONDITION",
             Error::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
             Error::DeadlineExceeded(_) => "DEADLINE_EXCEEDED",
             Error::Cancelled(_) => "CANCELLED",
@@ -130,9 +140,10 @@ impl Error {
             | Error::Cancelled(m)
             | Error::Unavailable(m)
             | Error::Timeout(m) => m,
-            Error::TaskFailed { message, .. } | Error::Other { message, .. } | Error::WrongEndpoint { message, .. } => {
-                message
-            }
+            Error::TaskFailed { message, .. }
+            | Error::Other { message, .. }
+            | Error::WrongEndpoint { message, .. }
+            | Error::NotOwner { message, .. } => message,
             Error::Decode { what, .. } | Error::Encode { what, .. } => what,
             Error::MissingToken { variable } => variable,
         }

@@ -643,7 +643,12 @@ async fn the_client_routes_over_a_cluster() {
     // A member talked to alone refuses the other's pool, naming the owner (as before routing).
     let direct = cronoq::connect(cluster.clients("b1")).routing(false).await.unwrap();
     let refused = direct.submit(Task::new("x").pool("two")).await;
-    assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("b2")), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(Error::NotOwner { pool, member, message })
+            if pool == "two" && member == "b2" && message.contains("b2")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.unwrap_err().code(), "FAILED_PRECONDITION");
 
     // A client that knows b1 only: each pool's submits go to its owner, the ids name it.
     let sched = cronoq::connect(cluster.clients("b1")).await.unwrap();

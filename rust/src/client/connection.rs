@@ -586,10 +586,26 @@ fn close_state(state: &mut State) {
     }
 }
 
-/// The member a `FAILED_PRECONDITION` says owns the pool instead (its `details`), or None.
-fn moved_to(error: &Error, details: &Value) -> Option<String> {
-    let Error::FailedPrecondition(_) = error else { return None };
-    wire::field(details, "member").and_then(Value::as_str).map(str::to_string)
+/// The error an `error` reply stands for: a cluster member refusing another member's pool says
+/// which (`details`: `{"member": OWNER, "pool": POOL}`), and becomes [`Error::NotOwner`].
+fn refusal(header: &Header) -> Error {
+    let (code, message) = (header.str("code"), header.str("message"));
+    let details = header.get("details");
+    let detail = |key: &str| wire::field(details, key).and_then(Value::as_str).map(str::to_string);
+    match (code, detail("member")) {
+        ("FAILED_PRECONDITION", Some(member)) => {
+            Error::NotOwner { pool: detail("pool").unwrap_or_default(), member, message: message.to_string() }
+        }
+        _ => Error::from_code(code, message),
+    }
+}
+
+/// The member that owns the pool instead, when a member refused it for that reason.
+fn moved_to(error: &Error) -> Option<String> {
+    match error {
+        Error::NotOwner { member, .. } => Some(member.clone()),
+        _ => None,
+    }
 }
 
 fn outcome_of(h: &Header, body: Option<Vec<u8>>) -> TaskOutcome {
@@ -668,8 +684,8 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     let Some(tx) = pending.reply.take() else { return };
     if header.tag == "error" {
         state.watches.remove(&rid);
-        let error = Error::from_code(header.str("code"), header.str("message"));
-        let _ = tx.send(Err(Refused { owner: moved_to(&error, header.get("details")), error }));
+        let error = refusal(&header);
+        let _ = tx.send(Err(Refused { owner: moved_to(&error), error }));
         return;
     }
     if header.tag == "accepted" {

@@ -110,7 +110,7 @@ impl Connect {
     }
 
     /// Route over the cluster the broker is a member of (the default), or, with `false`, talk to
-    /// this broker only: another member's pools are then refused with `FailedPrecondition` naming
+    /// this broker only: another member's pools are then refused with `Error::NotOwner` naming
     /// their owner, and task ids naming another member are `NotFound`.
     pub fn routing(mut self, routing: bool) -> Connect {
         self.routing = routing;
