@@ -39,12 +39,14 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def build() -> Path:
-    """Build the two bench programs in release mode; the directory holding them."""
-    env = dict(os.environ, CARGO_TARGET_DIR=str(CRATE / "target"))
+    """Build the two bench programs in release mode; the directory holding them (under rust/target, or the
+    target directory CARGO_TARGET_DIR names)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or CRATE / "target")
+    env = dict(os.environ, CARGO_TARGET_DIR=str(target))
     env.setdefault("CARGO_BUILD_JOBS", "2")
     subprocess.run(["cargo", "build", "--release", "--locked", "--example", "bench_client", "--example", "bench_core"],
                    cwd=CRATE, env=env, check=True)
-    return CRATE / "target" / "release" / "examples"
+    return target / "release" / "examples"
 
 
 def python_client(address: str, tasks: int, window: int, stack: Any) -> dict[str, Any]:

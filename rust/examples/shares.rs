@@ -21,14 +21,17 @@ async fn main() -> cronoq::Result<()> {
 
     let order = Arc::new(Mutex::new(Vec::new()));
     let seen = order.clone();
-    let sched = Scheduler::new(vec![pool])?.concurrency(1)?.handler("llm", move |payload: Payload| {
-        let seen = seen.clone();
-        async move {
-            let (tenant, tokens): (String, u32) = payload.decode()?;
-            seen.lock().unwrap().push(format!("{tenant}:{tokens}"));
-            Ok::<_, cronoq::Error>(tokens)
-        }
-    })?;
+    let sched = Scheduler::builder(vec![pool])
+        .concurrency(1)
+        .handler("llm", move |payload: Payload| {
+            let seen = seen.clone();
+            async move {
+                let (tenant, tokens): (String, u32) = payload.decode()?;
+                seen.lock().unwrap().push(format!("{tenant}:{tokens}"));
+                Ok::<_, cronoq::Error>(tokens)
+            }
+        })
+        .build()?;
 
     sched.pause("llm").await?;
     let mut handles = Vec::new();

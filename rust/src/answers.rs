@@ -6,12 +6,15 @@
 //! structs are made by it, so a field added to a task's snapshot is in its explanation too.
 //!
 //! A broker's `explain` answer is a msgpack map that may grow keys (docs/protocol.md, "The explain
-//! map"; docs/scheduling.md, "Why is my task waiting?"); this reads the keys it knows into typed
-//! fields and ignores the rest, as the Python client does. A key it needs that is missing or of
-//! the wrong type makes the whole answer unreadable: [`Explanation::from_value`] then says which
-//! field, by its path in the map. No I/O here.
+//! map"; docs/scheduling.md, "Why is my task waiting?"); serde reads the keys it knows into the
+//! typed fields (derived below) and ignores the rest, as the Python client does. A key it needs
+//! that is missing or of the wrong type makes the whole answer unreadable:
+//! [`Explanation::from_value`] then says which field, by its path in the map
+//! (`serde_path_to_error`). The same derives write every answer out again, for a program that
+//! logs or forwards it as JSON. No I/O here.
 
 use rmpv::Value;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::task::Priority;
@@ -37,6 +40,7 @@ macro_rules! task_answer {
             /// Its tenant, if any.
             pub tenant: Option<String>,
             /// Its priority class.
+            #[serde(with = "priority_name")]
             pub priority: Priority,
             /// Where it stands.
             pub state: TaskState,
@@ -72,7 +76,9 @@ macro_rules! task_answer {
 }
 
 /// Where a task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "&'static str")]
+#[non_exhaustive]
 pub enum TaskState {
     /// Waiting for a worker.
     Queued,
@@ -90,8 +96,42 @@ pub enum TaskState {
     Expired,
 }
 
+impl TryFrom<String> for TaskState {
+    type Error = Error;
+
+    fn try_from(name: String) -> Result<TaskState> {
+        TaskState::parse(&name)
+    }
+}
+
+impl From<TaskState> for &'static str {
+    fn from(state: TaskState) -> &'static str {
+        state.as_str()
+    }
+}
+
+/// A priority as its name on the wire (`"normal"`): msgpack maps carry names, not variant indexes.
+mod priority_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::task::Priority;
+
+    pub fn serialize<S: Serializer>(priority: &Priority, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(priority.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Priority, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Priority::parse(&name).map_err(|e| serde::de::Error::custom(e.message()))
+    }
+}
+
 impl TaskState {
     /// The state named `name` on the wire.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` for a name that is no state.
     pub fn parse(name: &str) -> Result<TaskState> {
         Ok(match name {
             "queued" => TaskState::Queued,
@@ -106,6 +146,7 @@ impl TaskState {
     }
 
     /// The name on the wire.
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             TaskState::Queued => "queued",
@@ -119,6 +160,7 @@ impl TaskState {
     }
 
     /// Whether the task will never change again.
+    #[must_use]
     pub fn is_terminal(self) -> bool {
         matches!(self, TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled | TaskState::Expired)
     }
@@ -126,7 +168,8 @@ impl TaskState {
 
 task_answer! {
     /// A snapshot of a task, as `status` returns it. Times are Unix seconds.
-    #[derive(Debug, Clone, PartialEq)]
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[non_exhaustive]
     pub struct TaskInfo {}
 }
 
@@ -155,7 +198,8 @@ task_answer! {
     /// The task's fields as [`TaskInfo`] has them (times are Unix seconds), plus `max_retries`,
     /// `not_before`, how each attempt ended (`history`) and, while the task is queued or delayed,
     /// what stands before it (`waiting`).
-    #[derive(Debug, Clone, PartialEq)]
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[non_exhaustive]
     pub struct Explanation {
         /// How many more runs a failed run earns.
         pub max_retries: u32,
@@ -169,7 +213,8 @@ task_answer! {
 }
 
 /// How one attempt (dispatch) of a task ended, as far as the broker knows.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AttemptEnd {
     /// The attempt's number, from 1.
     pub attempt: u32,
@@ -182,7 +227,9 @@ pub struct AttemptEnd {
 }
 
 /// How an attempt ended ([`AttemptEnd::ended`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+#[non_exhaustive]
 pub enum Ended {
     /// The task's last attempt, and it succeeded.
     Succeeded,
@@ -201,6 +248,18 @@ pub enum Ended {
     Other(String),
 }
 
+impl From<String> for Ended {
+    fn from(word: String) -> Ended {
+        Ended::parse(&word)
+    }
+}
+
+impl From<Ended> for String {
+    fn from(ended: Ended) -> String {
+        ended.as_str().to_string()
+    }
+}
+
 impl Ended {
     fn parse(word: &str) -> Ended {
         match word {
@@ -215,6 +274,7 @@ impl Ended {
     }
 
     /// The broker's word for it: `succeeded`, `failed`, `retried`, `worker_lost`, `running`, `unknown`.
+    #[must_use]
     pub fn as_str(&self) -> &str {
         match self {
             Ended::Succeeded => "succeeded",
@@ -229,7 +289,8 @@ impl Ended {
 }
 
 /// Why a queued or delayed task has not started. Every count is of queued tasks of its pool.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Waiting {
     /// Whether its class shares dispatches by tenant.
     pub fair: bool,
@@ -273,7 +334,8 @@ pub struct Waiting {
 }
 
 /// One node of a task's tenant path, as the fair share of its class sees it now.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NodeState {
     /// The tenant's name (a path such as `acme/search` below the top).
     pub name: String,
@@ -292,7 +354,8 @@ pub struct NodeState {
 }
 
 /// A node's ceiling: its limit, its subtree's running tasks, and whether (since when) it is capped.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CeilingState {
     /// At most this many of its subtree's tasks run at once.
     pub limit: u64,
@@ -308,216 +371,24 @@ pub struct CeilingState {
 
 impl Explanation {
     /// Read the value of the broker's `ok` answering `explain`; `Unavailable` naming the field
-    /// when it cannot be read (a broker speaking another version of the map).
+    /// by its path (`waiting.nodes[0].weight`) when it cannot be read (a broker speaking another
+    /// version of the map).
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the map cannot be read, naming the field by its path.
     pub fn from_value(value: &Value) -> Result<Explanation> {
-        let task = wire::field(value, "id").and_then(Value::as_str);
-        read_explanation(value).map_err(|why| {
-            Error::Unavailable(format!(
-                "the broker's explanation of task {} cannot be read: {why}",
-                task.unwrap_or("?")
-            ))
+        let task = wire::field(value, "id").and_then(Value::as_str).unwrap_or("?");
+        serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+            let path = e.path().to_string();
+            let why = e.into_inner();
+            Error::Unavailable(if path == "." {
+                format!("the broker's explanation of task {task} cannot be read: {why}")
+            } else {
+                format!("the broker's explanation of task {task} cannot be read: {path}: {why}")
+            })
         })
     }
-}
-
-/// A map's fields, read by name; errors name the field by its path (`waiting.nodes[0].weight`).
-struct Fields<'a> {
-    path: String,
-    map: &'a [(Value, Value)],
-}
-
-type Read<T> = std::result::Result<T, String>;
-
-impl<'a> Fields<'a> {
-    fn of(value: &'a Value, path: &str) -> Read<Fields<'a>> {
-        match value {
-            Value::Map(map) => Ok(Fields { path: path.to_string(), map }),
-            other => Err(format!("{} must be a map, got {other}", if path.is_empty() { "the answer" } else { path })),
-        }
-    }
-
-    fn name(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{key}", self.path)
-        }
-    }
-
-    /// The value under `key`; nil when it is left out.
-    fn get(&self, key: &str) -> &'a Value {
-        static NIL: Value = Value::Nil;
-        self.map.iter().find(|(k, _)| k.as_str() == Some(key)).map_or(&NIL, |(_, v)| v)
-    }
-
-    fn has(&self, key: &str) -> bool {
-        self.map.iter().any(|(k, _)| k.as_str() == Some(key))
-    }
-
-    fn missing(&self, key: &str) -> String {
-        format!("{} is missing", self.name(key))
-    }
-
-    fn wrong(&self, key: &str, what: &str) -> String {
-        format!("{} must be {what}, got {}", self.name(key), self.get(key))
-    }
-
-    fn string(&self, key: &str) -> Read<String> {
-        self.opt_string(key)?.ok_or_else(|| if self.has(key) { self.wrong(key, "a string") } else { self.missing(key) })
-    }
-
-    fn opt_string(&self, key: &str) -> Read<Option<String>> {
-        match self.get(key) {
-            Value::Nil => Ok(None),
-            Value::String(s) => s.as_str().map(|s| Some(s.to_string())).ok_or_else(|| self.wrong(key, "UTF-8")),
-            _ => Err(self.wrong(key, "a string or nil")),
-        }
-    }
-
-    fn int(&self, key: &str) -> Read<u64> {
-        self.opt_int(key)?.ok_or_else(|| if self.has(key) { self.wrong(key, "an int") } else { self.missing(key) })
-    }
-
-    fn opt_int(&self, key: &str) -> Read<Option<u64>> {
-        match self.get(key) {
-            Value::Nil => Ok(None),
-            Value::Integer(n) => n.as_u64().map(Some).ok_or_else(|| self.wrong(key, "an int of 0 or more")),
-            _ => Err(self.wrong(key, "an int or nil")),
-        }
-    }
-
-    fn count(&self, key: &str) -> Read<u32> {
-        u32::try_from(self.int(key)?).map_err(|_| self.wrong(key, "an int that fits 32 bits"))
-    }
-
-    fn float(&self, key: &str) -> Read<f64> {
-        self.opt_float(key)?.ok_or_else(|| if self.has(key) { self.wrong(key, "a float") } else { self.missing(key) })
-    }
-
-    /// A float or nil; an int is taken as the float it is (msgpack writers may shorten 2.0 to 2).
-    fn opt_float(&self, key: &str) -> Read<Option<f64>> {
-        match self.get(key) {
-            Value::Nil => Ok(None),
-            Value::F64(x) => Ok(Some(*x)),
-            Value::F32(x) => Ok(Some(f64::from(*x))),
-            Value::Integer(n) => Ok(n.as_f64()),
-            _ => Err(self.wrong(key, "a float or nil")),
-        }
-    }
-
-    fn bool(&self, key: &str) -> Read<bool> {
-        match self.get(key) {
-            Value::Boolean(b) => Ok(*b),
-            Value::Nil if !self.has(key) => Err(self.missing(key)),
-            _ => Err(self.wrong(key, "a bool")),
-        }
-    }
-
-    /// The items of an array field; an empty list when it is left out (or nil).
-    fn items(&self, key: &str) -> Read<&'a [Value]> {
-        match self.get(key) {
-            Value::Nil => Ok(&[]),
-            Value::Array(items) => Ok(items),
-            _ => Err(self.wrong(key, "an array")),
-        }
-    }
-}
-
-fn read_explanation(value: &Value) -> Read<Explanation> {
-    let f = Fields::of(value, "")?;
-    let history = f
-        .items("history")?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| read_attempt(&Fields::of(item, &format!("history[{i}]"))?))
-        .collect::<Read<Vec<_>>>()?;
-    let waiting = match f.get("waiting") {
-        Value::Nil => None,
-        other => Some(read_waiting(&Fields::of(other, "waiting")?)?),
-    };
-    let info = read_task(&f)?;
-    Ok(Explanation::from_info(info, f.count("max_retries")?, f.opt_float("not_before")?, history, waiting))
-}
-
-/// The fields every answer about a task has, from an answer's map.
-fn read_task(f: &Fields<'_>) -> Read<TaskInfo> {
-    Ok(TaskInfo {
-        id: f.string("id")?,
-        pool: f.string("pool")?,
-        tenant: f.opt_string("tenant")?,
-        priority: Priority::parse(&f.string("priority")?).map_err(|e| format!("priority: {}", e.message()))?,
-        state: TaskState::parse(&f.string("state")?).map_err(|e| format!("state: {}", e.message()))?,
-        attempts: f.count("attempts")?,
-        submitted_at: f.float("submitted_at")?,
-        started_at: f.opt_float("started_at")?,
-        finished_at: f.opt_float("finished_at")?,
-        deadline: f.opt_float("deadline")?,
-        error: f.opt_string("error")?,
-    })
-}
-
-fn read_attempt(f: &Fields<'_>) -> Read<AttemptEnd> {
-    Ok(AttemptEnd {
-        attempt: f.count("attempt")?,
-        ended: Ended::parse(&f.string("ended")?),
-        at: f.opt_float("at")?,
-        error: f.opt_string("error")?,
-    })
-}
-
-fn read_waiting(f: &Fields<'_>) -> Read<Waiting> {
-    let nodes = f
-        .items("nodes")?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| read_node(&Fields::of(item, &format!("{}[{i}]", f.name("nodes")))?))
-        .collect::<Read<Vec<_>>>()?;
-    Ok(Waiting {
-        fair: f.bool("fair")?,
-        higher_classes_ahead: f.int("higher_classes_ahead")?,
-        deadline_ahead: f.int("deadline_ahead")?,
-        deadline_ahead_exact: f.bool("deadline_ahead_exact")?,
-        queue_ahead: f.opt_int("queue_ahead")?,
-        queue_ahead_exact: f.bool("queue_ahead_exact")?,
-        queue_length: f.int("queue_length")?,
-        nodes,
-        tenant_share: f.opt_float("tenant_share")?,
-        paused: f.bool("paused")?,
-        workers: f.int("workers")?,
-        ready_workers: f.int("ready_workers")?,
-        running: f.int("running")?,
-        max_in_flight: f.opt_int("max_in_flight")?,
-        delayed_for: f.opt_float("delayed_for")?,
-        retry: f.bool("retry")?,
-        dispatch_rate: f.opt_float("dispatch_rate")?,
-        estimate: f.opt_float("estimate")?,
-        estimate_note: f.string("estimate_note")?,
-    })
-}
-
-fn read_node(f: &Fields<'_>) -> Read<NodeState> {
-    let ceiling = match f.get("ceiling") {
-        Value::Nil => None,
-        other => {
-            let c = Fields::of(other, &f.name("ceiling"))?;
-            Some(CeilingState {
-                limit: c.int("limit")?,
-                running: c.int("running")?,
-                capped: c.bool("capped")?,
-                capped_since: c.opt_float("capped_since")?,
-                capped_for: c.opt_float("capped_for")?,
-            })
-        }
-    };
-    Ok(NodeState {
-        name: f.string("name")?,
-        own_tasks: f.bool("own_tasks")?,
-        weight: f.float("weight")?,
-        backlogged: f.bool("backlogged")?,
-        share: f.float("share")?,
-        lag: f.float("lag")?,
-        ceiling,
-    })
 }
 
 #[cfg(test)]
@@ -577,6 +448,6 @@ mod tests {
             "{error:?}"
         );
         let error = Explanation::from_value(&map(vec![("id", "t2".into())])).unwrap_err();
-        assert!(matches!(&error, Error::Unavailable(m) if m.contains("pool is missing")), "{error:?}");
+        assert!(matches!(&error, Error::Unavailable(m) if m.contains("missing field `pool`")), "{error:?}");
     }
 }

@@ -9,7 +9,7 @@
 //! may sit idle while its requests wait, where a worker heartbeats in the protocol itself.
 
 use crate::address;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::{curve_public_key, Dealer, Options};
 use crate::wire::{self, Direction, Header, BATCH_BYTES};
 
@@ -19,6 +19,42 @@ pub(crate) type Outgoing = (Vec<u8>, Option<Vec<u8>>);
 /// ZMTP heartbeats of a client's socket (milliseconds: interval, timeout), so a broker whose host
 /// vanished is noticed while requests wait.
 const CLIENT_HEARTBEAT: (i32, i32) = (1000, 5000);
+
+/// Where a client's or worker's token comes from. Its `Debug` never shows the secret.
+#[derive(Clone, Default)]
+pub(crate) enum Token {
+    /// None: an open broker.
+    #[default]
+    None,
+    /// The secret's bytes, as given.
+    Given(Vec<u8>),
+    /// The environment variable that holds it, read when the connection is made.
+    Env(String),
+}
+
+impl Token {
+    /// The secret's bytes; [`Error::MissingToken`] for a variable that is not set.
+    pub fn resolve(&self) -> Result<Vec<u8>> {
+        match self {
+            Token::None => Ok(Vec::new()),
+            Token::Given(bytes) => Ok(bytes.clone()),
+            Token::Env(variable) => match std::env::var_os(variable) {
+                Some(value) if !value.is_empty() => Ok(value.into_encoded_bytes()),
+                _ => Err(Error::MissingToken { variable: variable.clone() }),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Token::None => f.write_str("None"),
+            Token::Given(_) => f.write_str("Given(..)"),
+            Token::Env(variable) => f.debug_tuple("Env").field(variable).finish(),
+        }
+    }
+}
 
 /// Everything it takes to open a connection to one broker's client or worker endpoint.
 #[derive(Debug, Clone)]
@@ -35,9 +71,12 @@ impl Endpoint {
     /// A broker's client endpoint: replies come back. `addresses` as the user gave them (a
     /// primary, then its standbys; see [`Addresses`](crate::Addresses)), `curve_server_key` as 40
     /// Z85 characters or a `NAME.key` file. `InvalidArgument` for no address or a bad key.
-    pub fn client(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
+    pub async fn client(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
         let addresses = address::parse(addresses, "broker address")?;
-        let curve_server_key = curve_server_key.map(curve_public_key).transpose()?;
+        let curve_server_key = match curve_server_key {
+            Some(key) => Some(curve_public_key(key).await?),
+            None => None,
+        };
         let options = Options { curve_server_key, monitor: true, heartbeat: Some(CLIENT_HEARTBEAT) };
         Ok(Endpoint { addresses, token, options, direction: Direction::ClientReply })
     }
@@ -45,9 +84,12 @@ impl Endpoint {
     /// A broker's worker endpoint: commands come. The monitor's handshakes tell the worker to
     /// register on every new connection (a restarted broker, or a standby that took over, does not
     /// know it; a `ready` sent while none was up was dropped).
-    pub fn worker(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
+    pub async fn worker(addresses: &[String], token: Vec<u8>, curve_server_key: Option<&str>) -> Result<Endpoint> {
         let addresses = address::parse(addresses, "broker address")?;
-        let curve_server_key = curve_server_key.map(curve_public_key).transpose()?;
+        let curve_server_key = match curve_server_key {
+            Some(key) => Some(curve_public_key(key).await?),
+            None => None,
+        };
         let options = Options { curve_server_key, monitor: true, heartbeat: None };
         Ok(Endpoint { addresses, token, options, direction: Direction::WorkerCommand })
     }
@@ -108,7 +150,13 @@ impl Channel {
             [h, b] => (h.as_slice(), Some(b.as_slice())),
             _ => return Some(Vec::new()),
         };
-        let items = wire::read(self.direction, header, body).unwrap_or_default();
+        let items = match wire::read(self.direction, header, body) {
+            Ok(items) => items,
+            Err((rid, error)) => {
+                tracing::warn!(rid, %error, "a message from the broker could not be read; it is dropped");
+                Vec::new()
+            }
+        };
         Some(items.into_iter().flatten().collect())
     }
 }

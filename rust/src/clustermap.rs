@@ -23,8 +23,10 @@ pub(crate) fn member_of_task(task_id: &str) -> Option<&str> {
 }
 
 /// One member as the map lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MapMember {
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct ClusterMember {
+    /// Its name (the prefix of the task ids it makes).
     pub name: String,
     /// Its client endpoints: the primary's first, then its standbys'.
     pub clients: Vec<String>,
@@ -34,14 +36,16 @@ pub(crate) struct MapMember {
     pub pools: Vec<String>,
 }
 
-/// A member's answer to `cluster`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ClusterMap {
+/// A cluster member's answer to `cluster`: [`Client::cluster`](crate::Client::cluster) returns it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct ClusterMap {
     /// Changes whenever the placement does.
     pub version: Option<String>,
     /// The member that answered.
     pub member: Option<String>,
-    pub members: Vec<MapMember>,
+    /// Every member, with its addresses and the pools it owns.
+    pub members: Vec<ClusterMember>,
     /// Pools the answering member still holds tasks of, though it owns them no more.
     pub draining: Vec<String>,
 }
@@ -57,7 +61,7 @@ fn strings(value: Option<&Value>) -> Option<Vec<String>> {
 impl ClusterMap {
     /// Read a `cluster` answer; None for a broker that is no member of a cluster (it answers nil).
     /// `Unavailable` for something that is no map, as the Python client says.
-    pub fn parse(value: &Value) -> Result<Option<ClusterMap>> {
+    pub(crate) fn parse(value: &Value) -> Result<Option<ClusterMap>> {
         let bad = |what: &str| Error::Unavailable(format!("{what}: {value}"));
         let entries = match value {
             Value::Nil => return Ok(None),
@@ -78,7 +82,7 @@ impl ClusterMap {
             let (Some(name), Some(clients)) = (name, clients) else {
                 return Err(bad("the cluster map lists a member without a name or client addresses"));
             };
-            members.push(MapMember {
+            members.push(ClusterMember {
                 name: name.to_string(),
                 clients,
                 workers: strings(entry(fields, "workers")).unwrap_or_default(),

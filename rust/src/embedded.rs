@@ -82,16 +82,21 @@ pub(crate) struct Shared {
 
 /// Schedules and runs tasks in this process, with the broker's rules and no broker.
 ///
-/// ```no_run
-/// # async fn demo() -> cronoq::Result<()> {
-/// use cronoq::{Fairness, PoolConfig, Scheduler, Task};
+/// Made by [`Scheduler::builder`] (or [`Scheduler::new`] for pools without handlers yet):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> cronoq::Result<()> {
+/// use cronoq::{Fairness, Payload, PoolConfig, Scheduler, Task};
 /// let mut pool = PoolConfig::new("llm");
 /// pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
-/// let sched = Scheduler::new(vec![pool])?
-///     .concurrency(4)?
-///     .handler("llm", |p: cronoq::Payload| async move { Ok::<_, cronoq::Error>(p.decode::<String>()?.len()) })?;
+/// let sched = Scheduler::builder(vec![pool])
+///     .concurrency(4)
+///     .handler("llm", |p: Payload| async move { Ok::<_, cronoq::Error>(p.decode::<String>()?.len()) })
+///     .build()?;
 /// let task = sched.submit(Task::new("hello").pool("llm").tenant("acme")).await?;
 /// let n: usize = task.result().await?;
+/// assert_eq!(n, 5);
 /// # Ok(()) }
 /// ```
 pub struct Scheduler {
@@ -101,9 +106,112 @@ pub struct Scheduler {
     started: std::sync::atomic::AtomicBool,
 }
 
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.shared.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f.debug_struct("Scheduler")
+            .field("pools", &inner.core.pool_names())
+            .field("handlers", &inner.handlers.keys().collect::<Vec<_>>())
+            .field("concurrency", &self.concurrency)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("tasks", &inner.records.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a [`Scheduler`] is made: its pools, then options and handlers in any order; nothing is
+/// checked until [`build`](SchedulerBuilder::build), which names the first mistake.
+#[must_use = "a SchedulerBuilder does nothing until built"]
+pub struct SchedulerBuilder {
+    pools: Vec<PoolConfig>,
+    concurrency: u32,
+    max_payload_bytes: usize,
+    handlers: Vec<(String, Handler)>,
+}
+
+impl std::fmt::Debug for SchedulerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("pools", &self.pools)
+            .field("concurrency", &self.concurrency)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("handlers", &self.handlers.iter().map(|(pool, _)| pool).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl SchedulerBuilder {
+    /// Run at most `n` tasks at once (default 4); `build` refuses 0.
+    pub fn concurrency(mut self, n: u32) -> SchedulerBuilder {
+        self.concurrency = n;
+        self
+    }
+
+    /// The largest payload `submit` takes, as msgpack (default 1 MiB, as the broker's).
+    pub fn max_payload_bytes(mut self, n: usize) -> SchedulerBuilder {
+        self.max_payload_bytes = n;
+        self
+    }
+
+    /// Run the tasks of `pool` with `f`: an async function of the [`Payload`] returning the value
+    /// (any `Serialize`) or an error (any `Display + Debug`, reported as `TaskFailed`). Tasks of a
+    /// pool without a handler wait, as they would for a worker. `build` refuses a pool not declared
+    /// (`NotFound`, as a broker refuses a worker's).
+    pub fn handler<F, Fut, T, E>(mut self, pool: impl Into<String>, f: F) -> SchedulerBuilder
+    where
+        F: Fn(Payload) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: Serialize + 'static,
+        E: std::fmt::Display + std::fmt::Debug + 'static,
+    {
+        let pool = pool.into();
+        self.handlers.retain(|(p, _)| *p != pool);
+        self.handlers.push((pool, handler::handler(f)));
+        self
+    }
+
+    /// The scheduler. `InvalidArgument` for no pool, two pools of one name, a weight that is not
+    /// positive, or a concurrency of 0; `NotFound` for a handler of a pool not declared.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` or `NotFound`, as above.
+    pub fn build(self) -> Result<Scheduler> {
+        if self.concurrency == 0 {
+            return Err(Error::InvalidArgument("concurrency must be a positive integer, got 0".into()));
+        }
+        let mut sched = Scheduler::new(self.pools)?;
+        sched.concurrency = self.concurrency;
+        sched.max_payload_bytes = self.max_payload_bytes;
+        {
+            let mut inner = sched.shared.inner.lock().unwrap();
+            for (pool, handler) in self.handlers {
+                if !inner.core.pool_names().contains(&pool) {
+                    return Err(Error::NotFound(format!(
+                        "no pool named {pool:?}; declared pools: {:?}",
+                        inner.core.pool_names()
+                    )));
+                }
+                inner.handlers.insert(pool, handler);
+            }
+        }
+        Ok(sched)
+    }
+}
+
 impl Scheduler {
-    /// A scheduler for these pools (4 slots; set handlers with [`handler`](Self::handler)).
+    /// Start making a scheduler for these pools: add handlers and options, then `build()`.
+    pub fn builder(pools: Vec<PoolConfig>) -> SchedulerBuilder {
+        SchedulerBuilder { pools, concurrency: 4, max_payload_bytes: 1 << 20, handlers: Vec::new() }
+    }
+
+    /// A scheduler for these pools with no handler (4 slots, 1 MiB payloads): its tasks wait, as
+    /// they would for a worker. [`Scheduler::builder`] adds handlers and options.
     /// InvalidArgument for no pool, two pools of one name, or a weight that is not positive.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument`, as above.
     pub fn new(pools: Vec<PoolConfig>) -> Result<Scheduler> {
         if pools.is_empty() {
             return Err(Error::InvalidArgument("Scheduler needs at least one PoolConfig".into()));
@@ -133,44 +241,6 @@ impl Scheduler {
         })
     }
 
-    /// Run at most `n` tasks at once (default 4). InvalidArgument for 0.
-    pub fn concurrency(mut self, n: u32) -> Result<Scheduler> {
-        if n == 0 {
-            return Err(Error::InvalidArgument("concurrency must be a positive integer, got 0".into()));
-        }
-        self.concurrency = n;
-        Ok(self)
-    }
-
-    /// The largest payload `submit` takes, as msgpack (default 1 MiB, as the broker's).
-    pub fn max_payload_bytes(mut self, n: usize) -> Scheduler {
-        self.max_payload_bytes = n;
-        self
-    }
-
-    /// Run the tasks of `pool` with `f`: an async function of the [`Payload`] returning the value
-    /// (any `Serialize`) or an error (any `Display + Debug`, reported as `TaskFailed`). Tasks of a
-    /// pool without a handler wait, as they would for a worker. NotFound for an unknown pool.
-    pub fn handler<F, Fut, T, E>(self, pool: &str, f: F) -> Result<Scheduler>
-    where
-        F: Fn(Payload) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
-        T: Serialize + 'static,
-        E: std::fmt::Display + std::fmt::Debug + 'static,
-    {
-        {
-            let mut inner = self.shared.inner.lock().unwrap();
-            if !inner.core.pool_names().iter().any(|p| p == pool) {
-                return Err(Error::NotFound(format!(
-                    "no pool named {pool:?}; declared pools: {:?}",
-                    inner.core.pool_names()
-                )));
-            }
-            inner.handlers.insert(pool.to_string(), handler::handler(f));
-        }
-        Ok(self)
-    }
-
     fn start(&self) {
         if self.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
@@ -188,6 +258,10 @@ impl Scheduler {
 
     /// Queue a task; returns its handle at once. Refuses what the broker would: InvalidArgument for
     /// a bad field or a payload over the limit, NotFound for an unknown pool.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument`, `NotFound`, as above; `FailedPrecondition` once closed.
     pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
         let body = task.check()?;
         if body.len() > self.max_payload_bytes {
@@ -263,26 +337,47 @@ impl Scheduler {
     }
 
     /// Wait for a task's value by id (see [`TaskHandle::result`]).
+    ///
+    /// # Errors
+    ///
+    /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `NotFound`, `Decode` when
+    /// the result is not a `T`.
     pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
         self.shared.wait(task_id, None).await?.into_result(task_id)?.decode()
     }
 
     /// A snapshot of a task. NotFound for an id this scheduler does not know.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an unknown task.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
         self.shared.status(task_id)
     }
 
     /// Cancel a task not yet dispatched; false if it runs or has finished. NotFound for an unknown id.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an unknown task.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
         self.shared.cancel(task_id)
     }
 
     /// Stop dispatching `pool`; it still takes tasks and their deadlines still pass.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an undeclared pool.
     pub async fn pause(&self, pool: &str) -> Result<()> {
         self.shared.inner.lock().unwrap().core.pause(pool)
     }
 
     /// Dispatch `pool` again.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an undeclared pool.
     pub async fn resume(&self, pool: &str) -> Result<()> {
         self.shared.inner.lock().unwrap().core.resume(pool)?;
         self.shared.wake.notify_one();
@@ -290,6 +385,10 @@ impl Scheduler {
     }
 
     /// Queued, delayed and running tasks of `pool`.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an undeclared pool.
     pub fn counts(&self, pool: &str) -> Result<(usize, usize, usize)> {
         self.shared.inner.lock().unwrap().core.counts(pool)
     }

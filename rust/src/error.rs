@@ -5,10 +5,20 @@
 //! with the same ones, so code written against one works against the other.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// What went wrong. Match on the variant, or compare [`Error::code`] with the
 /// Python client's `CronoqError.code` strings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// The variants from [`InvalidArgument`](Error::InvalidArgument) to
+/// [`TaskFailed`](Error::TaskFailed) are the codes a broker (or the embedded scheduler) answers
+/// with; [`Unavailable`](Error::Unavailable) is also what the crate says when the broker cannot be
+/// reached. The rest are this side's own: [`Timeout`](Error::Timeout),
+/// [`Decode`](Error::Decode) and [`Encode`](Error::Encode) (with the serde error as
+/// [`source`](std::error::Error::source)), [`WrongEndpoint`](Error::WrongEndpoint) and
+/// [`MissingToken`](Error::MissingToken). New variants may come: the enum is `#[non_exhaustive]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Error {
     /// A request was malformed: a wrong value, an oversized payload.
     InvalidArgument(String),
@@ -28,6 +38,16 @@ pub enum Error {
     Cancelled(String),
     /// The broker could not be reached in time, or the connection was closed; retrying may help.
     Unavailable(String),
+    /// A cluster member refused a pool another member owns (code `FAILED_PRECONDITION`): a client
+    /// made with `.routing(false)` sees it; a routing client follows `member` by itself.
+    NotOwner {
+        /// The pool.
+        pool: String,
+        /// The member that owns it.
+        member: String,
+        /// What the member said.
+        message: String,
+    },
     /// The handler failed: the remote error's type, message and traceback (empty when it had none).
     TaskFailed {
         /// The handler's error type (a Python exception class, a Rust type name, or `WorkerLost`, ...).
@@ -40,6 +60,35 @@ pub enum Error {
     /// Waiting for a result took longer than the caller allowed; the task itself goes on.
     /// (The Python client raises its built-in `TimeoutError` here.)
     Timeout(String),
+    /// A payload or result did not decode into the type asked for (or was not msgpack): a mistake
+    /// of this program's types, not of the request. `source` is the serde error.
+    Decode {
+        /// What was decoded, into which type.
+        what: String,
+        /// The decoder's error.
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// A value could not be encoded as msgpack (a map with non-string keys Python cannot read, a
+    /// serializer's own error). `source` is the serde error.
+    Encode {
+        /// What was encoded.
+        what: String,
+        /// The encoder's error.
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The address is the broker's other endpoint: a client given its worker endpoint, or a worker
+    /// given its client endpoint. Code `INVALID_ARGUMENT`, as the broker refuses such messages.
+    WrongEndpoint {
+        /// The address given.
+        address: String,
+        /// What the broker said, naming the endpoint to use.
+        message: String,
+    },
+    /// `token_env` named an environment variable that is not set. Code `UNAUTHENTICATED`.
+    MissingToken {
+        /// The variable's name.
+        variable: String,
+    },
     /// A code this version of the crate does not know, as the broker sent it.
     Other {
         /// The code as received.
@@ -55,24 +104,30 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// The error's code: `INVALID_ARGUMENT`, `PERMISSION_DENIED`, `TASK_FAILED`, ... as in Python's
     /// `CronoqError.code`; `TIMEOUT` for [`Error::Timeout`], which has no wire code.
+    #[must_use]
     pub fn code(&self) -> &str {
         match self {
             Error::InvalidArgument(_) => "INVALID_ARGUMENT",
             Error::Unauthenticated(_) => "UNAUTHENTICATED",
             Error::PermissionDenied(_) => "PERMISSION_DENIED",
             Error::NotFound(_) => "NOT_FOUND",
-            Error::FailedPrecondition(_) => "FAILED_PRECONDITION",
+            Error::FailedPrecondition(_) | Error::NotOwner { .. } => "FAILED_PRECONDITION",
             Error::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
             Error::DeadlineExceeded(_) => "DEADLINE_EXCEEDED",
             Error::Cancelled(_) => "CANCELLED",
             Error::Unavailable(_) => "UNAVAILABLE",
             Error::TaskFailed { .. } => "TASK_FAILED",
             Error::Timeout(_) => "TIMEOUT",
+            Error::Decode { .. } => "DECODE",
+            Error::Encode { .. } | Error::WrongEndpoint { .. } => "INVALID_ARGUMENT",
+            Error::MissingToken { .. } => "UNAUTHENTICATED",
             Error::Other { code, .. } => code,
         }
     }
 
-    /// The message for people (for `TaskFailed`, the handler's message).
+    /// The message for people (for `TaskFailed`, the handler's message; for `Decode`, `Encode` and
+    /// `MissingToken`, what failed; the whole sentence is the `Display`).
+    #[must_use]
     pub fn message(&self) -> &str {
         match self {
             Error::InvalidArgument(m)
@@ -85,12 +140,40 @@ impl Error {
             | Error::Cancelled(m)
             | Error::Unavailable(m)
             | Error::Timeout(m) => m,
-            Error::TaskFailed { message, .. } => message,
-            Error::Other { message, .. } => message,
+            Error::TaskFailed { message, .. }
+            | Error::Other { message, .. }
+            | Error::WrongEndpoint { message, .. }
+            | Error::NotOwner { message, .. } => message,
+            Error::Decode { what, .. } | Error::Encode { what, .. } => what,
+            Error::MissingToken { variable } => variable,
         }
     }
 
+    /// Whether the error came from the broker (or the embedded scheduler's same rules), as opposed
+    /// to this side: a timeout, a decode or encode failure, a mistake in the address or the token
+    /// variable. `Unavailable` counts as the broker's: it says the broker did not answer.
+    #[must_use]
+    pub fn is_local(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout(_)
+                | Error::Decode { .. }
+                | Error::Encode { .. }
+                | Error::WrongEndpoint { .. }
+                | Error::MissingToken { .. }
+        )
+    }
+
+    pub(crate) fn decode(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Decode { what: what.into(), source: Arc::new(source) }
+    }
+
+    pub(crate) fn encode(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Encode { what: what.into(), source: Arc::new(source) }
+    }
+
     /// The error a broker's `error` reply stands for.
+    #[must_use]
     pub fn from_code(code: &str, message: impl Into<String>) -> Error {
         let message = message.into();
         match code {
@@ -115,12 +198,40 @@ impl fmt::Display for Error {
             Error::TaskFailed { r#type, message, .. } if !r#type.is_empty() => {
                 write!(f, "TASK_FAILED: {type}: {message}", type = r#type)
             }
+            Error::Decode { what, source } => write!(f, "DECODE: {what}: {source}"),
+            Error::Encode { what, source } => write!(f, "INVALID_ARGUMENT: {what}: {source}"),
+            Error::WrongEndpoint { address, message } => write!(f, "INVALID_ARGUMENT: {address}: {message}"),
+            Error::MissingToken { variable } => write!(
+                f,
+                "UNAUTHENTICATED: the environment variable {variable} is not set; it should hold the token \
+                 for the broker (or give the token itself with .token(...))"
+            ),
             other => write!(f, "{}: {}", other.code(), other.message()),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Decode { source, .. } | Error::Encode { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Errors are equal when they say the same: the same variant, fields and (for `Decode` and
+/// `Encode`) the same text of their source.
+impl PartialEq for Error {
+    fn eq(&self, other: &Error) -> bool {
+        self.code() == other.code()
+            && self.is_local() == other.is_local()
+            && std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Error {}
 
 /// The error of a task that ended in `state` with these error fields (an `outcome` on the wire, or a
 /// record of the embedded scheduler); `None` for `succeeded`.
@@ -146,5 +257,16 @@ pub(crate) fn outcome_error(
             code: "UNKNOWN".to_string(),
             message: format!("task {task_id} ended in unexpected state {other:?}"),
         }),
+    }
+}
+
+/// The broker's words for a missing token name the Python API; a Rust user is told the Rust way.
+pub(crate) fn for_rust(message: &str) -> String {
+    if message.starts_with("this broker requires a token and none was sent") {
+        "this broker requires a token and none was sent: give it with .token(...) on cronoq::connect or \
+         Worker::new, or name the environment variable that holds it with .token_env(\"CRONOQ_TOKEN\")"
+            .to_string()
+    } else {
+        message.to_string()
     }
 }

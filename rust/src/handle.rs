@@ -53,7 +53,12 @@ pub(crate) trait Source: Send + Sync + UnwindSafe + RefUnwindSafe {
     fn wait<'a>(&'a self, task_id: &'a str, timeout: Option<Duration>) -> Answer<'a, TaskOutcome>;
 }
 
-/// A submitted task: its id, and its result once it ends.
+/// A submitted task: its id, and its result once it ends. Cheap to clone: clones ask the same
+/// client (or scheduler).
+///
+/// Every method is cancel-safe: dropping its future (a `select!`, a `tokio::time::timeout`)
+/// leaves nothing behind, and a `result()` dropped while it waits withdraws its wait at the broker.
+#[derive(Clone)]
 pub struct TaskHandle {
     id: String,
     duplicate: bool,
@@ -75,11 +80,13 @@ impl TaskHandle {
 
     /// The task's id (32 hex digits; a cluster member's name and a colon before them): any client
     /// may use it with `result`, `status`, `cancel` and `explain`.
+    #[must_use]
     pub fn id(&self) -> &str {
         &self.id
     }
 
     /// Whether `submit` found an earlier task with the same key and returned it.
+    #[must_use]
     pub fn duplicate(&self) -> bool {
         self.duplicate
     }
@@ -87,24 +94,41 @@ impl TaskHandle {
     /// Wait for the task to end and decode its value as `T` (`()` or `rmpv::Value` take anything).
     /// Errors: `TaskFailed { type, message, traceback }`, `DeadlineExceeded`, `Cancelled`, or the
     /// connection's (`Unavailable`, ...).
+    ///
+    /// # Errors
+    ///
+    /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `Decode` when the result is
+    /// not a `T`, `Unavailable` when the connection fails.
     pub async fn result<T: DeserializeOwned>(&self) -> Result<T> {
         self.payload(None).await?.decode()
     }
 
     /// Like [`result`](Self::result), giving up with [`Error::Timeout`] after `timeout` (the task
     /// itself goes on).
+    ///
+    /// # Errors
+    ///
+    /// As [`result`](Self::result), and `Timeout` when `timeout` runs out first.
     pub async fn result_timeout<T: DeserializeOwned>(&self, timeout: Duration) -> Result<T> {
         self.payload(Some(timeout)).await?.decode()
     }
 
     /// A snapshot of the task: state, attempts, timings (as `status(id)` of the scheduler or client
     /// that made this handle).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` once the task is forgotten, `Unavailable`.
     pub async fn status(&self) -> Result<TaskInfo> {
         self.source.status(&self.id).await
     }
 
     /// Cancel the task if it was not dispatched yet; false if it runs or has finished (as
     /// `cancel(id)`).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound`, `Unavailable` (a cancel is never re-sent).
     pub async fn cancel(&self) -> Result<bool> {
         self.source.cancel(&self.id).await
     }
@@ -113,11 +137,19 @@ impl TaskHandle {
     /// (as [`Client::explain`](crate::Client::explain) with this task's id, on the connection — in a
     /// cluster, the member — that accepted it). The embedded scheduler does not explain its tasks:
     /// `FailedPrecondition` for a handle of one.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound`, `Unavailable`.
     pub async fn explain(&self) -> Result<Explanation> {
         self.source.explain(&self.id).await
     }
 
     /// Wait for the task to end; its value as msgpack.
+    ///
+    /// # Errors
+    ///
+    /// As [`result_timeout`](Self::result_timeout), without decoding.
     pub async fn payload(&self, timeout: Option<Duration>) -> Result<Payload> {
         self.source.wait(&self.id, timeout).await?.into_result(&self.id)
     }

@@ -32,7 +32,7 @@ const KEY_OPTION: &str = "curve_server_key";
 
 /// The monitor events a link reads.
 pub(crate) fn events() -> i32 {
-    use zmq::SocketEvent as E;
+    use crate::libzmq::event as E;
     [
         E::CONNECTED,
         E::CONNECT_RETRIED,
@@ -43,7 +43,7 @@ pub(crate) fn events() -> i32 {
         E::HANDSHAKE_FAILED_AUTH,
     ]
     .iter()
-    .fold(0, |all, e| all | *e as i32)
+    .fold(0, |all, e| all | i32::from(*e))
 }
 
 /// libzmq's `ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH` (the value of a HANDSHAKE_FAILED_PROTOCOL).
@@ -69,8 +69,8 @@ impl Event {
         })
     }
 
-    pub fn is(&self, kind: zmq::SocketEvent) -> bool {
-        self.kind == kind as u16
+    pub fn is(&self, kind: u16) -> bool {
+        self.kind == kind
     }
 }
 
@@ -112,7 +112,7 @@ impl Link {
     }
 
     fn observe(&mut self, event: &Event, now: Instant) {
-        use zmq::SocketEvent as E;
+        use crate::libzmq::event as E;
         if event.is(E::HANDSHAKE_SUCCEEDED) {
             self.handshakes += 1;
             self.up = true;
@@ -316,10 +316,10 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zmq::SocketEvent as E;
+    use crate::libzmq::event as E;
 
-    fn event(kind: E, value: u32, endpoint: &str) -> Event {
-        Event { kind: kind as u16, value, endpoint: endpoint.to_string() }
+    fn event(kind: u16, value: u32, endpoint: &str) -> Event {
+        Event { kind, value, endpoint: endpoint.to_string() }
     }
 
     const A: &str = "tcp://127.0.0.1:5555";

@@ -232,7 +232,7 @@ impl Task {
 
 /// Encode a value as one msgpack document, structs as maps.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
-    rmp_serde::to_vec_named(value).map_err(|e| Error::InvalidArgument(format!("cannot encode as msgpack: {e}")))
+    rmp_serde::to_vec_named(value).map_err(|e| Error::encode("cannot encode as msgpack", e))
 }
 
 /// A task's payload (or a result) as it travels: one msgpack document. Decode it into any
@@ -248,11 +248,10 @@ impl Payload {
         Payload { bytes }
     }
 
-    /// Decode into `T`; InvalidArgument says why it does not fit.
+    /// Decode into `T`; [`Error::Decode`] says why it does not fit (its `source` is rmp-serde's error).
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
-        rmp_serde::from_slice(&self.bytes).map_err(|e| {
-            Error::InvalidArgument(format!("the payload does not decode as {}: {e}", std::any::type_name::<T>()))
-        })
+        rmp_serde::from_slice(&self.bytes)
+            .map_err(|e| Error::decode(format!("the payload does not decode as {}", std::any::type_name::<T>()), e))
     }
 
     /// The payload as a generic msgpack value.

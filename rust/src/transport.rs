@@ -1,4 +1,4 @@
-//! A ZeroMQ DEALER socket (real libzmq, through the `zmq` crate) on the tokio runtime.
+//! A ZeroMQ DEALER socket (real libzmq, through `src/libzmq.rs`) on the tokio runtime.
 //!
 //! libzmq's sockets are not thread-safe and its calls would block, so a socket lives inside one
 //! tokio task, always used with `DONTWAIT`, and the task sleeps on the socket's `ZMQ_FD` through
@@ -21,23 +21,17 @@
 use std::cell::RefCell;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::error::{Error, Result};
+use crate::libzmq::{self, Socket, ZmqError};
 use crate::link::{self, Event, Links};
 
 /// Queued messages per socket each way before sends refuse (`EAGAIN`) and receives push back.
 pub(crate) const HIGH_WATER_MARK: i32 = 100_000;
-
-/// The process's one ZeroMQ context.
-pub(crate) fn context() -> &'static zmq::Context {
-    static CONTEXT: OnceLock<zmq::Context> = OnceLock::new();
-    CONTEXT.get_or_init(zmq::Context::new)
-}
 
 /// A libzmq socket's notification descriptor (owned by libzmq, never closed here).
 struct ZmqFd(RawFd);
@@ -71,8 +65,8 @@ pub(crate) struct Dealer {
     /// these are borrowed across an await). Declared first so they are deregistered before the
     /// sockets that own the descriptors close.
     pub signals: Signals,
-    sock: zmq::Socket,
-    monitor: Option<zmq::Socket>,
+    sock: Socket,
+    monitor: Option<Socket>,
     /// Each address's link, by the monitor: up from its handshake to its disconnection, and why it fails.
     links: RefCell<Links>,
 }
@@ -83,7 +77,7 @@ pub(crate) struct Signals {
     monitor: Option<AsyncFd<ZmqFd>>,
 }
 
-fn zmq_error(what: &str, e: zmq::Error) -> Error {
+fn zmq_error(what: &str, e: ZmqError) -> Error {
     Error::Unavailable(format!("{what}: {e}"))
 }
 
@@ -92,8 +86,16 @@ impl Dealer {
     /// `addresses`, in order. InvalidArgument for an address libzmq cannot use. Must be called
     /// inside a tokio runtime.
     pub fn connect(addresses: &[String], options: &Options) -> Result<Dealer> {
-        let sock = context().socket(zmq::DEALER).map_err(|e| zmq_error("cannot make a socket", e))?;
-        let setup = || -> zmq::Result<()> {
+        if options.curve_server_key.is_some() && !libzmq::has_curve() {
+            return Err(Error::Unavailable(
+                "this program's libzmq was built without CURVE (libsodium), so it cannot encrypt: link the \
+                 system's libzmq (the crate's default) or build with the crate's `vendored` feature, which \
+                 compiles libzmq with libsodium"
+                    .to_string(),
+            ));
+        }
+        let sock = Socket::new(libzmq::DEALER).map_err(|e| zmq_error("cannot make a socket", e))?;
+        let setup = || -> std::result::Result<(), ZmqError> {
             sock.set_linger(0)?;
             sock.set_sndhwm(HIGH_WATER_MARK)?;
             sock.set_rcvhwm(HIGH_WATER_MARK)?;
@@ -101,14 +103,10 @@ impl Dealer {
             // only the one that serves takes a connection.
             sock.set_immediate(true)?;
             if let Some((interval, timeout)) = options.heartbeat {
-                sock.set_heartbeat_ivl(interval)?;
-                sock.set_heartbeat_timeout(timeout)?;
+                sock.set_heartbeat(interval, timeout)?;
             }
             if let Some(server_key) = &options.curve_server_key {
-                let pair = zmq::CurveKeyPair::new()?;
-                sock.set_curve_serverkey(server_key)?;
-                sock.set_curve_publickey(&pair.public_key)?;
-                sock.set_curve_secretkey(&pair.secret_key)?;
+                sock.set_curve_client(server_key)?;
             }
             Ok(())
         };
@@ -118,13 +116,13 @@ impl Dealer {
             let endpoint =
                 format!("inproc://cronoq-monitor-{}-{}", std::process::id(), MONITORS.fetch_add(1, Ordering::Relaxed));
             sock.monitor(&endpoint, link::events()).map_err(|e| zmq_error("cannot monitor the socket", e))?;
-            let pair = context().socket(zmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
+            let pair = Socket::new(libzmq::PAIR).map_err(|e| zmq_error("cannot make a socket", e))?;
             pair.set_linger(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
             // No limit on the events waiting to be read: libzmq's I/O thread sends them blocking,
             // and would hang every socket of the process on a full queue.
             pair.set_rcvhwm(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
             pair.connect(&endpoint).map_err(|e| zmq_error("cannot connect the monitor", e))?;
-            let fd = pair.get_fd().map_err(|e| zmq_error("no descriptor for the monitor", e))?;
+            let fd = pair.fd().map_err(|e| zmq_error("no descriptor for the monitor", e))?;
             let afd = watch(fd).map_err(|e| Error::Unavailable(format!("cannot watch the monitor: {e}")))?;
             Some((pair, afd))
         } else {
@@ -138,7 +136,7 @@ impl Dealer {
             sock.connect(address)
                 .map_err(|e| Error::InvalidArgument(format!("cannot connect to broker address {address:?}: {e}")))?;
         }
-        let raw = sock.get_fd().map_err(|e| zmq_error("no descriptor for the socket", e))?;
+        let raw = sock.fd().map_err(|e| zmq_error("no descriptor for the socket", e))?;
         let fd = watch(raw).map_err(|e| Error::Unavailable(format!("cannot watch the socket: {e}")))?;
         let links = RefCell::new(Links::new(addresses, options.curve_server_key.is_some()));
         Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd }, links })
@@ -146,19 +144,18 @@ impl Dealer {
 
     /// The next whole message, if one is waiting (never blocks).
     pub fn try_recv(&self) -> Option<Vec<Vec<u8>>> {
-        self.sock.recv_multipart(zmq::DONTWAIT).ok()
+        self.sock.recv_multipart()
     }
 
     /// Send one message without blocking; false when no connection is up (`ZMQ_IMMEDIATE`) or the
     /// one that is has a full send queue.
     pub fn send(&self, frames: &[Vec<u8>]) -> bool {
-        self.sock.send_multipart(frames, zmq::DONTWAIT).is_ok()
+        self.sock.send_multipart(frames)
     }
 
     /// Whether a message is waiting (asks libzmq, which also re-arms the descriptor).
     pub fn has_input(&self) -> bool {
-        self.sock.get_events().map(|e| e.contains(zmq::POLLIN)).unwrap_or(false)
-            || self.monitor.as_ref().is_some_and(|m| m.get_events().map(|e| e.contains(zmq::POLLIN)).unwrap_or(false))
+        self.sock.readable() || self.monitor.as_ref().is_some_and(Socket::readable)
     }
 
     /// How many handshakes completed since the last call; also keeps [`is_up`](Self::is_up),
@@ -167,9 +164,9 @@ impl Dealer {
         let Some(monitor) = &self.monitor else { return 0 };
         let mut n = 0;
         let mut links = self.links.borrow_mut();
-        while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
+        while let Some(frames) = monitor.recv_multipart() {
             let Some(event) = Event::parse(&frames) else { continue };
-            if event.is(zmq::SocketEvent::HANDSHAKE_SUCCEEDED) {
+            if event.is(libzmq::event::HANDSHAKE_SUCCEEDED) {
                 n += 1;
             }
             links.observe(&event, Instant::now());
@@ -226,12 +223,6 @@ impl Signals {
     }
 }
 
-// libzmq's own call (linked through the `zmq` crate's zmq-sys): stopping a monitor takes a null
-// endpoint, which the crate's `Socket::monitor(&str, _)` cannot pass.
-extern "C" {
-    fn zmq_socket_monitor(socket: *mut std::ffi::c_void, endpoint: *const std::ffi::c_char, events: i32) -> i32;
-}
-
 impl Drop for Dealer {
     fn drop(&mut self) {
         if self.monitor.is_some() {
@@ -239,18 +230,22 @@ impl Drop for Dealer {
             // one it sends as the socket closes (a connection ending) to a PAIR nobody reads would
             // stall every socket of the process for good. (`monitor("", 0)` did not stop it: libzmq
             // refuses the empty endpoint.)
-            // SAFETY: the socket is open (it closes after this, as its field drops) and a null
-            // endpoint is how libzmq documents stopping a monitor.
-            unsafe {
-                zmq_socket_monitor(self.sock.as_mut_ptr(), std::ptr::null(), 0);
-            }
+            self.sock.stop_monitor();
         }
     }
 }
 
 /// A broker's CURVE public key, given as its 40 Z85 characters or as the path of a `NAME.key`
 /// certificate file (as `cronoq keygen` writes it); 32 bytes.
-pub(crate) fn curve_public_key(value: &str) -> Result<Vec<u8>> {
+/// The file is read on tokio's blocking pool, never on the runtime's threads.
+pub(crate) async fn curve_public_key(value: &str) -> Result<Vec<u8>> {
+    let given = value.to_string();
+    tokio::task::spawn_blocking(move || read_curve_public_key(&given))
+        .await
+        .unwrap_or_else(|e| Err(Error::InvalidArgument(format!("reading the broker's public key failed: {e}"))))
+}
+
+fn read_curve_public_key(value: &str) -> Result<Vec<u8>> {
     let text = if value.len() == 40 && !std::path::Path::new(value).exists() {
         value.to_string()
     } else {
@@ -268,8 +263,8 @@ pub(crate) fn curve_public_key(value: &str) -> Result<Vec<u8>> {
                 Error::InvalidArgument(format!("{value} holds no public-key line: point at the NAME.key file"))
             })?
     };
-    let key = zmq::z85_decode(&text)
-        .map_err(|e| Error::InvalidArgument(format!("the broker's public key {text:?} is not Z85: {e}")))?;
+    let key = libzmq::z85_decode(&text)
+        .ok_or_else(|| Error::InvalidArgument(format!("the broker's public key {text:?} is not Z85")))?;
     if key.len() != 32 {
         return Err(Error::InvalidArgument(format!(
             "the broker's public key must decode to 32 bytes, got {}",

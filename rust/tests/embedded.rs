@@ -16,8 +16,7 @@ impl std::fmt::Display for Oops {
 }
 
 fn echo(pool: &str) -> Scheduler {
-    Scheduler::new(vec![PoolConfig::new(pool), PoolConfig::new("idle")])
-        .unwrap()
+    Scheduler::builder(vec![PoolConfig::new(pool), PoolConfig::new("idle")])
         .handler(pool, |p: Payload| async move {
             let n: i64 = p.decode()?;
             if n < 0 {
@@ -25,6 +24,7 @@ fn echo(pool: &str) -> Scheduler {
             }
             Ok(n * 10)
         })
+        .build()
         .unwrap()
 }
 
@@ -61,7 +61,7 @@ async fn refusals_carry_the_codes() {
         sched.submit(Task::new(1).pool("work").deadline(Duration::ZERO)).await,
         Err(Error::InvalidArgument(_))
     ));
-    let small = Scheduler::new(vec![PoolConfig::new("p")]).unwrap().max_payload_bytes(8);
+    let small = Scheduler::builder(vec![PoolConfig::new("p")]).max_payload_bytes(8).build().unwrap();
     assert!(
         matches!(small.submit(Task::new("a long payload").pool("p")).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
     );
@@ -72,8 +72,12 @@ async fn refusals_carry_the_codes() {
     assert!(matches!(Scheduler::new(vec![PoolConfig::new("p"), PoolConfig::new("p")]), Err(Error::InvalidArgument(_))));
     assert!(Scheduler::new(vec![]).is_err());
     assert!(matches!(
-        Scheduler::new(vec![PoolConfig::new("p")]).unwrap().handler("q", |_: Payload| async { Ok::<_, Error>(()) }),
+        Scheduler::builder(vec![PoolConfig::new("p")]).handler("q", |_: Payload| async { Ok::<_, Error>(()) }).build(),
         Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        Scheduler::builder(vec![PoolConfig::new("p")]).concurrency(0).build(),
+        Err(Error::InvalidArgument(m)) if m.contains("concurrency")
     ));
 }
 
@@ -112,8 +116,7 @@ async fn deadlines_cancel_delay_and_keys() {
 async fn retries_run_again_until_max_retries() {
     let runs = Arc::new(AtomicU32::new(0));
     let counted = runs.clone();
-    let sched = Scheduler::new(vec![PoolConfig::new("flaky")])
-        .unwrap()
+    let sched = Scheduler::builder(vec![PoolConfig::new("flaky")])
         .handler("flaky", move |p: Payload| {
             let counted = counted.clone();
             async move {
@@ -126,6 +129,7 @@ async fn retries_run_again_until_max_retries() {
                 }
             }
         })
+        .build()
         .unwrap();
     let task = sched.submit(Task::new(2).pool("flaky").max_retries(1)).await.unwrap();
     assert_eq!(task.result::<u32>().await.unwrap(), 2);
@@ -140,13 +144,13 @@ async fn retries_run_again_until_max_retries() {
 
 #[tokio::test]
 async fn a_panicking_handler_fails_only_its_task() {
-    let sched = Scheduler::new(vec![PoolConfig::new("p")])
-        .unwrap()
+    let sched = Scheduler::builder(vec![PoolConfig::new("p")])
         .handler("p", |p: Payload| async move {
             let n: u32 = p.decode().unwrap();
             assert!(n != 13, "unlucky {n}");
             Ok::<_, Error>(n)
         })
+        .build()
         .unwrap();
     let bad = sched.submit(Task::new(13).pool("p")).await.unwrap();
     let good = sched.submit(Task::new(14).pool("p")).await.unwrap();
@@ -162,10 +166,8 @@ async fn concurrency_priority_and_max_in_flight() {
     let (r, m, o) = (running.clone(), most.clone(), order.clone());
     let mut capped = PoolConfig::new("p");
     capped.max_in_flight = Some(2);
-    let sched = Scheduler::new(vec![capped])
-        .unwrap()
+    let sched = Scheduler::builder(vec![capped])
         .concurrency(8)
-        .unwrap()
         .handler("p", move |p: Payload| {
             let (r, m, o) = (r.clone(), m.clone(), o.clone());
             async move {
@@ -178,6 +180,7 @@ async fn concurrency_priority_and_max_in_flight() {
                 Ok::<_, Error>(())
             }
         })
+        .build()
         .unwrap();
     sched.pause("p").await.unwrap();
     let mut handles = Vec::new();
@@ -219,10 +222,8 @@ async fn run_in_order(sched: Scheduler, order: Arc<Mutex<String>>, tasks: Vec<Ta
 }
 
 fn recording(pool: PoolConfig, order: Arc<Mutex<String>>) -> Scheduler {
-    Scheduler::new(vec![pool])
-        .unwrap()
+    Scheduler::builder(vec![pool])
         .concurrency(1)
-        .unwrap()
         .handler("p", move |p: Payload| {
             let order = order.clone();
             async move {
@@ -231,6 +232,7 @@ fn recording(pool: PoolConfig, order: Arc<Mutex<String>>) -> Scheduler {
                 Ok::<_, Error>(())
             }
         })
+        .build()
         .unwrap()
 }
 
@@ -288,10 +290,8 @@ async fn shares_rates_and_minimums_refuse_bad_settings_in_a_sentence() {
 async fn a_rate_limited_tenant_waits_for_its_tokens_and_the_scheduler_wakes_for_them() {
     let starts = Arc::new(Mutex::new(Vec::new()));
     let seen = starts.clone();
-    let sched = Scheduler::new(vec![PoolConfig::new("p").tenant_rate("a", 4.0)])
-        .unwrap()
+    let sched = Scheduler::builder(vec![PoolConfig::new("p").tenant_rate("a", 4.0)])
         .concurrency(8)
-        .unwrap()
         .handler("p", move |_: Payload| {
             let seen = seen.clone();
             async move {
@@ -299,6 +299,7 @@ async fn a_rate_limited_tenant_waits_for_its_tokens_and_the_scheduler_wakes_for_
                 Ok::<_, Error>(())
             }
         })
+        .build()
         .unwrap();
     let before = std::time::Instant::now();
     let mut handles = Vec::new();

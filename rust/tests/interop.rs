@@ -322,8 +322,15 @@ async fn a_pinned_token_naming_another_tenant_is_refused() {
     assert_eq!(sched.status(mine.id()).await.unwrap().tenant.as_deref(), Some("acme"));
     assert!(matches!(sched.pause("work").await, Err(Error::PermissionDenied(_))));
 
-    let stranger =
-        cronoq::connect(&broker.clients).token("nobody").request_timeout(Duration::from_secs(10)).await.unwrap();
+    // An unknown token is refused when the client is made.
+    let refused = cronoq::connect(&broker.clients).token("nobody").await;
+    assert!(matches!(&refused, Err(Error::Unauthenticated(m)) if m.contains("unknown token")), "{refused:?}");
+    let stranger = cronoq::connect(&broker.clients)
+        .token("nobody")
+        .request_timeout(Duration::from_secs(10))
+        .lazy(true)
+        .await
+        .unwrap();
     // The broker answers an unknown connection once a second: the refusal of its `hello` fails the
     // submit at once, not after the request timeout.
     let t0 = std::time::Instant::now();
@@ -385,7 +392,7 @@ async fn curve_encrypts_client_and_worker() {
     // Without the key, or with another broker's, the handshake cannot succeed and nothing is sent in
     // clear: requests fail with Unavailable naming the mistake, long before their request_timeout
     // (LONG bounds the wait, so waiting it out would fail the test).
-    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
     let refused = tokio::time::timeout(LONG, plain.ping()).await.expect("failed before its request_timeout");
     // The mismatch is named when libzmq reports it; on a busy machine the broker may drop the connection
     // first, and the answer says so and gives the same remedy. Either way: CURVE, and give the public key.
@@ -404,6 +411,7 @@ async fn curve_encrypts_client_and_worker() {
     let wrong = cronoq::connect(&broker.clients)
         .curve_server_key(dir.0.join("other").join("broker.key").to_str().unwrap())
         .request_timeout(Duration::from_secs(600))
+        .lazy(true)
         .await
         .unwrap();
     let refused = tokio::time::timeout(LONG, wrong.submit(Task::new("x").pool("work")))
@@ -433,7 +441,8 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
     // Unavailable naming that once the refusals have gone on for a second, not after their
     // request_timeout of ten minutes (LONG bounds the wait: waiting it out fails the test).
     let closed = format!("tcp://127.0.0.1:{}", support::free_port());
-    let sched = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await.unwrap();
+    // Lazily: the client is made without asking the broker; its requests meet the refusals.
+    let sched = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
     let refused =
         tokio::time::timeout(LONG, sched.submit(Task::new("x"))).await.expect("failed before its request_timeout");
     assert!(
@@ -445,8 +454,11 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
 
     // A primary and its standby, both refusing: hopeless only once every address is.
     let standby = format!("tcp://127.0.0.1:{}", support::free_port());
-    let both =
-        cronoq::connect([closed.as_str(), standby.as_str()]).request_timeout(Duration::from_secs(600)).await.unwrap();
+    let both = cronoq::connect([closed.as_str(), standby.as_str()])
+        .request_timeout(Duration::from_secs(600))
+        .lazy(true)
+        .await
+        .unwrap();
     let refused = tokio::time::timeout(LONG, both.ping()).await.expect("failed before its request_timeout");
     assert!(
         matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&closed) && m.contains(&standby)),
@@ -643,23 +655,9 @@ async fn client_and_worker_follow_the_standby_that_takes_over() {
     running.await.unwrap().unwrap();
 }
 
-/// The members of `value` (a `cluster` answer) that list `pool`.
-fn owners_of(value: &Value, pool: &str) -> Vec<String> {
-    let field = |v: &Value, name: &str| {
-        v.as_map().and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
-    };
-    let members = field(value, "members").and_then(|m| m.as_array().cloned()).unwrap_or_default();
-    members
-        .iter()
-        .filter(|m| {
-            field(m, "pools")
-                .and_then(|p| p.as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .any(|p| p.as_str() == Some(pool))
-        })
-        .filter_map(|m| field(m, "name").and_then(|n| n.as_str().map(str::to_string)))
-        .collect()
+/// The members of a cluster map that list `pool`.
+fn owners_of(map: &cronoq::ClusterMap, pool: &str) -> Vec<String> {
+    map.members.iter().filter(|m| m.pools.iter().any(|p| p == pool)).map(|m| m.name.clone()).collect()
 }
 
 /// Wait until every member's map says `pool` is `owner`'s: a reload reaches the members one by one, and
@@ -707,7 +705,12 @@ async fn the_client_routes_over_a_cluster() {
     // A member talked to alone refuses the other's pool, naming the owner (as before routing).
     let direct = cronoq::connect(cluster.clients("b1")).routing(false).await.unwrap();
     let refused = direct.submit(Task::new("x").pool("two")).await;
-    assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("b2")), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(Error::NotOwner { pool, member, message })
+            if pool == "two" && member == "b2" && message.contains("b2")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.unwrap_err().code(), "FAILED_PRECONDITION");
 
     // A client that knows b1 only: each pool's submits go to its owner, the ids name it.
     let sched = cronoq::connect(cluster.clients("b1")).await.unwrap();
@@ -737,20 +740,7 @@ async fn the_client_routes_over_a_cluster() {
 
     // stats: every member's, merged, each pool naming its member.
     let stats = sched.stats().await.unwrap();
-    let pool_member = |pool: &str| {
-        let pools = stats.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("pools")).unwrap().1.clone();
-        let entry = pools.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some(pool)).unwrap().1.clone();
-        entry
-            .as_map()
-            .unwrap()
-            .iter()
-            .find(|(k, _)| k.as_str() == Some("member"))
-            .unwrap()
-            .1
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let pool_member = |pool: &str| stats.pools[pool].member.clone().unwrap();
     assert_eq!((pool_member("one"), pool_member("two")), ("b1".to_string(), "b2".to_string()));
 
     // A reload moves "two" to b1. The client's map still says b2: b2 refuses, naming b1, and the
@@ -770,14 +760,6 @@ async fn the_client_routes_over_a_cluster() {
     stop_two.stop().await;
     serving_one.await.unwrap().unwrap();
     serving_two.await.unwrap().unwrap();
-}
-
-/// The value under `name` in a msgpack map.
-fn entry(value: &Value, name: &str) -> Value {
-    value
-        .as_map()
-        .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
-        .unwrap_or(Value::Nil)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -812,7 +794,7 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
     assert_eq!(one.result_timeout::<String>(LONG).await.unwrap(), "a in one");
     assert_eq!(two.result_timeout::<String>(LONG).await.unwrap(), "b in two");
     let b2 = cronoq::connect(cluster.clients("b2")).routing(false).await.unwrap();
-    assert_eq!(entry(&b2.stats().await.unwrap(), "workers").as_u64(), Some(1), "the worker serves b2");
+    assert_eq!(b2.stats().await.unwrap().workers, 1, "the worker serves b2");
 
     // Held on b2 (one running, the others queued behind max_in_flight) when a reload moves "two"
     // to b1. The worker reads the new map from its members: it serves "two" on b1 from then on, and
@@ -834,9 +816,135 @@ async fn a_worker_serves_every_member_that_owns_its_pools_and_follows_a_move() {
     }
     until("the worker left b2", LONG, || {
         let b2 = b2.clone();
-        async move { b2.stats().await.is_ok_and(|stats| entry(&stats, "workers").as_u64() == Some(0)) }
+        async move { b2.stats().await.is_ok_and(|stats| stats.workers == 0) }
     })
     .await;
     stopper.stop().await;
     serving.await.unwrap().expect("a graceful stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_is_never_lost() {
+    let dir = Scratch::new("stop");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let worker =
+        || Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) });
+    // Right after spawning: the spawned `run` has not been polled yet when the stop is asked.
+    let spawned = worker();
+    let stopper = spawned.stopper();
+    let running = tokio::spawn(spawned.run());
+    tokio::time::timeout(LONG, stopper.stop()).await.expect("stop returned");
+    tokio::time::timeout(LONG, running).await.expect("run returned").unwrap().unwrap();
+    // Before `run` at all: it returns at once, having served nothing.
+    let unstarted = worker();
+    let stopper = unstarted.stopper();
+    stopper.stop().await;
+    tokio::time::timeout(LONG, unstarted.run()).await.expect("run returned at once").unwrap();
+    // While it serves, and again after it returned: both return.
+    let serving = worker();
+    let stopper = serving.stopper();
+    let running = tokio::spawn(serving.run());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(LONG, stopper.stop()).await.expect("stop returned");
+    running.await.unwrap().unwrap();
+    tokio::time::timeout(LONG, stopper.stop()).await.expect("a second stop returns at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_result_future_withdraws_its_wait() {
+    // The broker holds at most 1,024 waits per task. A `result()` dropped by `tokio::time::timeout`
+    // must withdraw its wait, or after 1,024 of them every client's `result` of the task fails with
+    // ResourceExhausted.
+    let dir = Scratch::new("unwait");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let client = cronoq::connect(&broker.clients).await.unwrap();
+    let task = client.submit(Task::new("later").pool("work")).await.unwrap(); // no worker yet: it waits
+    for _ in 0..1100 {
+        let dropped = tokio::time::timeout(Duration::from_millis(2), client.result::<String>(task.id())).await;
+        assert!(dropped.is_err(), "the task has no worker: its result cannot come");
+    }
+    client.ping().await.unwrap(); // every wait and unwait above has reached the broker
+    let other = cronoq::connect(&broker.clients).await.unwrap();
+    let waited = other.result_timeout::<String>(task.id(), Duration::from_millis(200)).await;
+    assert!(matches!(waited, Err(Error::Timeout(_))), "{waited:?}");
+    let worker = Worker::new(&broker.workers).pool(PoolConfig::new("work"), |p: Payload| async move {
+        Ok::<_, Error>(p.decode::<String>()?.to_uppercase())
+    });
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        let id = task.id().to_string();
+        async move { other.result_timeout::<String>(&id, LONG).await }
+    });
+    assert_eq!(client.result_timeout::<String>(task.id(), LONG).await.unwrap(), "LATER");
+    assert_eq!(waiting.await.unwrap().unwrap(), "LATER");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistakes_are_named_at_once() {
+    let dir = Scratch::new("mistakes");
+    let broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let noop = |_: Payload| async { Ok::<_, Error>(()) };
+
+    // A client given the broker's worker endpoint: refused when it is made, naming the right one.
+    let refused = tokio::time::timeout(LONG, cronoq::connect(&broker.workers)).await.expect("at once");
+    assert!(
+        matches!(&refused, Err(Error::WrongEndpoint { address, message })
+            if address == &broker.workers && message.contains(&broker.clients)),
+        "{refused:?}"
+    );
+    assert_eq!(refused.unwrap_err().code(), "INVALID_ARGUMENT");
+    // A worker given its client endpoint: run() stops at once, naming the right one.
+    let stopped = tokio::time::timeout(LONG, Worker::new(&broker.clients).pool(PoolConfig::new("work"), noop).run())
+        .await
+        .expect("stopped at once");
+    assert!(
+        matches!(&stopped, Err(Error::WrongEndpoint { message, .. }) if message.contains(&broker.workers)),
+        "{stopped:?}"
+    );
+
+    // A dead address: connect fails once the connections have been refused for a second (the
+    // Python client's first request takes as long), not after the request timeout.
+    let closed = format!("tcp://127.0.0.1:{}", support::free_port());
+    let started = std::time::Instant::now();
+    let refused = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await;
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&format!("connection refused at {closed}"))),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < LONG, "failed before its request_timeout");
+
+    // A token variable that is not set: named, before anything is sent.
+    let variable = "CRONOQ_TEST_TOKEN_THAT_IS_NOT_SET";
+    let missing = cronoq::connect(&broker.clients).token_env(variable).await;
+    assert!(matches!(&missing, Err(Error::MissingToken { variable: v }) if v == variable), "{missing:?}");
+    assert!(missing.unwrap_err().to_string().contains(variable));
+    let missing = Worker::new(&broker.workers).token_env(variable).pool(PoolConfig::new("work"), noop).run().await;
+    assert!(matches!(&missing, Err(Error::MissingToken { .. })), "{missing:?}");
+    // Concurrency 0 is refused, as the embedded scheduler refuses it.
+    let zero = Worker::new(&broker.workers).concurrency(0).pool(PoolConfig::new("work"), noop).run().await;
+    assert!(matches!(&zero, Err(Error::InvalidArgument(m)) if m.contains("concurrency")), "{zero:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_token_is_explained_the_rust_way() {
+    let dir = Scratch::new("notoken");
+    let broker = Broker::start(
+        &dir.0,
+        "[[pools]]\nname = \"work\"\n[[auth.tokens]]\ntoken_env = \"CRONOQ_T_CLIENT\"\nrole = \"client\"\n",
+        "durability = \"none\"",
+        &[("CRONOQ_T_CLIENT", "client-secret")],
+    );
+    let refused = tokio::time::timeout(LONG, cronoq::connect(&broker.clients)).await.expect("at once");
+    assert!(
+        matches!(&refused, Err(Error::Unauthenticated(m)) if m.contains(".token(") && !m.contains("cronoq.connect")),
+        "{refused:?}"
+    );
+    // The variable, when set, is read when the client is made.
+    std::env::set_var("CRONOQ_T_CLIENT_FOR_RUST", "client-secret");
+    let client = cronoq::connect(&broker.clients).token_env("CRONOQ_T_CLIENT_FOR_RUST").await.unwrap();
+    client.ping().await.unwrap();
 }

@@ -133,13 +133,13 @@ impl Router {
 
     /// The home broker's cluster map (None: it is no member), which routing follows from now on
     /// if it routes already.
-    pub async fn cluster(&self) -> Result<Option<Value>> {
+    pub async fn cluster(&self) -> Result<Option<ClusterMap>> {
         let value = self.home.cluster_map().await?;
         let Some(map) = ClusterMap::parse(&value)? else { return Ok(None) };
         if self.routes.lock().unwrap().is_some() {
             self.take_map(&map)?;
         }
-        Ok(Some(value))
+        Ok(Some(map))
     }
 
     /// Close every member's connection (not home's: its owner closes it).

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use rmpv::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tracing::Instrument;
 
 use crate::answers::{Explanation, TaskInfo};
 use crate::channel::{Channel, Endpoint, Outgoing};
@@ -80,6 +81,31 @@ struct Pending {
     body: Option<Vec<u8>>,
     resend: bool,
     expires: Option<Instant>,
+}
+
+/// A request whose caller is still waiting. Dropped before the reply came (the caller's future was
+/// dropped or timed out), it forgets the request, so a new connection does not re-send it, and
+/// withdraws a `wait` at the broker with `unwait`. This is what makes every request cancel-safe.
+struct Outstanding<'a> {
+    connection: &'a Connection,
+    rid: i64,
+    /// The task a `wait` under `rid` is for.
+    unwait: Option<&'a str>,
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        let inner = &self.connection.inner;
+        let mut state = inner.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.watches.remove(&self.rid);
+        if state.pending.remove(&self.rid).is_none() {
+            return; // answered, or failed: the broker holds nothing for it
+        }
+        if let Some(task_id) = self.unwait {
+            let header = wire::encode_header("unwait", vec![Value::from(self.rid), Value::from(task_id)]);
+            let _ = inner.outbox.send(Cmd::Send { rid: 0, header, body: None });
+        }
+    }
 }
 
 /// How a watched task's wait ended: its outcome, or nothing (the watch was refused or closed, and
@@ -142,6 +168,9 @@ struct State {
     unreachable: Option<String>,
     /// The `hello` (by rid) that failed, and how: callers waiting for the rules fail as it did.
     hello_failure: Option<(i64, Error)>,
+    /// The broker could not read this connection's messages at all (the wrong endpoint): every
+    /// request fails so at once, until a new connection.
+    misdirected: Option<Error>,
 }
 
 impl State {
@@ -209,11 +238,14 @@ impl Connection {
                 refused: None,
                 unreachable: None,
                 hello_failure: None,
+                misdirected: None,
             }),
         });
         let connection = Connection { inner: inner.clone() };
         connection.ask_rules();
-        tokio::spawn(run(channel, rx, Arc::downgrade(&inner)));
+        let span = tracing::info_span!("cronoq.client", broker = %inner.address);
+        tracing::debug!(parent: &span, "connecting");
+        tokio::spawn(run(channel, rx, Arc::downgrade(&inner)).instrument(span));
         Ok(connection)
     }
 
@@ -255,6 +287,9 @@ impl Connection {
         if let Some(reason) = &state.unreachable {
             return Err(Error::Unavailable(reason.clone()));
         }
+        if let Some(error) = &state.misdirected {
+            return Err(error.clone());
+        }
         let (tx, rx) = oneshot::channel();
         state.pending.insert(
             rid,
@@ -278,12 +313,13 @@ impl Connection {
         body: Option<Vec<u8>>,
         resend: bool,
     ) -> Reply {
-        let rx = {
+        let (rid, rx) = {
             let mut state = self.inner.state.lock().unwrap();
             let rid = state.rid();
             let header = wire::encode_header(tag, fields(rid));
-            self.send(&mut state, rid, header, body, resend, true)?
+            (rid, self.send(&mut state, rid, header, body, resend, true)?)
         };
+        let _outstanding = Outstanding { connection: self, rid, unwait: None };
         rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()))
     }
 
@@ -395,7 +431,9 @@ impl Connection {
             state.watches.insert(rid, watch.clone());
             (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
         };
+        let outstanding = Outstanding { connection: self, rid, unwait: None };
         let reply = rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()));
+        std::mem::forget(outstanding); // answered: nothing to withdraw (and the watch must stay)
         let (header, _) = match reply {
             Ok(reply) => reply,
             Err(e) => {
@@ -437,19 +475,14 @@ impl Connection {
             let header = wire::encode_header("wait", vec![Value::from(rid), Value::from(task_id)]);
             (rid, self.send(&mut state, rid, header, None, true, false)?)
         };
+        // Whether this future times out or is dropped (a `select!`, a `tokio::time::timeout`), the
+        // broker lets go of the wait: it holds a bounded number per task.
+        let _outstanding = Outstanding { connection: self, rid, unwait: Some(task_id) };
         let reply = match give_up {
             None => rx.await,
             Some(at) => match tokio::time::timeout_at(at.into(), rx).await {
                 Ok(r) => r,
-                Err(_) => {
-                    // Tell the broker to let go of the wait.
-                    let mut state = self.inner.state.lock().unwrap();
-                    if state.pending.remove(&rid).is_some() {
-                        let header = wire::encode_header("unwait", vec![Value::from(rid), Value::from(task_id)]);
-                        let _ = self.inner.outbox.send(Cmd::Send { rid: 0, header, body: None });
-                    }
-                    return Err(timed_out(task_id, timeout));
-                }
+                Err(_) => return Err(timed_out(task_id, timeout)),
             },
         };
         let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed().into()))?;
@@ -554,10 +587,26 @@ fn close_state(state: &mut State) {
     }
 }
 
-/// The member a `FAILED_PRECONDITION` says owns the pool instead (its `details`), or None.
-fn moved_to(error: &Error, details: &Value) -> Option<String> {
-    let Error::FailedPrecondition(_) = error else { return None };
-    wire::field(details, "member").and_then(Value::as_str).map(str::to_string)
+/// The error an `error` reply stands for: a cluster member refusing another member's pool says
+/// which (`details`: `{"member": OWNER, "pool": POOL}`), and becomes [`Error::NotOwner`].
+fn refusal(header: &Header) -> Error {
+    let (code, message) = (header.str("code"), header.str("message"));
+    let details = header.get("details");
+    let detail = |key: &str| wire::field(details, key).and_then(Value::as_str).map(str::to_string);
+    match (code, detail("member")) {
+        ("FAILED_PRECONDITION", Some(member)) => {
+            Error::NotOwner { pool: detail("pool").unwrap_or_default(), member, message: message.to_string() }
+        }
+        _ => Error::from_code(code, message),
+    }
+}
+
+/// The member that owns the pool instead, when a member refused it for that reason.
+fn moved_to(error: &Error) -> Option<String> {
+    match error {
+        Error::NotOwner { member, .. } => Some(member.clone()),
+        _ => None,
+    }
 }
 
 fn outcome_of(h: &Header, body: Option<Vec<u8>>) -> TaskOutcome {
@@ -590,7 +639,8 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     if header.tag == "error" && header.str("code") == "UNAUTHENTICATED" {
         // The broker answers a message with a bad token once, whatever it held: every request sent
         // with this token shares its fate.
-        let error = Error::from_code("UNAUTHENTICATED", header.str("message"));
+        let error = Error::from_code("UNAUTHENTICATED", crate::error::for_rust(header.str("message")));
+        tracing::warn!(broker = %inner.address, %error, "the broker refused this client's token");
         state.refused = Some((Instant::now(), error.clone()));
         for (rid, mut p) in state.pending.drain() {
             state.watches.remove(&rid);
@@ -605,6 +655,24 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
         inner.rules.notify_waiters();
         return;
     }
+    if header.tag == "error" && rid == 0 {
+        // No request has rid 0: the broker could not read the message at all. Refused as it is, so
+        // would every later one be: the wrong endpoint (the broker names the right one), or
+        // another protocol version. Fail everything now, and every request until a new connection.
+        let (code, message) = (header.str("code"), header.str("message"));
+        let error = if code == "INVALID_ARGUMENT" && message.contains("endpoint") {
+            Error::WrongEndpoint { address: inner.address.clone(), message: message.to_string() }
+        } else {
+            Error::from_code(code, message)
+        };
+        tracing::warn!(broker = %inner.address, %error, "the broker could not read this client's messages");
+        state.misdirected = Some(error.clone());
+        let rids: Vec<i64> = state.pending.keys().copied().collect();
+        for rid in rids {
+            fail_request(inner, state, rid, error.clone());
+        }
+        return;
+    }
     let Some(mut pending) = state.pending.remove(&rid) else { return };
     if state.hello_rid == Some(rid) {
         state.heard_hello = true;
@@ -617,8 +685,8 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
     let Some(tx) = pending.reply.take() else { return };
     if header.tag == "error" {
         state.watches.remove(&rid);
-        let error = Error::from_code(header.str("code"), header.str("message"));
-        let _ = tx.send(Err(Refused { owner: moved_to(&error, header.get("details")), error }));
+        let error = refusal(&header);
+        let _ = tx.send(Err(Refused { owner: moved_to(&error), error }));
         return;
     }
     if header.tag == "accepted" {
@@ -637,6 +705,12 @@ fn connected(state: &mut State, handshakes: usize, posted: &mut Vec<Posted>, sen
     state.connections += handshakes;
     state.refused = None; // a new connection (maybe a broker with another config) is asked afresh
     state.unreachable = None;
+    state.misdirected = None;
+    if first {
+        tracing::debug!("connected to the broker");
+    } else {
+        tracing::info!(outstanding = state.pending.len(), "reconnected to the broker: re-sending what is outstanding");
+    }
     if !first || handshakes > 1 {
         state.reconnects += 1;
         for (rid, p) in &state.pending {
@@ -699,6 +773,9 @@ fn sweep(inner: &Inner, state: &mut State, channel: &Channel) {
 /// (no connection completed), and those held here are dropped.
 fn give_up(inner: &Inner, state: &mut State, reason: String, held: &mut Vec<Posted>) {
     let error = Error::Unavailable(reason.clone());
+    if state.unreachable.is_none() {
+        tracing::warn!(%reason, "giving up on the broker until a connection succeeds");
+    }
     state.unreachable = Some(reason);
     let rids: Vec<i64> = state.pending.keys().copied().collect();
     for rid in rids {

@@ -14,16 +14,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmpv::Value;
-
 use self::cluster::Router;
 use self::connection::Connection;
 use crate::address::Addresses;
 use crate::answers::{Explanation, TaskInfo};
-use crate::channel::Endpoint;
+use crate::channel::{Endpoint, Token};
 use crate::clustermap::ClusterMap;
 use crate::error::Result;
 use crate::handle::TaskHandle;
+use crate::stats::Stats;
 use crate::task::Task;
 
 /// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
@@ -50,10 +49,11 @@ pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
 pub fn connect(address: impl Addresses) -> Connect {
     Connect {
         addresses: address.into_strings(),
-        token: Vec::new(),
+        token: Token::None,
         curve: None,
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         routing: true,
+        lazy: false,
     }
 }
 
@@ -62,16 +62,37 @@ pub fn connect(address: impl Addresses) -> Connect {
 #[must_use = "a Connect does nothing until awaited"]
 pub struct Connect {
     addresses: Vec<String>,
-    token: Vec<u8>,
+    token: Token,
     curve: Option<String>,
     request_timeout: Duration,
     routing: bool,
+    lazy: bool,
 }
 
 impl Connect {
     /// The token to show the broker (its secret's bytes); none for an open broker.
     pub fn token(mut self, token: impl AsRef<[u8]>) -> Connect {
-        self.token = token.as_ref().to_vec();
+        self.token = Token::Given(token.as_ref().to_vec());
+        self
+    }
+
+    /// Read the token from the environment variable `variable` when awaited (as the `cronoq`
+    /// commands' `--token-env`): [`Error::MissingToken`](crate::Error::MissingToken) naming it if it is not set.
+    pub fn token_env(mut self, variable: impl Into<String>) -> Connect {
+        self.token = Token::Env(variable.into());
+        self
+    }
+
+    /// Return at once, without asking the broker anything (`false`, the default: awaiting asks
+    /// the broker a `ping` and fails as a request would).
+    ///
+    /// By default a mistake shows when the client is made: no broker at the address
+    /// (`Unavailable`, after the second of refused connections the Python client also allows), a
+    /// CURVE mismatch (`Unavailable`), the broker's worker endpoint given for its client endpoint
+    /// ([`Error::WrongEndpoint`](crate::Error::WrongEndpoint)), a token it does not take (`Unauthenticated`). A lazy client
+    /// meets them at its first request instead, and may be made before its broker starts.
+    pub fn lazy(mut self, lazy: bool) -> Connect {
+        self.lazy = lazy;
         self
     }
 
@@ -89,7 +110,7 @@ impl Connect {
     }
 
     /// Route over the cluster the broker is a member of (the default), or, with `false`, talk to
-    /// this broker only: another member's pools are then refused with `FailedPrecondition` naming
+    /// this broker only: another member's pools are then refused with `Error::NotOwner` naming
     /// their owner, and task ids naming another member are `NotFound`.
     pub fn routing(mut self, routing: bool) -> Connect {
         self.routing = routing;
@@ -97,8 +118,16 @@ impl Connect {
     }
 
     async fn open(self) -> Result<Client> {
-        let endpoint = Endpoint::client(&self.addresses, self.token, self.curve.as_deref())?;
+        let token = self.token.resolve()?;
+        let endpoint = Endpoint::client(&self.addresses, token, self.curve.as_deref()).await?;
         let home = Connection::open(endpoint, self.request_timeout)?;
+        if !self.lazy {
+            if let Err(error) = home.ping().await {
+                tracing::warn!(broker = %home.endpoint().describe(), %error, "cannot connect to the broker");
+                home.close();
+                return Err(error);
+            }
+        }
         let router = self.routing.then(|| Arc::new(Router::new(home.clone())));
         Ok(Client { home, router })
     }
@@ -145,6 +174,12 @@ impl Client {
     /// In a cluster it goes to the member that owns the task's pool (the handle then asks that
     /// member); a member refusing the pool for another owner makes the client read the map again and
     /// try once more there.
+    ///
+    /// # Errors
+    ///
+    /// What the broker refuses the task with (`InvalidArgument`, `NotFound` for an undeclared pool,
+    /// `PermissionDenied`, `ResourceExhausted`, ...); `InvalidArgument` before sending for a payload
+    /// over `max_payload_bytes`; `Unavailable` when the broker does not answer in time.
     pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
         let task = &task;
         match &self.router {
@@ -155,18 +190,31 @@ impl Client {
 
     /// Wait for a task's value by id, also one another connection submitted (see
     /// [`TaskHandle::result`]).
+    ///
+    /// # Errors
+    ///
+    /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `NotFound`, `Decode` when
+    /// the result is not a `T`, `Unavailable` when the connection fails.
     pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
         let conn = self.for_task(task_id).await?;
         conn.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
     }
 
     /// Like [`result`](Self::result), giving up with `Timeout` after `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`result`](Self::result), and `Timeout` when `timeout` runs out first.
     pub async fn result_timeout<T: serde::de::DeserializeOwned>(&self, task_id: &str, timeout: Duration) -> Result<T> {
         let conn = self.for_task(task_id).await?;
         conn.wait_ended(task_id, None, Some(timeout)).await?.into_result(task_id)?.decode()
     }
 
     /// A snapshot of a task: state, attempts, timings. NotFound for a task this token may not see.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for a task this token may not see (or one long gone); `Unavailable`.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
         self.for_task(task_id).await?.status(task_id).await
     }
@@ -175,22 +223,38 @@ impl Client {
     /// tasks, its place in its queue, its tenant's path in the fair share, a paused pool, busy
     /// workers, a delay) and when it may start, or how each attempt of a task that ran ended
     /// (docs/scheduling.md, "Why is my task waiting?"). NotFound for a task this token may not see.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` as for [`status`](Self::status); `Unavailable`, also for a map that cannot be read.
     pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
         self.for_task(task_id).await?.explain(task_id).await
     }
 
     /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
     /// `Unavailable` when no reply comes.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound`, `PermissionDenied`; `Unavailable` when no reply comes (it is not re-sent).
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
         self.for_task(task_id).await?.cancel(task_id).await
     }
 
     /// Stop dispatching `pool` (admin token); in a cluster, on the member that owns it.
+    ///
+    /// # Errors
+    ///
+    /// `PermissionDenied` without an admin token, `NotFound` for an undeclared pool, `Unavailable`.
     pub async fn pause(&self, pool: &str) -> Result<()> {
         self.pool_request("pause", pool).await
     }
 
     /// Dispatch `pool` again (admin token); in a cluster, on the member that owns it.
+    ///
+    /// # Errors
+    ///
+    /// As [`pause`](Self::pause).
     pub async fn resume(&self, pool: &str) -> Result<()> {
         self.pool_request("resume", pool).await
     }
@@ -202,43 +266,57 @@ impl Client {
         }
     }
 
-    /// The broker's per-pool statistics (admin token), as a msgpack map.
+    /// The broker's statistics (admin token): per pool, workers, schedules, memory and store.
     ///
     /// In a cluster, every member's, merged as the Python client merges them: `pools` holds every
     /// member's pools (each naming its `member`), `workers` the sum, `members` each member's own
     /// answer, or `{"unreachable": why}` for one that did not answer within 5 s (or the
     /// request_timeout, if shorter); `cluster` is the map's version.
-    pub async fn stats(&self) -> Result<Value> {
-        match &self.router {
-            Some(router) => router.stats().await,
-            None => self.home.stats().await,
-        }
+    ///
+    /// # Errors
+    ///
+    /// `PermissionDenied` without an admin (or viewer) token, `Decode` for a map that does not read,
+    /// `Unavailable`.
+    pub async fn stats(&self) -> Result<Stats> {
+        let value = match &self.router {
+            Some(router) => router.stats().await?,
+            None => self.home.stats().await?,
+        };
+        Stats::from_value(value)
     }
 
     /// The cluster map as the broker gives it (members, their addresses and pools, the map's
     /// version; docs/protocol.md, "Clusters"), or `None` from a broker that is no member of a
     /// cluster. Routing follows the map read here.
-    pub async fn cluster(&self) -> Result<Option<Value>> {
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the broker does not answer or answers with no map.
+    pub async fn cluster(&self) -> Result<Option<ClusterMap>> {
         match &self.router {
             Some(router) => router.cluster().await,
-            None => {
-                let value = self.home.cluster_map().await?;
-                Ok(ClusterMap::parse(&value)?.map(|_| value))
-            }
+            None => ClusterMap::parse(&self.home.cluster_map().await?),
         }
     }
 
     /// A round trip to the broker; `Unavailable` when it does not answer in time.
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` (no answer in time, no broker, a CURVE mismatch), `Unauthenticated`,
+    /// `WrongEndpoint`.
     pub async fn ping(&self) -> Result<()> {
         self.home.ping().await
     }
 
     /// The broker's max_payload_bytes, as it said on connecting (None until it has, or if it never says).
+    #[must_use]
     pub fn max_payload_bytes(&self) -> Option<usize> {
         self.home.max_payload_bytes()
     }
 
     /// How many times the connection was made again (and what was outstanding re-sent).
+    #[must_use]
     pub fn reconnects(&self) -> usize {
         self.home.reconnects()
     }

@@ -233,7 +233,7 @@ pub(crate) fn split_slots(concurrency: u32, owned: &[(String, usize)]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clustermap::MapMember;
+    use crate::clustermap::ClusterMember;
 
     #[test]
     fn slots_split_by_pools_owned_at_least_one_each() {
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_worker_wants_the_members_that_own_or_drain_its_pools() {
-        let member = |name: &str, pools: &[&str]| MapMember {
+        let member = |name: &str, pools: &[&str]| ClusterMember {
             name: name.into(),
             clients: vec![],
             workers: vec![],

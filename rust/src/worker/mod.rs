@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use self::cluster::serve_cluster;
 use self::session::{End, Role, Session, Shared};
 use crate::address::Addresses;
-use crate::channel::Endpoint;
+use crate::channel::{Endpoint, Token};
 use crate::error::{Error, Result};
 use crate::handler::{self, Handler};
 use crate::pool::PoolConfig;
@@ -41,33 +42,75 @@ use crate::task::Payload;
 /// worker.run().await?; // until stopped: running tasks finish first
 /// # Ok(()) }
 /// ```
+#[must_use = "a Worker does nothing until run"]
 pub struct Worker {
     addresses: Vec<String>,
-    token: Vec<u8>,
+    token: Token,
     curve: Option<String>,
     concurrency: u32,
     heartbeat_interval: Duration,
     liveness: u32,
     pools: Vec<(PoolConfig, Handler)>,
     stop_tx: watch::Sender<bool>,
-    done_rx: watch::Receiver<bool>,
-    done_tx: watch::Sender<bool>,
+    phase: watch::Sender<Phase>,
 }
 
-/// Stops a running [`Worker`] gracefully: it takes no more tasks, lets the running ones finish and
-/// report, then leaves. Cloneable.
-#[derive(Clone)]
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("addresses", &self.addresses)
+            .field("token", &self.token)
+            .field("curve_server_key", &self.curve)
+            .field("concurrency", &self.concurrency)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("liveness", &self.liveness)
+            .field("pools", &self.pools.iter().map(|(p, _)| p).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a [`Worker`]'s `run` is: what [`Stopper::stop`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// `run` has not started: a stop asked now makes it return at once when it does.
+    Idle,
+    Running,
+    /// `run` returned, or its future was dropped.
+    Finished,
+}
+
+/// Stops a [`Worker`] gracefully: it takes no more tasks, lets the running ones finish and
+/// report, then leaves. Cloneable; stopping twice is harmless.
+///
+/// A stop is never lost: asked before `run` starts (even before a spawned `run` was first
+/// polled), `run` returns `Ok(())` at once without connecting.
+#[derive(Clone, Debug)]
 pub struct Stopper {
     stop: watch::Sender<bool>,
-    done: watch::Receiver<bool>,
+    phase: watch::Receiver<Phase>,
 }
 
 impl Stopper {
-    /// Ask the worker to stop, and wait until its `run` has returned.
+    /// Ask the worker to stop, and wait until its `run` has returned (at once if it has not
+    /// started, or has already returned).
+    ///
+    /// Cancel-safe: the stop is asked before the first await, so dropping this future only stops
+    /// the waiting.
     pub async fn stop(&self) {
-        let _ = self.stop.send(true);
-        let mut done = self.done.clone();
-        let _ = done.wait_for(|d| *d).await;
+        // `send_replace` keeps the value even while no receiver exists (before `run` subscribes);
+        // `send` would drop it, and the stop with it.
+        self.stop.send_replace(true);
+        let mut phase = self.phase.clone();
+        let _ = phase.wait_for(|p| *p != Phase::Running).await;
+    }
+}
+
+/// Marks `run` finished however it ends (returned, or its future dropped).
+struct Finishing(watch::Sender<Phase>);
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.0.send_replace(Phase::Finished);
     }
 }
 
@@ -79,24 +122,30 @@ impl Worker {
     /// the moment it has taken over. `run` fails with `InvalidArgument` when none is given.
     pub fn new(address: impl Addresses) -> Worker {
         let (stop_tx, _) = watch::channel(false);
-        let (done_tx, done_rx) = watch::channel(false);
+        let (phase, _) = watch::channel(Phase::Idle);
         Worker {
             addresses: address.into_strings(),
-            token: Vec::new(),
+            token: Token::None,
             curve: None,
             concurrency: 4,
             heartbeat_interval: Duration::from_secs(1),
             liveness: 3,
             pools: Vec::new(),
             stop_tx,
-            done_rx,
-            done_tx,
+            phase,
         }
     }
 
     /// The token to show the broker (a `worker` or `admin` role's secret).
     pub fn token(mut self, token: impl AsRef<[u8]>) -> Worker {
-        self.token = token.as_ref().to_vec();
+        self.token = Token::Given(token.as_ref().to_vec());
+        self
+    }
+
+    /// Read the token from the environment variable `variable` when `run` starts (as
+    /// `cronoq-worker --token-env`): `run` fails with [`Error::MissingToken`] naming it if it is not set.
+    pub fn token_env(mut self, variable: impl Into<String>) -> Worker {
+        self.token = Token::Env(variable.into());
         self
     }
 
@@ -106,9 +155,10 @@ impl Worker {
         self
     }
 
-    /// At most `n` tasks at once over all pools (default 4; 0 is taken as 1).
+    /// At most `n` tasks at once over all pools (default 4). `run` fails with `InvalidArgument`
+    /// for 0, as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) does.
     pub fn concurrency(mut self, n: u32) -> Worker {
-        self.concurrency = n.max(1);
+        self.concurrency = n;
         self
     }
 
@@ -136,8 +186,9 @@ impl Worker {
     }
 
     /// A handle that stops this worker gracefully.
+    #[must_use]
     pub fn stopper(&self) -> Stopper {
-        Stopper { stop: self.stop_tx.clone(), done: self.done_rx.clone() }
+        Stopper { stop: self.stop_tx.clone(), phase: self.phase.subscribe() }
     }
 
     /// Serve until stopped. Returns the broker's refusal (`NotFound` for an undeclared pool,
@@ -147,10 +198,28 @@ impl Worker {
     /// Given a cluster member's address, the worker serves the whole cluster: it reads the map,
     /// registers with each member that owns some of its pools (through a connection of its own,
     /// with a share of the slots) and follows the map as the members report it.
+    ///
+    /// Cancel-safe in the sense tokio uses: dropping the future closes the connections at once
+    /// (running handlers are not awaited, and the broker re-queues their tasks when it misses the
+    /// worker), and a [`Stopper::stop`] waiting on it returns.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` (no pool, concurrency 0, a bad address or key), `MissingToken`,
+    /// `WrongEndpoint` (the broker's client endpoint), `Unavailable` (a CURVE handshake that cannot
+    /// succeed at any address), and the broker's refusal of the worker, as above.
     pub async fn run(self) -> Result<()> {
-        let done = self.done_tx.clone();
-        let result = self.serve().await;
-        let _ = done.send(true);
+        self.phase.send_replace(Phase::Running);
+        let _finishing = Finishing(self.phase.clone());
+        if *self.stop_tx.borrow() {
+            return Ok(()); // stopped before it started
+        }
+        let span = tracing::info_span!("cronoq.worker", broker = %self.addresses.join(","));
+        let result = self.serve().instrument(span.clone()).await;
+        match &result {
+            Ok(()) => tracing::info!(parent: &span, "the worker stopped"),
+            Err(error) => tracing::error!(parent: &span, %error, "the worker cannot serve"),
+        }
         result
     }
 
@@ -160,7 +229,13 @@ impl Worker {
                 "a Worker needs at least one pool: add one with .pool(config, handler)".into(),
             ));
         }
-        let endpoint = Endpoint::worker(&self.addresses, self.token.clone(), self.curve.as_deref())?;
+        if self.concurrency == 0 {
+            return Err(Error::InvalidArgument(
+                "a Worker's concurrency must be at least 1, got 0: it is how many tasks run at once".into(),
+            ));
+        }
+        let token = self.token.resolve()?;
+        let endpoint = Endpoint::worker(&self.addresses, token, self.curve.as_deref()).await?;
         let shared = Arc::new(Shared {
             endpoint: endpoint.clone(),
             heartbeat_interval: self.heartbeat_interval,

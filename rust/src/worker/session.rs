@@ -157,6 +157,7 @@ impl Session {
         let mut ticked = false;
         loop {
             if self.channel.dealer.handshakes() > 0 {
+                tracing::info!(broker = %self.endpoint.describe(), "connected: registering");
                 self.registered = false;
                 if stopping.is_none() {
                     self.register();
@@ -324,6 +325,10 @@ impl Session {
                                 None => None,
                             };
                             let outcome = handler::run(handler, payload).await;
+                            if let Err(failure) = &outcome {
+                                tracing::warn!(task = %id, pool, attempt, r#type = %failure.r#type,
+                                    message = %failure.message, "a handler failed");
+                            }
                             let _ = finished.send((id, attempt, outcome));
                         });
                     }
@@ -369,9 +374,21 @@ impl Session {
                 // A refused registration is a mistake of configuration, and a refused token no longer
                 // serves: stop and report it. An error about a message without a rid (a `done` the
                 // broker could not take) costs only that message.
-                if command.rid() != 0 || code == "UNAUTHENTICATED" || code == "PERMISSION_DENIED" {
-                    return Next::Stop(Error::from_code(code, command.str("message")));
+                let message = command.str("message");
+                if command.rid() == 0 && code == "INVALID_ARGUMENT" && message.contains("endpoint") {
+                    // The broker could not read a message at all and names its other endpoint:
+                    // this is its client endpoint. No retry can help.
+                    let error =
+                        Error::WrongEndpoint { address: self.endpoint.describe(), message: message.to_string() };
+                    tracing::error!(%error, "the broker refused this worker");
+                    return Next::Stop(error);
                 }
+                if command.rid() != 0 || code == "UNAUTHENTICATED" || code == "PERMISSION_DENIED" {
+                    let error = Error::from_code(code, crate::error::for_rust(message));
+                    tracing::error!(%error, "the broker refused this worker");
+                    return Next::Stop(error);
+                }
+                tracing::warn!(code, message, "the broker refused a message of this worker");
             }
             _ => {} // heartbeat: being heard is all it says
         }
