@@ -144,7 +144,6 @@ async def _report(out: TextIO, stop: asyncio.Event, line: Callable[[], str]) -> 
 
 async def load(address: str, out: TextIO, seconds: float, window: int, token: str | None,
                connections: int = 1, payload_bytes: int = 0, rate: float = 0.0) -> None:
-    stop = _stopper(seconds)
     done = errors = 0
     # With payload_bytes, every task carries that much padding: the broker's journal writes grow with it.
     pad = os.urandom(payload_bytes) if payload_bytes else None
@@ -188,6 +187,9 @@ async def load(address: str, out: TextIO, seconds: float, window: int, token: st
     try:
         for sched in scheds:
             await sched.ping()
+        # The load's `seconds` count from here: on a busy machine starting and connecting can take most of a short
+        # run, which then reported a single progress line and no rate.
+        stop = _stopper(seconds)
         lanes = [asyncio.ensure_future(lane(scheds[k % connections], k)) for k in range(window)]
         if rate:
             lanes.append(asyncio.ensure_future(pace()))

@@ -15,6 +15,17 @@ from typing import Any
 
 from cronoq.errors import InvalidArgument
 
+# The states of a task (TaskInfo.state, and what a result says happened). The core's rules move a task between
+# them (core/task.py); they live here, in the vocabulary every process shares, so that a client reading an
+# outcome need not load the scheduling core.
+QUEUED = "queued"
+DELAYED = "delayed"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+EXPIRED = "expired"
+
 KEPT_ATTEMPT_ENDS = 16
 """How many of a task's attempts that ended without ending it (retried, worker lost) its record keeps, the last
 ones: memory and the journal's snapshots follow the live tasks, not how often one of them failed."""

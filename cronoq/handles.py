@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cronoq.core import CANCELLED, EXPIRED, FAILED, SUCCEEDED
+from cronoq.answers import CANCELLED, EXPIRED, FAILED, SUCCEEDED
 from cronoq.errors import Cancelled, CronoqError, DeadlineExceeded, TaskFailed
 from cronoq.wire.protocol import decode_body
 

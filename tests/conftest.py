@@ -35,6 +35,16 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.dist = "worksteal"  # tests take from 0.01 s to minutes: an idle worker takes queued ones
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every Python process the suite starts keeps its compiled bytecode (support.cached_bytecode), including the
+    ones the benchmarks, the Rust crate's tests and pytest-xdist start, which build their own environments from
+    this one: under PYTHONDONTWRITEBYTECODE each would compile cronoq afresh."""
+    kept = support.cached_bytecode(dict(os.environ))
+    if "PYTHONPYCACHEPREFIX" in kept and "PYTHONPYCACHEPREFIX" not in os.environ:
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = kept["PYTHONPYCACHEPREFIX"]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """What `-n auto` means here: WORKERS_PER_CORE workers per core (measured on 2 cores: see README.md)."""

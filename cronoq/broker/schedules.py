@@ -27,10 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 from cronoq.core import PRIORITIES
 from cronoq.errors import ScheduleError
+
+
+def _croniter() -> Any:
+    """croniter's class, imported on first use: a broker without [[schedules]] starts without loading it."""
+    from croniter import croniter
+
+    return croniter
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class Schedule:
                 f"expected a five-field cron expression (minute hour day month weekday, optionally "
                 f"a sixth for seconds), got {self.cron!r}"
             )
-        if not croniter.is_valid(self.cron):
+        if not _croniter().is_valid(self.cron):
             raise ScheduleError(f"not a valid cron expression: {self.cron!r}")
         try:
             zone = ZoneInfo(self.timezone)
@@ -68,12 +73,12 @@ class Schedule:
     def next_tick(self, after: float) -> float:
         """The first tick strictly after `after` (Unix seconds)."""
         start = datetime.datetime.fromtimestamp(after, self._zone)
-        return float(croniter(self.cron, start).get_next(float))
+        return float(_croniter()(self.cron, start).get_next(float))
 
     def previous_tick(self, at_or_before: float) -> float:
         """The last tick at or before `at_or_before`."""
         start = datetime.datetime.fromtimestamp(at_or_before + 1e-6, self._zone)
-        return float(croniter(self.cron, start).get_prev(float))
+        return float(_croniter()(self.cron, start).get_prev(float))
 
     def key(self, tick: float) -> str:
         """The idempotency key of this schedule's task for `tick` (in the broker's reserved namespace)."""

@@ -52,7 +52,7 @@ from cronoq.broker.membership import Membership
 from cronoq.broker.messages import (
     body_frame, check_frame_count, error_reply, refuse_if_misdirected, wrong_endpoint_hint,
 )
-from cronoq.broker.metrics import BrokerMetrics, registry_for, serve_metrics
+from cronoq.broker.metrics import BrokerMetrics
 from cronoq.broker.outbox import Outbox
 from cronoq.broker.statistics import STATS_TENANTS, StatsReplies
 from cronoq.broker.workers import WorkerEntry, WorkerRegistry
@@ -248,6 +248,8 @@ class Broker:
         """Serve /metrics when the config asks for it (on `sockets`, when a standby held its address). Raises OSError
         when the address cannot be bound."""
         if self.config.metrics is not None:
+            from cronoq.broker.exposition import registry_for, serve_metrics  # prometheus-client: only when asked
+
             registry = registry_for(self.stats, self.metrics, self.config.member)
             self._metrics_servers = await serve_metrics(self.config.metrics, registry, sockets)
 

@@ -13,13 +13,7 @@ from typing import TYPE_CHECKING, Hashable
 if TYPE_CHECKING:
     from cronoq.core.pool import TenantStats
 
-QUEUED = "queued"
-DELAYED = "delayed"
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-EXPIRED = "expired"
+from cronoq.answers import CANCELLED, DELAYED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED  # noqa: F401 (the core's names)
 
 LIVE_STATES: frozenset[str] = frozenset({QUEUED, DELAYED, RUNNING})
 """States of a task the core still holds."""

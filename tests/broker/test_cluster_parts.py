@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, strategies as st
 from prometheus_client import generate_latest
 
-from cronoq.broker.metrics import BrokerMetrics, registry_for
+from cronoq.broker.exposition import registry_for
+from cronoq.broker.metrics import BrokerMetrics
 from cronoq.client.text import status_text, top_frame
 from cronoq.errors import InvalidArgument
 from cronoq.worker.cluster import split_slots, wanted_pools

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cronoq.broker.metrics import BrokerMetrics, Histogram, registry_for
+from cronoq.broker.exposition import registry_for
+from cronoq.broker.metrics import BrokerMetrics, Histogram
 from cronoq.core import PoolSettings, SchedulerCore, Task
 
 

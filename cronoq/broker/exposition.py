@@ -1,0 +1,234 @@
+"""Prometheus metrics for the broker, served from the broker's own loop.
+
+prometheus-client writes the text exposition format; we do not use its HTTP
+server, which runs in a thread and would read the broker's state while the
+loop changes it. Instead a small asyncio server on the broker's loop renders
+the registry on each scrape, and a custom collector reads the core's
+statistics and the broker's counters (broker/metrics.py) at that moment.
+
+Only a broker whose config sets `metrics` imports this module (and so
+prometheus-client): the others start without paying for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from cronoq.broker.metrics import DROP_REASONS, BrokerMetrics, Histogram
+
+log = logging.getLogger("cronoq.metrics")
+
+
+class BrokerCollector:
+    """A prometheus-client collector over the broker's statistics and its BrokerMetrics."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics) -> None:
+        self._stats = stats
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        pools = stats.get("pools", {})
+        yield _gauge("cronoq_workers_connected", "Workers registered with the broker.", [], [([], stats.get("workers", 0))])
+        yield _gauge("cronoq_pool_workers", "Registered workers serving the pool.", ["pool"],
+                     [([name], p.get("workers", 0)) for name, p in pools.items()])
+        yield _gauge("cronoq_pool_paused", "1 when the pool is paused (accepts but does not dispatch).", ["pool"],
+                     [([name], int(p["paused"])) for name, p in pools.items()])
+        yield _gauge("cronoq_queued_tasks", "Tasks waiting to be dispatched, by pool and priority class.",
+                     ["pool", "class"],
+                     [([name, cls], c["queued"]) for name, p in pools.items() for cls, c in p["classes"].items()])
+        yield _gauge("cronoq_delayed_tasks", "Tasks waiting for their delay or retry backoff.", ["pool"],
+                     [([name], p["delayed"]) for name, p in pools.items()])
+        yield _gauge("cronoq_running_tasks", "Tasks held by workers, by pool and priority class.", ["pool", "class"],
+                     [([name, cls], c["running"]) for name, p in pools.items() for cls, c in p["classes"].items()])
+        tenants = [(name, tenant or "", t) for name, p in pools.items() for tenant, t in p["tenants"].items()]
+        yield _gauge("cronoq_tenant_queued_tasks", "Tasks waiting, by pool and tenant ('' for none).",
+                     ["pool", "tenant"], [([pool, tenant], t["queued"]) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_tenant_running_tasks", "Tasks running, by pool and tenant.", ["pool", "tenant"],
+                     [([pool, tenant], t["running"]) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_tenant_weight", "The tenant's weight in the pool's fair share.", ["pool", "tenant"],
+                     [([pool, tenant], t["weight"]) for pool, tenant, t in tenants])
+        unit = {name: p.get("share_unit", "dispatches") for name, p in pools.items()}
+        yield _gauge("cronoq_tenant_lag_dispatches",
+                     "Dispatches the tenant trails (+) or leads (-) its place in the fair order, w*(V-S) summed over "
+                     "the classes: between -1 and 0 per class on a correct broker; see docs/scheduling.md. Pools that "
+                     "share by cost or run time are in cronoq_tenant_lag only.",
+                     ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants
+                                          if unit[pool] == "dispatches"])
+        yield _gauge("cronoq_tenant_lag",
+                     "What the tenant trails (+) or leads (-) its place in the fair order, in the pool's share unit "
+                     "(`unit`: dispatches, cost or seconds of worker time); see docs/scheduling.md.",
+                     ["pool", "tenant", "unit"],
+                     [([pool, tenant, unit[pool]], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+        yield _gauge("cronoq_pool_share_by", "1 for what the pool's fair share counts (share_by): dispatches, cost "
+                     "or runtime.", ["pool", "share_by"],
+                     [([name, p.get("share_by", "dispatches")], 1) for name, p in pools.items()])
+        yield _gauge("cronoq_tenant_weighted_share",
+                     "The fraction of the pool's fair dispatches the weights promise the tenant's own tasks now "
+                     "(the tenant tree's share; compare with cronoq_dispatches_total).", ["pool", "tenant"],
+                     [([pool, tenant], t.get("own_weighted_share", 0.0)) for pool, tenant, t in tenants])
+        ceilings = [(name, node, c) for name, p in pools.items() for node, c in (p.get("ceilings") or {}).items()]
+        yield _gauge("cronoq_tenant_ceiling", "The most tasks of the tenant's subtree that may run at once "
+                     "(tenant_limits).", ["pool", "tenant"], [([pool, node], c["limit"]) for pool, node, c in ceilings])
+        yield _gauge("cronoq_tenant_ceiling_running_tasks", "Running tasks of the tenant's subtree, counted "
+                     "against its ceiling.", ["pool", "tenant"],
+                     [([pool, node], c["running"]) for pool, node, c in ceilings])
+        yield _gauge("cronoq_tenant_capped", "1 while the tenant is at its ceiling (none of its tasks starts).",
+                     ["pool", "tenant"], [([pool, node], int(c["capped"])) for pool, node, c in ceilings])
+        yield _gauge("cronoq_tenant_capped_seconds", "How long the tenant has been at its ceiling (0 when it is "
+                     "not).", ["pool", "tenant"],
+                     [([pool, node], c.get("capped_for") or 0.0) for pool, node, c in ceilings])
+        rates = [(name, node, r) for name, p in pools.items() for node, r in (p.get("rates") or {}).items()]
+        yield _gauge("cronoq_tenant_rate", "The most tasks of the tenant's subtree started per second "
+                     "(tenant_rates).", ["pool", "tenant"], [([pool, node], r["rate"]) for pool, node, r in rates])
+        yield _gauge("cronoq_tenant_rate_limited", "1 while the tenant is out of rate tokens (none of its tasks "
+                     "starts until its next one).", ["pool", "tenant"],
+                     [([pool, node], int(bool(r["limited"]))) for pool, node, r in rates])
+        yield _gauge("cronoq_tenant_rate_next_start_seconds", "Seconds until a rate-limited tenant may start a task "
+                     "again (0 when it may now).", ["pool", "tenant"],
+                     [([pool, node], r.get("next_start_in") or 0.0) for pool, node, r in rates])
+        minimums = [(name, node, m) for name, p in pools.items() for node, m in (p.get("minimums") or {}).items()]
+        yield _gauge("cronoq_tenant_minimum", "Running tasks the tenant's subtree is guaranteed while it has work "
+                     "queued (tenant_minimums).", ["pool", "tenant"],
+                     [([pool, node], m["minimum"]) for pool, node, m in minimums])
+        yield _gauge("cronoq_tenant_minimum_running_tasks", "Running tasks of the tenant's subtree, counted against "
+                     "its minimum.", ["pool", "tenant"], [([pool, node], m["running"]) for pool, node, m in minimums])
+        yield _gauge("cronoq_tenant_under_minimum", "1 while the tenant runs fewer than its minimum (its tasks go "
+                     "ahead of the fair order).", ["pool", "tenant"],
+                     [([pool, node], int(bool(m["under"]))) for pool, node, m in minimums])
+        dispatches = CounterMetricFamily("cronoq_dispatches", "Tasks handed to workers.", labels=["pool", "tenant"])
+        for pool, tenant, t in tenants:
+            dispatches.add_metric([pool, tenant], t["dispatched"])
+        yield dispatches
+        completions = CounterMetricFamily("cronoq_task_completions", "Tasks that reached a terminal state, by outcome.",
+                                          labels=["pool", "outcome"])
+        for (pool, outcome), count in sorted(self._metrics.completions.items()):
+            completions.add_metric([pool, outcome], count)
+        yield completions
+        late = CounterMetricFamily("cronoq_late_results", "Results (and failures) that came from a worker after "
+                                   "the broker took their task back from it (the worker was lost); dropped.")
+        late.add_metric([], stats.get("late_results", 0))
+        yield late
+        resets = CounterMetricFamily("cronoq_dashboard_connections_reset", "Dashboard connections the peer reset "
+                                     "or closed in the middle of a request or its answer.")
+        resets.add_metric([], self._metrics.dashboard.reset)
+        yield resets
+        dropped = CounterMetricFamily("cronoq_dashboard_connections_dropped", "Dashboard connections the broker "
+                                      "ended early, by reason: timeout, evicted (an unauthenticated one waiting, to "
+                                      "make room), refused (no room).", labels=["reason"])
+        for reason in DROP_REASONS:
+            dropped.add_metric([reason], self._metrics.dashboard.dropped[reason])
+        yield dropped
+        yield _histogram_family("cronoq_queue_wait_seconds", "Time from submission to (last) dispatch.",
+                                self._metrics.queue_wait)
+        yield _histogram_family("cronoq_run_time_seconds", "Time from (last) dispatch to the outcome.",
+                                self._metrics.run_time)
+        commit = HistogramMetricFamily("cronoq_journal_commit_seconds", "Time to write one group commit to disk.")
+        commit.add_metric([], self._metrics.commit_seconds.buckets(), self._metrics.commit_seconds.sum)
+        sync = HistogramMetricFamily("cronoq_journal_sync_seconds",
+                                     "Time of one fdatasync of the journal, in the broker's sync thread "
+                                     "(durability \"sync\", about once a second).")
+        sync.add_metric([], self._metrics.sync_seconds.buckets(), self._metrics.sync_seconds.sum)
+        yield commit
+        yield sync
+        passes = HistogramMetricFamily("cronoq_loop_pass_seconds",
+                                       "Time the broker's loop spent in one pass (handle, dispatch, commit, send).")
+        passes.add_metric([], self._metrics.pass_seconds.buckets(), self._metrics.pass_seconds.sum)
+        yield passes
+        cpu = HistogramMetricFamily("cronoq_loop_pass_cpu_seconds",
+                                    "CPU time the broker's loop used in one pass (below the pass's time when the "
+                                    "machine ran other processes meanwhile).")
+        cpu.add_metric([], self._metrics.pass_cpu_seconds.buckets(), self._metrics.pass_cpu_seconds.sum)
+        yield cpu
+        beat = HistogramMetricFamily("cronoq_loop_heartbeat_seconds",
+                                     "Time the broker's loop spent on its once-a-heartbeat work (beats, liveness, "
+                                     "sweeps, a journal compaction when one is due).")
+        beat.add_metric([], self._metrics.heartbeat_seconds.buckets(), self._metrics.heartbeat_seconds.sum)
+        yield beat
+        start = HistogramMetricFamily("cronoq_snapshot_start_seconds",
+                                     "Time the broker's loop spent starting a compaction's snapshot writer: a fork, "
+                                     "or handing a new process's start to the housekeeping thread.")
+        start.add_metric([], self._metrics.snapshot_start_seconds.buckets(), self._metrics.snapshot_start_seconds.sum)
+        yield start
+        spawn = HistogramMetricFamily("cronoq_snapshot_spawn_seconds",
+                                      "Time the broker's housekeeping thread spent starting a compaction's process "
+                                      "that reads the files back (the loop does not wait for it).")
+        spawn.add_metric([], self._metrics.snapshot_spawn_seconds.buckets(), self._metrics.snapshot_spawn_seconds.sum)
+        yield spawn
+        yield _histogram_family("cronoq_gc_pause_seconds", "Time one collection of Python's garbage collector took.",
+                                {str(g): h for g, h in enumerate(self._metrics.gc_seconds)}, label="generation")
+
+
+def _gauge(name: str, documentation: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _histogram_family(name: str, documentation: str, by_pool: dict[str, Histogram],
+                      label: str = "pool") -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=[label])
+    for pool, histogram in sorted(by_pool.items()):
+        family.add_metric([pool], histogram.buckets(), histogram.sum)
+    return family
+
+
+class MemberLabel:
+    """Wraps a collector so every sample also carries `member="NAME"`: each member of a cluster serves its own
+    metrics, and one Prometheus scraping them all tells them apart by it."""
+
+    def __init__(self, inner: BrokerCollector, member: str) -> None:
+        self._inner = inner
+        self._member = member
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._inner.collect():
+            family.samples = [sample._replace(labels={**sample.labels, "member": self._member})
+                              for sample in family.samples]
+            yield family
+
+
+def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics,
+                 member: str | None = None) -> CollectorRegistry:
+    """The registry /metrics serves; a cluster member's labels every sample with its `member` name."""
+    registry = CollectorRegistry(auto_describe=False)
+    collector = BrokerCollector(stats, metrics)
+    registry.register(collector if member is None else MemberLabel(collector, member))  # type: ignore[arg-type]
+    return registry
+
+
+async def serve_metrics(address: str, registry: CollectorRegistry,
+                        sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
+    """Serve GET /metrics at "host:port" on the running loop (on `sockets` when given: listening at it already);
+    returns the asyncio servers."""
+    host, _, port = address.rpartition(":")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass  # headers: nothing in them changes the answer
+            parts = request.split()
+            if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] in (b"/metrics", b"/"):
+                body, status = generate_latest(registry), b"200 OK"
+                content_type = b"text/plain; version=0.0.4; charset=utf-8"
+            else:
+                body, status, content_type = b"only GET /metrics is served here\n", b"404 Not Found", b"text/plain"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type +
+                         b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError) as exc:
+            log.debug("metrics request dropped: %s", exc)
+        finally:
+            writer.close()
+
+    if sockets:
+        return [await asyncio.start_server(handle, sock=sock) for sock in sockets]
+    return [await asyncio.start_server(handle, host.strip("[]") or "127.0.0.1", int(port))]
