@@ -37,7 +37,7 @@ async fn main() -> cronoq::Result<()> {
     let mut handles = Vec::new();
     for (tenant, tokens, calls) in [("globex", 1000, 8), ("acme", 4000, 2), ("trial", 500, 1)] {
         for _ in 0..calls {
-            let task = Task::new((tenant, tokens)).pool("llm").tenant(tenant).cost(tokens as f64);
+            let task = Task::new((tenant, tokens)).pool("llm").tenant(tenant).cost(f64::from(tokens));
             handles.push(sched.submit(task).await?);
         }
     }
