@@ -653,6 +653,7 @@ class Broker:
 
     def _on_client_closed(self, conn: Connection, now: float) -> None:
         """A client left: nothing more goes to it (its waiters are skipped as their tasks end)."""
+        self._requests.connection_closed(conn)
 
     def _on_worker_closed(self, conn: Connection, now: float) -> None:
         """A worker's connection ended: it is lost now, not a liveness period later, and its identity is free."""
