@@ -166,3 +166,15 @@ def test_a_core_keeping_its_tasks_in_a_map_restores_into_it():
         core.restore([Task("d", "fifo")], 0.0, index={})
     core.add_worker("w", ["fifo"], 5)
     assert [task.id for _, task in core.dispatch(0.0)] == ["a", "b", "c"]
+
+
+def test_queued_tasks_share_the_cores_strings_for_their_pool_and_tenant():
+    # Names read from each message are strings of their own: a million queued tasks would hold a million copies.
+    core = SchedulerCore(POOLS)
+    first, second = Task("x", "".join(["fa", "ir"]), tenant="".join(["a", "/u"])), Task("y", "fair", tenant="a/u")
+    core.submit(first, 0.0)
+    core.submit(second, 0.0)
+    assert first.pool == "fair" and first.pool is second.pool and first.tenant is second.tenant == "a/u"
+    restored = [Task("r", "".join(["fi", "fo"])), Task("s", "fifo"), Task("t", "".join(["fa", "ir"]), tenant="a")]
+    core.restore(restored, 0.0)
+    assert restored[0].pool is restored[1].pool == "fifo" and restored[2].pool is first.pool
