@@ -407,6 +407,7 @@ class Broker:
             if self._writing is None:
                 sent = bool(self._to_clients) or bool(self._to_workers)
                 self._flush(self._to_clients, self._to_workers)
+                self._data.ship_finished()  # after the replies: they go first, the archiver wakes after
         if fired:
             self._cron.save()  # type: ignore[union-attr]
         self._collector.worked(handled + dispatched)  # after the flush: nobody's reply waits for it
@@ -511,6 +512,7 @@ class Broker:
             self._journal_failed(exc)
             return False
         self._flush(to_clients, to_workers)
+        self._data.ship_finished()
         return True
 
     def _dispatch(self, now: float) -> int:
