@@ -6,7 +6,8 @@ docs/scheduling.md explains them at length):
     SchedulerCore
       _tasks    id -> Task, every live task (queued, delayed, running), but those restored with an
                 `index`: the caller's own map of them, which the core reads instead of copying
-                (a ShardedMap: a million ids grow it without one long pause, core/shards.py)
+                (a ShardedMap: a million ids grow it without one long pause, core/shards.py);
+                after keep_tasks_in(map), the caller's map holds them all and _tasks stays empty
       _timers   heap of delayed tasks by min(not_before, deadline)
       _expiry   heap of queued tasks that have a deadline, by deadline
       _workers  id -> WorkerState (workers.py): the pools a worker serves, its free slots, its leases
