@@ -317,6 +317,32 @@ def shares_table(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def wire_table(path: Path, data: dict[str, Any]) -> list[str]:
+    """`bench/close_to_wire.py`: cronoq (durable, tokens) beside the bare relay, each figure against its bound."""
+    settings = data.get("settings", {})
+    what = {"sequential": f"one task at a time: round trip p50 ms ({_n(settings.get('light_tasks'))} tasks)",
+            "throughput": f"tasks/s, {_n(settings.get('tasks'))} tasks, {_n(settings.get('window'))} in flight"
+                          f" (median of {settings.get('repeat', '?')} alternated runs)",
+            "memory": f"broker RSS per queued task, payload aside, B ({_n(settings.get('memory_tasks'))} queued)",
+            "probe": f"probe on another pool at full rate: p99 ms ({_n(settings.get('probe_seconds'), 'g')} s each)"}
+    rows = []
+    for f in data["figures"]:
+        name = f["figure"]
+        if name == "memory":
+            met = f["cronoq"] <= f["target_bytes"]
+            rows.append([what[name], "—", _n(f["cronoq"]), "—", f"≤ {_n(f['target_bytes'])} B",
+                         "met" if met else "**not met**"])
+            continue
+        fmt = ",.0f" if name == "throughput" else ".3f" if name == "sequential" else ".2f"
+        met = f["ratio"] >= f["target_ratio"] if name == "throughput" else f["ratio"] <= f["target_ratio"]
+        bound = ("≥ " if name == "throughput" else "≤ ") + f"{f['target_ratio']:g}×"
+        rows.append([what[name], _n(f["relay"], fmt), _n(f["cronoq"], fmt), _n(f["ratio"], ".2f") + "×", bound,
+                     "met" if met else "**not met**"])
+    head = _source(path, _when(data["timestamp"]), data.get("machine", {}))
+    return [head + f" Other processes used {_n(data.get('foreign_load_cores'), '.2f')} cores meanwhile.", "",
+            *_table(["figure", "relay", "cronoq", "cronoq ÷ relay", "bound", ""], rows, right=(1, 2, 3))]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Which file feeds which table
 
@@ -372,6 +398,9 @@ def tables(names: Iterable[str], results: Path = RESULTS) -> dict[str, list[str]
     found = _newest(_stamped(names, "shares-"), load, lambda d: not d.get("quick"))
     if found:
         out["shares"] = shares_table(*found)
+    found = _newest(_stamped(names, "wire-"), load, lambda d: True)
+    if found:
+        out["wire"] = wire_table(*found)
     if "fairness-adversarial.json" in names:
         out["fairness"] = fairness_table(*load("fairness-adversarial.json"))
     return out

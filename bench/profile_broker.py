@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/profile_broker.py", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to sample (default 10)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second (default 250)")
-    parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--window", type=int, default=1000, help="tasks in flight (1: a sequential round trip)")
     parser.add_argument("--durability", choices=("default", "none"), default="default")
     parser.add_argument("--no-tokens", action="store_true")
     parser.add_argument("--process", choices=("broker", "client", "worker"), default="broker",
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     raw.parent.mkdir(parents=True, exist_ok=True)
     tokens = not args.no_tokens
     token = TOKENS["BENCH_CLIENT_TOKEN"] if tokens else None
-    # Enough tasks to outlast the sampling at the rates this machine reaches.
-    tasks = int(args.seconds * 12_000) + 20_000
+    # Enough tasks to outlast the sampling at the rates this machine reaches (one at a time: ~2,000/s).
+    tasks = int(args.seconds * (12_000 if args.window > 1 else 2_500)) + (20_000 if args.window > 1 else 2_000)
     with cronoq_stack(durable=args.durability == "default", tokens=tokens, workers=2, concurrency=64) as stack:
         uvloop.run(drive_cronoq(stack.address, 5_000, args.window, token=token))  # warm-up
         pid = {"broker": stack.broker.pid, "client": os.getpid(), "worker": stack.workers[0].pid}[args.process]

@@ -7,6 +7,12 @@ after the pass's group commit. A client waiting for a task is remembered on
 the task's record, with the connection it asked on, and gets its outcome
 from `deliver_outcome` when the book says the task ended, if that connection
 is still there.
+
+A waiter is one int on the record, `rid << WAITER_SERIAL_BITS | serial`: the
+request id the outcome goes under and the serial number of the connection
+(cronoq.broker.connections), which `ClientRequests` maps back to the
+connection while it lasts. Every watched queued task holds one, and an int
+costs 32 bytes where a (connection, rid) tuple and its rid cost 88.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ log = logging.getLogger("cronoq.broker")
 
 # Waits on one task: each costs a little memory until the task ends, so a flood of them is refused.
 MAX_WAITERS_PER_TASK = 1024
+# A waiter's low bits are its connection's serial number: 2**32 connections before two could share them.
+WAITER_SERIAL_BITS = 32
+_SERIAL_MASK = (1 << WAITER_SERIAL_BITS) - 1
 # The first fields of SubmitRequest, in the order `_submit` passes them: by position, a submit's request takes
 # half the time it takes by keyword.
 _SUBMIT_FIELDS = ("payload", "pool", "tenant", "priority", "deadline", "delay", "key", "max_retries", "submission")
@@ -71,6 +80,8 @@ class ClientRequests:
                  cluster: Callable[[], dict[str, Any] | None] = lambda: None, member: str | None = None,
                  set_aside: Callable[[Connection, RestOfBatch], None] | None = None) -> None:
         self._book = book
+        # serial -> connection, for the connections some task's record names as a waiter, until they end.
+        self._waiting: dict[int, Connection] = {}
         self._set_aside = set_aside
         self._owner_check = owner_check
         self._cluster = cluster
@@ -135,11 +146,17 @@ class ClientRequests:
     def deliver_outcome(self, record: TaskRecord) -> None:
         """The task ended: send its outcome to everyone still connected who waits for it."""
         waiters, record.waiters = record.waiters, None
-        if type(waiters) is tuple:
-            self._send_outcome(*waiters, record)
-        elif waiters:
-            for conn, rid in waiters:
-                self._send_outcome(conn, rid, record)
+        if waiters is None:
+            return
+        waiting = self._waiting
+        for waiter in ((waiters,) if type(waiters) is int else waiters):
+            conn = waiting.get(waiter & _SERIAL_MASK)
+            if conn is not None:  # else its connection ended: it waits no more
+                self._send_outcome(conn, waiter >> WAITER_SERIAL_BITS, record)
+
+    def connection_closed(self, conn: Connection) -> None:
+        """A client connection ended: the tasks it waited for will find no one to answer."""
+        self._waiting.pop(conn.serial, None)
 
     def _send_outcome(self, conn: Connection, rid: int, record: TaskRecord) -> None:
         if not conn.alive:  # the waiter's connection ended: whoever holds its identity now is someone else
@@ -165,7 +182,7 @@ class ClientRequests:
                 principal.require("unwait")
                 record = self._book.records.get(request.id)
                 if record is not None:
-                    _remove_waiter(record, (conn, request.rid))
+                    _remove_waiter(record, request.rid << WAITER_SERIAL_BITS | conn.serial)
             case protocol.Status():
                 principal.require("status")
                 self._visible_record(principal, request.id)
@@ -249,7 +266,8 @@ class ClientRequests:
         if record.finished_at is not None:
             self._send_outcome(conn, rid, record)
         else:
-            _add_waiter(record, (conn, rid))
+            self._waiting[conn.serial] = conn
+            _add_waiter(record, rid << WAITER_SERIAL_BITS | conn.serial)
 
     def _visible_record(self, principal: Principal, task_id: str) -> TaskRecord:
         """The task's record if this principal may see it; else NotFound, word for word the answer for an id
@@ -266,13 +284,13 @@ class ClientRequests:
         action(pool)
 
 
-def _add_waiter(record: TaskRecord, waiter: tuple[Connection, int]) -> None:
-    """Remember who waits for a live task's outcome: one waiter as a bare tuple (the common case, kept
+def _add_waiter(record: TaskRecord, waiter: int) -> None:
+    """Remember who waits for a live task's outcome: one waiter as a bare int (the common case, kept
     small because every watched queued task holds one), several in a list."""
     waiters = record.waiters
     if waiters is None:
         record.waiters = waiter
-    elif type(waiters) is tuple:
+    elif type(waiters) is int:
         if waiters != waiter:  # an equal one is a client re-sending its wait: one outcome is enough
             record.waiters = [waiters, waiter]
     elif waiter not in waiters:
@@ -281,7 +299,7 @@ def _add_waiter(record: TaskRecord, waiter: tuple[Connection, int]) -> None:
         waiters.append(waiter)
 
 
-def _remove_waiter(record: TaskRecord, waiter: tuple[Connection, int]) -> None:
+def _remove_waiter(record: TaskRecord, waiter: int) -> None:
     waiters = record.waiters
     if waiters == waiter:
         record.waiters = None

@@ -32,6 +32,7 @@ libzmq, which then reports the disconnect like any other.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -48,6 +49,10 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
+# Every connection's serial number, never reused while the broker runs (a descriptor or an identity may be).
+_serials = itertools.count(1)
+
+
 def peer_label(identity: bytes) -> str:
     """How logs name a peer: a short digest, never the identity itself (identities are not to be handed out)."""
     return f"peer-{hash(identity) & 0xFFFFFFFF:08x}"
@@ -57,10 +62,13 @@ class Connection:
     """One live (or just ended) connection of a ROUTER socket."""
 
     __slots__ = ("fd", "identity", "opened_at", "principal", "alive", "said_all", "backlog", "backlog_bytes",
-                 "parked", "parked_bytes", "last_refusal", "cut")
+                 "parked", "parked_bytes", "last_refusal", "cut", "serial")
 
     def __init__(self, fd: int, opened_at: float) -> None:
         self.fd = fd
+        self.serial = next(_serials)
+        """This connection's number, unique among the broker's connections: what a task's record keeps of who
+        waits for it (cronoq.broker.clients), so that a waiter costs an int rather than a tuple."""
         self.identity: bytes | None = None
         self.opened_at = opened_at
         self.principal: Any = None

@@ -139,13 +139,13 @@ class DataDir:
     def commit_pass(self) -> concurrent.futures.Future[float] | None:
         """A pass's group commit: like `commit`, but a big frame (or, with durability "fsync", any frame) is
         written by the writer thread. Then the future says when it is done, and `written()` must be called
-        with it before the pass's replies go. None: committed already. Raises OSError for a write here."""
+        with it before the pass's replies go. None: committed already. Raises OSError for a write here.
+        Unlike `commit` it ships nothing to the results store: `ship_finished()` does, once the replies are
+        sent (the archiver's process would otherwise wake ahead of the client the outcome is for)."""
         journal = self.journal
         if journal is not None and self._compaction_due:  # (the caller has no write under way)
             self._start_compaction(journal, time.monotonic())  # commits what is pending, here and now
         if journal is None or not journal.dirty:
-            if self.archive is not None:
-                self.archive.exchange(self._book)
             return None
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cronoq-journal")
@@ -154,14 +154,17 @@ class DataDir:
         if writing is not None:
             return writing
         self._metrics.commit_took(time.perf_counter() - started)
-        if self.archive is not None:
-            self.archive.exchange(self._book)
         return None
 
     def written(self, writing: concurrent.futures.Future[float]) -> None:
-        """A commit the writer thread did is on disk: count it, and send what finished to the results store
-        (only now: the store must never hold an outcome the journal may lack). Raises its OSError."""
+        """A commit the writer thread did is on disk: count it. Raises its OSError. (`ship_finished()` then
+        sends what finished to the results store.)"""
         self._metrics.commit_took(writing.result())
+
+    def ship_finished(self) -> None:
+        """After a commit (`commit_pass` or `written`) and the replies it let go: send what finished to the
+        results store, and read its replies (only now: the store must never hold an outcome the journal may
+        lack)."""
         if self.archive is not None:
             self.archive.exchange(self._book)
 

@@ -409,6 +409,7 @@ class Broker:
             if self._writing is None:
                 sent = bool(self._to_clients) or bool(self._to_workers)
                 self._flush(self._to_clients, self._to_workers)
+                self._data.ship_finished()  # after the replies: they go first, the archiver wakes after
         if fired:
             self._cron.save()  # type: ignore[union-attr]
         self._collector.worked(handled + dispatched)  # after the flush: nobody's reply waits for it
@@ -513,6 +514,7 @@ class Broker:
             self._journal_failed(exc)
             return False
         self._flush(to_clients, to_workers)
+        self._data.ship_finished()
         return True
 
     def _dispatch(self, now: float) -> int:
@@ -655,6 +657,7 @@ class Broker:
 
     def _on_client_closed(self, conn: Connection, now: float) -> None:
         """A client left: nothing more goes to it (its waiters are skipped as their tasks end)."""
+        self._requests.connection_closed(conn)
 
     def _on_worker_closed(self, conn: Connection, now: float) -> None:
         """A worker's connection ended: it is lost now, not a liveness period later, and its identity is free."""

@@ -6,7 +6,8 @@ docs/scheduling.md explains them at length):
     SchedulerCore
       _tasks    id -> Task, every live task (queued, delayed, running), but those restored with an
                 `index`: the caller's own map of them, which the core reads instead of copying
-                (a ShardedMap: a million ids grow it without one long pause, core/shards.py)
+                (a ShardedMap: a million ids grow it without one long pause, core/shards.py);
+                after keep_tasks_in(map), the caller's map holds them all and _tasks stays empty
       _timers   heap of delayed tasks by min(not_before, deadline)
       _expiry   heap of queued tasks that have a deadline, by deadline
       _workers  id -> WorkerState (workers.py): the pools a worker serves, its free slots, its leases
@@ -74,7 +75,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from heapq import heappop, heappush
 from operator import attrgetter
-from typing import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Collection, Hashable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 from cronoq.core.pool import ClassQueue, PoolState, TenantStats
 from cronoq.core.settings import PoolSettings, tenant_path
@@ -128,6 +129,9 @@ class SchedulerCore:
         self._tasks: ShardedMap[str, Task] = ShardedMap()
         self._index: Mapping[str, Task] | None = None
         self._indexed = 0  # live tasks found through _index rather than _tasks
+        # Whether `_index` is the caller's map that every submitted task goes into (keep_tasks_in), rather than
+        # one that only holds tasks restored from it.
+        self._shared = False
         self._workers: dict[Hashable, WorkerState] = {}
         self._ready: OrderedDict[Hashable, WorkerState] = OrderedDict()
         self._timers = TimerHeap(DELAYED)
@@ -240,18 +244,33 @@ class SchedulerCore:
             check_task(task)
         if task._seq:
             raise InvalidArgument(f"task {task_id!r} was submitted before; submit a new Task to run it again")
-        if self._index is not None and self._in_index(task_id) is not None:  # restored, and live
-            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
-        tasks = self._tasks  # tasks.setdefault(task_id, task), inline (core/shards.py)
-        shard = tasks.whole or tasks.shards[hash(task_id) % tasks.count]
-        if shard.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
-            raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
-        if len(shard) > tasks.split_at:
-            tasks.split()
+        if self._shared:
+            # Into the caller's map (keep_tasks_in), which may hold an ended task of this id: a live one is a duplicate.
+            tasks = self._index  # type: ignore[assignment]
+            shard = tasks.whole or tasks.shards[hash(task_id) % tasks.count]  # type: ignore[union-attr]
+            held = shard.get(task_id)
+            if held is not None and held._ts is not None and held.state in LIVE_STATES:
+                raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+            shard[task_id] = task
+            self._indexed += 1
+        else:
+            if self._index is not None and self._in_index(task_id) is not None:  # restored, and live
+                raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+            tasks = self._tasks  # tasks.setdefault(task_id, task), inline (core/shards.py)
+            shard = tasks.whole or tasks.shards[hash(task_id) % tasks.count]
+            if shard.setdefault(task_id, task) is not task:  # one lookup both checks and inserts
+                raise InvalidArgument(f"a task with id {task_id!r} is already queued or running; use another id")
+        if len(shard) > tasks.split_at:  # type: ignore[union-attr]
+            tasks.split()  # type: ignore[union-attr]
         ts = pool.tenants.get(tenant)
         if ts is None:
             ts = pool.tenant_stats(tenant)
         task._ts = ts
+        # The task points at the core's own strings for its pool and tenant, which all their tasks share: names
+        # read from each message are strings of their own, about 60 bytes per queued task each.
+        task.pool = pool.name
+        if tenant is not None:
+            task.tenant = ts.tenant
         if not_before is not None and not_before > now:
             self._delay(pool, task)
             return
@@ -299,13 +318,20 @@ class SchedulerCore:
             pool = pools.get(name)
             if pool is None or pool.draining:
                 raise NotFound(no_pool_message(name, pool, self.pool_names()))
-        if index is not None:
+        held: MutableMapping[str, Task] | None
+        if self._shared:
+            # Every task this core holds is in the caller's map: restored ones must be there too.
+            if index is not None and index is not self._index:
+                raise InvalidArgument("restore() of a core that keeps its tasks in a map takes that map or none")
+            held = None if index is not None else self._index  # type: ignore[assignment]
+            self._indexed += len(tasks)
+        elif index is not None:
             if self._tasks or self._index is not None:
                 raise InvalidArgument("restore() with an index is for a core that holds no task yet")
             # Nothing restored, nothing to find there: submits and lookups then skip the index altogether.
             if tasks:
                 self._index, self._indexed = index, len(tasks)
-            held: ShardedMap[str, Task] | None = None
+            held = None
         else:
             held = self._tasks
         count = 0 if held is None else len(held)
@@ -323,6 +349,7 @@ class SchedulerCore:
             if (task.deadline is None and (not_before is None or not_before <= now) and task.pool == run_pool
                     and task.tenant == run_tenant and task.priority == run_priority):
                 task._ts = ts
+                task.pool, task.tenant = run_pool, run_tenant  # shared strings, as in `submit`
                 seq += 1
                 task._seq = seq
                 task.state = QUEUED
@@ -340,6 +367,7 @@ class SchedulerCore:
             if ts is None:
                 ts = pool.tenant_stats(tenant)
             task._ts = ts
+            task.pool, task.tenant = pool.name, ts.tenant  # shared strings, as in `submit`
             if not_before is not None and not_before > now:
                 self._seq = seq
                 self._delay(pool, task)
@@ -364,7 +392,7 @@ class SchedulerCore:
                     rest.tail._next = task
                 rest.tail = tail = task
                 rest.live += 1
-                run_pool, run_tenant, run_priority = task.pool, tenant, task.priority
+                run_pool, run_tenant, run_priority = task.pool, task.tenant, task.priority  # the shared strings
             else:
                 cls.rest.push(task)
             cls.queued += 1
@@ -454,6 +482,20 @@ class SchedulerCore:
         if deadline is None:
             return timer
         return min(timer, deadline)
+
+    def keep_tasks_in(self, index: ShardedMap[str, Task]) -> None:
+        """Keep the live tasks in the caller's `index` (by id) instead of a map of the core's own.
+
+        From now on `submit` adds each task to `index`, and an ended task stays
+        there: the caller, which keeps its ended tasks in the same map (the task
+        book's records), lets them go. So a queued task costs one map entry
+        rather than two. The caller must not take out of `index` a task the
+        core still holds. For a core that holds no task; a later call moves the
+        core to another (empty-handed) map.
+        """
+        if len(self):
+            raise InvalidArgument("keep_tasks_in() is for a core that holds no task")
+        self._index, self._shared = index, True
 
     def get(self, task_id: str) -> Task | None:
         """The live (queued, delayed or running) task with this id, or None."""
@@ -877,7 +919,7 @@ class SchedulerCore:
         tasks = self._tasks  # tasks.pop(task.id, None), inline (core/shards.py)
         if (tasks.whole or tasks.shards[hash(task.id) % tasks.count]).pop(task.id, None) is None:
             self._indexed -= 1  # it was found through the index, which its owner keeps
-            if not self._indexed:
+            if not self._indexed and not self._shared:
                 # The last restored task has left: every live task is in `_tasks` now, and each submit and each
                 # lookup of a task the core does not hold would ask the index for nothing.
                 self._index = None

@@ -35,7 +35,7 @@ def _built() -> dict[str, list[str]]:
 
 def test_every_generated_table_is_what_the_committed_results_give() -> None:
     built = _built()
-    assert set(built) == {"run", "soak", "filldrain", "cluster", "rust", "fairness", "shares"}
+    assert set(built) == {"run", "soak", "filldrain", "cluster", "rust", "fairness", "shares", "wire"}
     stale = figures.differences(figures.README.read_text(), built, every=True)
     assert stale == [], f"run `python bench/figures.py` and commit bench/README.md: {stale} differ"
 

@@ -122,3 +122,59 @@ def test_restore_refuses_an_unknown_pool_or_a_held_id_and_takes_nothing_on_an_un
     core.submit(Task("x", "fifo"), 0.0)
     with pytest.raises(InvalidArgument, match="twice"):
         core.restore([Task("x", "fifo")], 0.0)
+
+
+def test_a_core_keeping_its_tasks_in_the_callers_map_schedules_as_one_with_its_own():
+    from cronoq.core.shards import ShardedMap
+
+    own, keeping = SchedulerCore(POOLS), SchedulerCore(POOLS)
+    records: ShardedMap[str, Task] = ShardedMap(split_at=4)  # splits early: both shapes of the map are used
+    keeping.keep_tasks_in(records)
+    specs = [("fifo", None, 2, None, None, 0), ("fair", "a", 2, 20.0, None, 0), ("fair", "b", 1, None, 50.0, 1),
+             ("fifo", None, 0, None, None, 0), ("fair", "a", 2, None, None, 0), ("fair", "b", 2, None, None, 0)]
+    for task in _tasks(specs):
+        own.submit(task, 0.0)
+    kept = _tasks(specs)
+    for task in kept:
+        keeping.submit(task, 0.0)
+    assert set(records) == {task.id for task in kept} and len(keeping) == len(own) == 6
+    with pytest.raises(InvalidArgument, match="already queued or running"):
+        keeping.submit(Task("t0", "fifo"), 0.0)
+    assert _run(keeping) == _run(own)
+    # Ended tasks stay in the caller's map (the caller lets them go), and the core no longer counts or finds them.
+    assert set(records) == {task.id for task in kept} and len(keeping) == 0
+    assert keeping.get("t0") is None and "t1" not in keeping and list(keeping.tasks()) == []
+    again = Task("t0", "fifo")  # an ended task's id may be used again
+    keeping.submit(again, 300.0)
+    assert records["t0"] is again and keeping.get("t0") is again and len(keeping) == 1
+    with pytest.raises(InvalidArgument, match="holds no task"):
+        keeping.keep_tasks_in(ShardedMap())
+
+
+def test_a_core_keeping_its_tasks_in_a_map_restores_into_it():
+    from cronoq.core.shards import ShardedMap
+
+    core = SchedulerCore(POOLS)
+    records: ShardedMap[str, Task] = ShardedMap()
+    core.keep_tasks_in(records)
+    restored = [Task("a", "fifo"), Task("b", "fifo")]
+    records.update({task.id: task for task in restored})
+    core.restore(restored, 0.0, index=records)
+    core.restore([Task("c", "fifo")], 0.0)  # without the map: the core puts them there
+    assert sorted(records) == ["a", "b", "c"] and len(core) == 3 and core.get("c") is records["c"]
+    with pytest.raises(InvalidArgument, match="takes that map or none"):
+        core.restore([Task("d", "fifo")], 0.0, index={})
+    core.add_worker("w", ["fifo"], 5)
+    assert [task.id for _, task in core.dispatch(0.0)] == ["a", "b", "c"]
+
+
+def test_queued_tasks_share_the_cores_strings_for_their_pool_and_tenant():
+    # Names read from each message are strings of their own: a million queued tasks would hold a million copies.
+    core = SchedulerCore(POOLS)
+    first, second = Task("x", "".join(["fa", "ir"]), tenant="".join(["a", "/u"])), Task("y", "fair", tenant="a/u")
+    core.submit(first, 0.0)
+    core.submit(second, 0.0)
+    assert first.pool == "fair" and first.pool is second.pool and first.tenant is second.tenant == "a/u"
+    restored = [Task("r", "".join(["fi", "fo"])), Task("s", "fifo"), Task("t", "".join(["fa", "ir"]), tenant="a")]
+    core.restore(restored, 0.0)
+    assert restored[0].pool is restored[1].pool == "fifo" and restored[2].pool is first.pool

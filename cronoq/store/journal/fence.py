@@ -42,10 +42,14 @@ class Fence:
     generation: int
     _identity: tuple[int, int]
 
+    def __post_init__(self) -> None:
+        # Checked before every journal write: the path is joined once, not at each of them.
+        object.__setattr__(self, "_path", os.path.join(self.data_dir, FENCE))
+
     def check(self) -> None:
         """Raise Fenced if another broker recorded a later generation since (one `stat`)."""
         try:
-            st = os.stat(self.data_dir / FENCE)
+            st = os.stat(self._path)  # type: ignore[attr-defined]
         except FileNotFoundError:
             raise Fenced(self._taken("its fence file is gone")) from None
         if (st.st_dev, st.st_ino) != self._identity:
