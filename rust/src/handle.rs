@@ -135,8 +135,8 @@ impl TaskHandle {
 
     /// Why the task is where it is: what stands before it while it waits, or how each attempt ended
     /// (as [`Client::explain`](crate::Client::explain) with this task's id, on the connection — in a
-    /// cluster, the member — that accepted it). The embedded scheduler does not explain its tasks:
-    /// `FailedPrecondition` for a handle of one.
+    /// cluster, the member — that accepted it), or as [`Scheduler::explain`](crate::Scheduler::explain)
+    /// for a handle of the embedded scheduler.
     ///
     /// # Errors
     ///

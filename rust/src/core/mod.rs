@@ -41,6 +41,7 @@
 //! rather than ordered differently from the Python core.
 
 pub mod ceilings;
+pub mod explain;
 pub mod queues;
 mod slot;
 pub mod weights;
