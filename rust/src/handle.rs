@@ -93,12 +93,12 @@ impl TaskHandle {
 
     /// Wait for the task to end and decode its value as `T` (`()` or `rmpv::Value` take anything).
     /// Errors: `TaskFailed { type, message, traceback }`, `DeadlineExceeded`, `Cancelled`, or the
-    /// connection's (`Unavailable`, ...).
+    /// connection's (`Connection`, ...).
     ///
     /// # Errors
     ///
     /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `Decode` when the result is
-    /// not a `T`, `Unavailable` when the connection fails.
+    /// not a `T`, `Connection` when the connection fails.
     pub async fn result<T: DeserializeOwned>(&self) -> Result<T> {
         self.payload(None).await?.decode()
     }
@@ -118,7 +118,7 @@ impl TaskHandle {
     ///
     /// # Errors
     ///
-    /// `NotFound` once the task is forgotten, `Unavailable`.
+    /// `NotFound` once the task is forgotten, `Connection`.
     pub async fn status(&self) -> Result<TaskInfo> {
         self.source.status(&self.id).await
     }
@@ -128,7 +128,7 @@ impl TaskHandle {
     ///
     /// # Errors
     ///
-    /// `NotFound`, `Unavailable` (a cancel is never re-sent).
+    /// `NotFound`, `Connection` (a cancel is never re-sent).
     pub async fn cancel(&self) -> Result<bool> {
         self.source.cancel(&self.id).await
     }
@@ -140,7 +140,7 @@ impl TaskHandle {
     ///
     /// # Errors
     ///
-    /// `NotFound`, `Unavailable`.
+    /// `NotFound`, `Connection`.
     pub async fn explain(&self) -> Result<Explanation> {
         self.source.explain(&self.id).await
     }
