@@ -56,6 +56,10 @@ macro_rules! task_answer {
             pub deadline: Option<f64>,
             /// The last failure, `"<error_type>: <error_message>"`.
             pub error: Option<String>,
+            /// The cost it was submitted with (`None`: it counts 1); what it charges its tenant's
+            /// share in a pool that shares by cost. `None` from a broker that does not say.
+            #[serde(default)]
+            pub cost: Option<f64>,
             $( $(#[$field_meta])* pub $field: $type, )*
         }
 
@@ -65,9 +69,11 @@ macro_rules! task_answer {
             pub(crate) fn from_info(info: TaskInfo, $($field: $type),*) -> $name {
                 let TaskInfo {
                     id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, error,
+                    cost,
                 } = info;
                 $name {
                     id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, error,
+                    cost,
                     $($field),*
                 }
             }
@@ -188,6 +194,7 @@ impl TaskInfo {
             finished_at: h.opt_float("finished_at"),
             deadline: h.opt_float("deadline"),
             error: h.opt_str("error").map(str::to_string),
+            cost: h.opt_float("cost"),
         })
     }
 }

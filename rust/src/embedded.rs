@@ -48,6 +48,7 @@ struct Record {
     payload: Vec<u8>,
     max_retries: u32,
     deadline: Option<f64>,
+    cost: Option<f64>,
     submitted_at: f64,
     started_at: Option<f64>,
     finished_at: Option<f64>,
@@ -324,6 +325,7 @@ impl Scheduler {
                     payload: body.to_vec(),
                     max_retries: task.max_retries,
                     deadline,
+                    cost: task.cost,
                     submitted_at: now,
                     started_at: None,
                     finished_at: None,
@@ -480,6 +482,7 @@ impl Shared {
             finished_at: r.finished_at,
             deadline: r.deadline,
             error: (!r.error_type.is_empty()).then(|| format!("{}: {}", r.error_type, r.error_message)),
+            cost: r.cost,
         })
     }
 

@@ -35,7 +35,14 @@ async fn results_and_failures() {
     assert_eq!(ok.result::<i64>().await.unwrap(), 40);
     assert_eq!(sched.result::<i64>(ok.id()).await.unwrap(), 40);
     let info = sched.status(ok.id()).await.unwrap();
-    assert_eq!((info.state, info.attempts, info.priority), (TaskState::Succeeded, 1, Priority::Normal));
+    assert_eq!(
+        (info.state, info.attempts, info.priority, info.cost),
+        (TaskState::Succeeded, 1, Priority::Normal, None)
+    );
+    // A task's cost is in its snapshot and its explanation, as the broker's `info` gives it.
+    let costly = sched.submit(Task::new(1).pool("work").cost(2.5)).await.unwrap();
+    assert_eq!(costly.status().await.unwrap().cost, Some(2.5));
+    assert_eq!(costly.explain().await.unwrap().cost, Some(2.5));
     let bad = sched.submit(Task::new(-1).pool("work")).await.unwrap();
     match bad.result::<i64>().await {
         Err(Error::TaskFailed { r#type, message, .. }) => {

@@ -259,6 +259,13 @@ async fn costs_reach_the_broker_and_a_worker_declares_shares_rates_and_minimums(
         let task = Task::new(format!("heavy-{n}")).pool("llm").tenant("heavy").cost(4.0);
         handles.push(sched.submit(task).await.unwrap());
     }
+    // The broker's `info` tells each task's cost (None: submitted without one, it counts 1).
+    assert_eq!(sched.status(handles[0].id()).await.unwrap().cost, Some(1.0));
+    assert_eq!(handles[8].status().await.unwrap().cost, Some(4.0));
+    assert_eq!(handles[8].explain().await.unwrap().cost, Some(4.0));
+    let plain = sched.submit(Task::new("plain").pool("llm").tenant("light")).await.unwrap();
+    assert_eq!(plain.status().await.unwrap().cost, None);
+    assert!(plain.cancel().await.unwrap());
     let refused = sched.submit(Task::new("x").pool("llm").cost(f64::NAN)).await;
     assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("cost")), "{refused:?}");
 
