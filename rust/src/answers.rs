@@ -338,6 +338,10 @@ pub struct Waiting {
     pub estimate: Option<f64>,
     /// Why there is no estimate, or what the figure assumes.
     pub estimate_note: String,
+    /// How fast work that goes before it (higher classes; deadline tasks of its class, for a task
+    /// without one) keeps arriving, per second; `None` when not measured.
+    #[serde(default)]
+    pub arrival_rate_ahead: Option<f64>,
     /// The pool runs as many tasks as its `max_in_flight` allows (false from a broker that does
     /// not say).
     #[serde(default)]
@@ -448,6 +452,7 @@ impl From<crate::core::explain::Reading> for Waiting {
             delayed_for: r.delayed_for,
             retry: r.retry,
             dispatch_rate: r.dispatch_rate,
+            arrival_rate_ahead: r.arrival_rate_ahead,
             estimate: r.estimate,
             estimate_note: r.estimate_note,
             at_max_in_flight: r.at_max_in_flight,

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
 use crate::answers::{AttemptEnd, Ended, Explanation, TaskInfo, TaskState};
+use crate::core::explain::ClassRates;
 use crate::core::{Core, NewTask};
 use crate::error::{Error, Result};
 use crate::handle::{self, timed_out, Answer, TaskHandle, TaskOutcome};
@@ -68,8 +69,93 @@ const KEPT_ATTEMPT_ENDS: usize = 16;
 /// The most characters of a retried attempt's error `explain` shows (as Python's).
 const ATTEMPT_ERROR_CHARS: usize = 500;
 
+/// Seconds over which a pool's dispatch rate is measured for `explain` (as the Python scheduler).
+const RATE_WINDOW: f64 = 10.0;
+
+/// Seconds over which (at least) its classes' arrival rates are measured.
+const ARRIVAL_WINDOW: f64 = 3.0;
+
+/// Seconds between samples of the core's counts.
+const RATE_SAMPLE_INTERVAL: f64 = 1.0;
+
+/// The core's counts of one pool at one time: dispatches, and per class the tasks that became
+/// queued (all, with a deadline).
+type Counts = (u64, [(u64, u64); 4]);
+
+/// Each pool's recent dispatch rate and its classes' arrival rates, from samples of the core's
+/// counts taken as the scheduler runs (the core has no clock): what `explain` estimates a start by.
+/// One sample a second over the window, a few counts per pool each.
+#[derive(Default)]
+struct Rates {
+    samples: VecDeque<(f64, HashMap<String, Counts>)>,
+}
+
+impl Rates {
+    /// Take the core's counts now if the last sample is a second old; older samples than the
+    /// window go (but the one that starts it).
+    fn sample(&mut self, core: &Core, now: f64) {
+        if self.samples.back().is_some_and(|(at, _)| now - at < RATE_SAMPLE_INTERVAL) {
+            return;
+        }
+        let counts = core
+            .pool_names()
+            .into_iter()
+            .filter_map(|pool| Some((core.dispatched(&pool)?, core.arrivals(&pool)?)).map(|c| (pool, c)))
+            .collect();
+        self.samples.push_back((now, counts));
+        while self.samples.len() > 2 && self.samples[1].0 <= now - RATE_WINDOW {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The oldest sample, or with `window` the newest at least that old (the oldest if none is).
+    fn since(&self, now: f64, window: Option<f64>) -> Option<&(f64, HashMap<String, Counts>)> {
+        let mut then = self.samples.front()?;
+        if let Some(window) = window {
+            for sample in &self.samples {
+                if sample.0 > now - window {
+                    break;
+                }
+                then = sample;
+            }
+        }
+        Some(then)
+    }
+
+    /// What `explain` goes by for `pool`, as the Python scheduler measures it: the higher of its
+    /// dispatch rates over the whole window and over the last ARRIVAL_WINDOW seconds, and its
+    /// classes' arrival rates over about ARRIVAL_WINDOW seconds; None where there is nothing yet.
+    fn for_explain(&self, core: &Core, pool: &str, now: f64) -> (Option<f64>, Option<[ClassRates; 4]>) {
+        let (Some(dispatched), Some(arrivals)) = (core.dispatched(pool), core.arrivals(pool)) else {
+            return (None, None);
+        };
+        let per_second = |window: Option<f64>| {
+            let (at, counts) = self.since(now, window)?;
+            let elapsed = now - at;
+            let (then, _) = counts.get(pool)?;
+            (elapsed > 0.0).then(|| (dispatched - then) as f64 / elapsed)
+        };
+        let rate = match (per_second(None), per_second(Some(ARRIVAL_WINDOW))) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let classes = self.since(now, Some(ARRIVAL_WINDOW)).and_then(|(at, counts)| {
+            let elapsed = now - at;
+            let (_, then) = counts.get(pool)?;
+            (elapsed > 0.0).then(|| {
+                std::array::from_fn(|c| ClassRates {
+                    arrivals: (arrivals[c].0 - then[c].0) as f64 / elapsed,
+                    deadline_arrivals: (arrivals[c].1 - then[c].1) as f64 / elapsed,
+                })
+            })
+        });
+        (rate, classes)
+    }
+}
+
 struct Inner {
     core: Core,
+    rates: Rates,
     records: HashMap<String, Record>,
     keys: HashMap<(String, Option<String>, String), String>,
     finished: VecDeque<(f64, String)>,
@@ -231,6 +317,7 @@ impl Scheduler {
             shared: Shared {
                 inner: Arc::new(Mutex::new(Inner {
                     core,
+                    rates: Rates::default(),
                     records: HashMap::new(),
                     keys: HashMap::new(),
                     finished: VecDeque::new(),
@@ -491,13 +578,14 @@ impl Shared {
     pub(crate) fn explain(&self, task_id: &str) -> Result<Explanation> {
         let info = self.status(task_id)?;
         let now = unix_now();
-        let inner = self.inner.lock().unwrap();
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        inner.rates.sample(&inner.core, now);
         let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
         let slot = inner.core.get(task_id);
         let not_before = slot.filter(|_| info.state == TaskState::Delayed).and_then(|t| t.not_before);
-        // The dispatch rate is not measured here (see README, "Not (yet) here"): the estimate then
-        // says it cannot be told, as Python's does when its pool has no rate to go by.
-        let waiting = inner.core.explain(task_id, now, None).map(crate::answers::Waiting::from);
+        let (rate, arrivals) = inner.rates.for_explain(&inner.core, &r.pool, now);
+        let waiting = inner.core.explain(task_id, now, rate, arrivals.as_ref()).map(crate::answers::Waiting::from);
         let mut history = Vec::new();
         for attempt in 1..=info.attempts {
             let kept = r.attempt_ends.iter().find(|end| end.attempt == attempt).cloned();
@@ -519,7 +607,7 @@ impl Shared {
             }));
         }
         let max_retries = r.max_retries;
-        drop(inner);
+        drop(guard);
         Ok(Explanation::from_info(info, max_retries, not_before, history, waiting))
     }
 
@@ -565,6 +653,8 @@ impl Shared {
             }
         }
         if !inner.closed {
+            let inner = &mut *inner;
+            inner.rates.sample(&inner.core, now);
             for a in inner.core.dispatch(now, None) {
                 let id = a.task.to_string();
                 let r = inner.records.get_mut(&id).expect("a dispatched task has a record");

@@ -441,7 +441,7 @@ async fn explain_answers_as_the_python_scheduler_does() {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let python: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
     let rust = rust_explain_scenario().await;
-    // Read off a clock, or from a dispatch rate only the Python scheduler measures: compared below.
+    // Read off a clock, or from a dispatch rate measured on one: compared below.
     let timed =
         ["delayed_for", "capped_since", "capped_for", "rate_limited_for", "estimate", "estimate_note", "dispatch_rate"];
     for (name, mine) in rust.as_object().unwrap() {
@@ -482,11 +482,22 @@ async fn explain_answers_as_the_python_scheduler_does() {
     let (mine, theirs) =
         (rust["rate_limited"]["estimate"].as_f64().unwrap(), python["rate_limited"]["estimate"].as_f64().unwrap());
     assert!((5.0..=10.0).contains(&mine) && (mine - theirs).abs() < 5.0, "Rust {mine} s, Python {theirs} s");
-    // The fair pool's place, share and lag agree (above); its estimate needs the pool's dispatch
-    // rate, which this scheduler does not measure: it says it cannot tell.
-    assert_eq!(rust["fair"]["estimate"], serde_json::Value::Null);
-    assert!(rust["fair"]["estimate_note"].as_str().unwrap().contains("not measured"), "{}", rust["fair"]);
+    // The fair pool's place, share and lag agree (above); its estimate goes by the pool's dispatch
+    // rate, which each scheduler measures on its own clock: the same sentence, its own figures.
     assert_eq!((rust["fair"]["queue_ahead"].as_u64(), rust["fair"]["tenant_share"].as_f64()), (Some(1), Some(0.75)));
+    let figures = regex::Regex::new(r"[0-9.]+(e[+-][0-9]+)?/s").unwrap();
+    let sentence = |side: &serde_json::Value| {
+        figures.replace_all(side["fair"]["estimate_note"].as_str().unwrap(), "R/s").to_string()
+    };
+    assert_eq!(sentence(&rust), sentence(&python));
+    assert_eq!(
+        sentence(&rust),
+        "0 dispatches ahead at the pool's R/s, then 2 dispatches of its tenant's at its 75% share of them, if the rate \
+         and the shares hold"
+    );
+    assert!(
+        rust["fair"]["estimate"].as_f64().is_some_and(|s| s > 0.0) && rust["fair"]["dispatch_rate"].as_f64().is_some()
+    );
 }
 
 #[tokio::test]

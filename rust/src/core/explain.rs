@@ -18,6 +18,34 @@ use super::{Core, Pool, State};
 /// Entries a count looks at, at most, before it settles for a lower bound (as in Python).
 pub const EXPLAIN_SCAN: usize = 1000;
 
+/// Work ahead of a task arriving at this fraction of the pool's dispatch rate or more outruns the
+/// pool: no estimate. (Not 1.0: both rates are counts over the same few seconds; see Python's.)
+pub const OUTRUN: f64 = 0.95;
+
+/// How fast tasks lately became queued in one class of a pool, per second, as the caller
+/// measured it from [`Core::arrivals`]: all of them, and those with a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClassRates {
+    /// Tasks that became queued, per second.
+    pub arrivals: f64,
+    /// Those with a deadline, per second.
+    pub deadline_arrivals: f64,
+}
+
+/// Work that goes before a task, arriving per second: of higher classes, and deadline tasks of
+/// its class (for a task without a deadline).
+#[derive(Debug, Clone, Copy)]
+struct Arriving {
+    higher: f64,
+    deadlines: f64,
+}
+
+impl Arriving {
+    fn total(self) -> f64 {
+        self.higher + self.deadlines
+    }
+}
+
 /// A node's ceiling, as [`NodeReading::ceiling`] gives it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CeilingReading {
@@ -98,6 +126,8 @@ pub struct Reading {
     pub retry: bool,
     /// The dispatch rate the caller gave.
     pub dispatch_rate: Option<f64>,
+    /// How fast work that goes before it arrives, per second (None: not measured).
+    pub arrival_rate_ahead: Option<f64>,
     /// Seconds until it starts, when that can be told.
     pub estimate: Option<f64>,
     /// Why there is no estimate, or what the figure assumes.
@@ -108,9 +138,17 @@ pub struct Reading {
 
 impl Core {
     /// Why task `id` has not started; None if the core holds no such task or it runs.
-    /// `dispatch_rate`: the pool's recent dispatches per second, as the caller measured them (None:
-    /// not measured). Costs O(tenants of its class) plus walks of at most [`EXPLAIN_SCAN`] entries.
-    pub fn explain(&self, id: &str, now: f64, dispatch_rate: Option<f64>) -> Option<Reading> {
+    /// `dispatch_rate`: the pool's recent dispatches per second, and `arrival_rates` its classes'
+    /// recent arrivals per second (highest first), as the caller measured them from
+    /// [`dispatched`](Core::dispatched) and [`arrivals`](Core::arrivals) (None: not measured). Costs
+    /// O(tenants of its class) plus walks of at most [`EXPLAIN_SCAN`] entries.
+    pub fn explain(
+        &self,
+        id: &str,
+        now: f64,
+        dispatch_rate: Option<f64>,
+        arrival_rates: Option<&[ClassRates; 4]>,
+    ) -> Option<Reading> {
         let slot = self.get(id)?;
         if slot.state == State::Running {
             return None;
@@ -159,6 +197,14 @@ impl Core {
             (State::Delayed, Some(at)) => Some((at - now).max(0.0)),
             _ => None,
         };
+        let arriving = arrival_rates.map(|rates| {
+            let p = slot.priority as usize;
+            Arriving {
+                higher: rates[..p].iter().map(|r| r.arrivals).sum::<f64>().max(0.0),
+                // A new deadline task goes before every task of its class without one.
+                deadlines: if slot.deadline.is_none() { rates[p].deadline_arrivals.max(0.0) } else { 0.0 },
+            }
+        });
         let serving: Vec<_> = self.workers.iter().flatten().filter(|w| w.pools.contains(&slot.pool)).collect();
         let mut reading = Reading {
             fair: matches!(class.rest, Rest::Fair(_)),
@@ -179,6 +225,7 @@ impl Core {
             delayed_for,
             retry: slot.state == State::Delayed && slot.attempts > 0,
             dispatch_rate,
+            arrival_rate_ahead: arriving.map(Arriving::total),
             estimate: None,
             estimate_note: String::new(),
             share_unit: match pool.settings.share_by {
@@ -188,8 +235,9 @@ impl Core {
             },
         };
         let exact = deadline_exact && queue_exact;
+        let ahead = higher + deadline_ahead;
         (reading.estimate, reading.estimate_note) =
-            estimate(pool, class, &reading, slot.deadline, slot.attempts, higher + deadline_ahead, exact, now);
+            estimate(pool, class, &reading, slot.deadline, slot.attempts, ahead, arriving, exact, now);
         Some(reading)
     }
 }
@@ -233,6 +281,7 @@ fn estimate(
     deadline: Option<f64>,
     attempts: u32,
     ahead: u64,
+    arriving: Option<Arriving>,
     exact: bool,
     now: f64,
 ) -> (Option<f64>, String) {
@@ -287,15 +336,29 @@ fn estimate(
             )
         }
     };
+    let incoming = arriving.map_or(0.0, Arriving::total);
+    if let Some(arriving) = arriving.filter(|_| incoming >= OUTRUN * rate) {
+        return (None, outrun(arriving, rate));
+    }
+    let spare = rate - incoming; // what the pool serves beyond the work that keeps arriving ahead of it
     let fair = deadline.is_none() && matches!(class.rest, Rest::Fair(_));
     let share = w.tenant_share.unwrap_or(0.0);
     if fair && share <= 0.0 {
         return (None, "unknown: its tenant has no share of the pool right now".to_string());
     }
-    let pace = format!("the pool's {}/s", general(rate, 3));
-    let (seconds, how) = if fair {
+    let pace = if incoming > 0.0 {
+        format!(
+            "{}/s (the pool's {}/s less the {}/s of new work that goes before it)",
+            general(spare, 3),
+            general(rate, 3),
+            general(incoming, 3)
+        )
+    } else {
+        format!("the pool's {}/s", general(rate, 3))
+    };
+    let (seconds, mut how) = if fair {
         let mine = w.queue_ahead.unwrap_or(0) + 1;
-        let seconds = ahead as f64 / rate + mine as f64 / (rate * share);
+        let seconds = ahead as f64 / spare + mine as f64 / (spare * share);
         let how = format!(
             "{} ahead at {pace}, then {} of its tenant's at its {:.0}% share of them",
             dispatches(ahead),
@@ -306,13 +369,38 @@ fn estimate(
     } else {
         // By deadline, or first come first served: every task ahead takes one of those dispatches.
         let total = ahead + w.queue_ahead.unwrap_or(0) + 1;
-        (total as f64 / rate, format!("{} at {pace}", dispatches(total)))
+        (total as f64 / spare, format!("{} at {pace}", dispatches(total)))
     };
+    if deadline.is_some() && arriving.is_some() {
+        how.push_str(" (deadline tasks still to come with an earlier deadline would go first too: not counted)");
+    }
     let mut note = format!("{}{how}, if the rate and the shares hold", if exact { "" } else { "at least " });
     if deadline.is_some_and(|d| now + seconds > d) {
         note.push_str("; that is after its deadline: unless the pool speeds up, it expires first");
     }
     (Some(seconds), note)
+}
+
+/// The sentence for work ahead that arrives as fast as the pool serves it, naming what and how fast.
+fn outrun(arriving: Arriving, rate: f64) -> String {
+    let parts: Vec<(&str, f64)> =
+        [("higher-class work", arriving.higher), ("deadline tasks of its class", arriving.deadlines)]
+            .into_iter()
+            .filter(|(_, per_second)| *per_second > 0.0)
+            .collect();
+    if let [(what, per_second)] = parts[..] {
+        return format!(
+            "cannot tell: {what} arrives at {}/s, as fast as the pool serves {}/s, so it may not start at all",
+            general(per_second, 3),
+            general(rate, 3)
+        );
+    }
+    let what = parts.iter().map(|(what, r)| format!("{what} ({}/s)", general(*r, 3))).collect::<Vec<_>>().join(" and ");
+    format!(
+        "cannot tell: {what} arrive at {}/s together, as fast as the pool serves {}/s, so it may not start at all",
+        general(arriving.total(), 3),
+        general(rate, 3)
+    )
 }
 
 fn dispatches(n: u64) -> String {
@@ -344,7 +432,52 @@ fn general(x: f64, digits: i32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::general;
+    use super::{general, ClassRates};
+    use crate::core::{Core, NewTask, PoolSettings};
+
+    fn task(id: &str, priority: u8) -> NewTask {
+        NewTask {
+            id: id.into(),
+            pool: "p".into(),
+            tenant: None,
+            priority,
+            deadline: None,
+            not_before: None,
+            attempts: 0,
+            cost: None,
+        }
+    }
+
+    #[test]
+    fn the_estimate_counts_the_work_that_keeps_arriving_ahead() {
+        let mut core = Core::new(&[PoolSettings { name: "p".into(), ..PoolSettings::default() }]).unwrap();
+        core.add_worker("w", &["p"], 0).unwrap();
+        for id in ["a", "b", "c"] {
+            core.submit(task(id, 2), 0.0).unwrap();
+        }
+        core.submit(task("urgent", 0), 0.0).unwrap();
+        // Two ahead in its queue and one of a higher class: 4 dispatches at the pool's 2/s.
+        let w = core.explain("c", 1.0, Some(2.0), None).unwrap();
+        assert_eq!((w.higher_classes_ahead, w.queue_ahead, w.estimate), (1, Some(2), Some(2.0)));
+        assert_eq!(w.estimate_note, "4 dispatches at the pool's 2/s, if the rate and the shares hold");
+        // Critical work arriving at 1/s leaves it 1/s of the pool's 2/s.
+        let mut rates = [ClassRates::default(); 4];
+        rates[0].arrivals = 1.0;
+        let w = core.explain("c", 1.0, Some(2.0), Some(&rates)).unwrap();
+        assert_eq!((w.estimate, w.arrival_rate_ahead), (Some(4.0), Some(1.0)));
+        assert!(w.estimate_note.starts_with("4 dispatches at 1/s (the pool's 2/s less the 1/s"), "{}", w.estimate_note);
+        // Arriving as fast as the pool serves: it may never start.
+        rates[0].arrivals = 1.95;
+        let w = core.explain("c", 1.0, Some(2.0), Some(&rates)).unwrap();
+        assert_eq!(w.estimate, None);
+        assert_eq!(
+            w.estimate_note,
+            "cannot tell: higher-class work arrives at 1.95/s, as fast as the pool serves 2/s, so it may not start at all"
+        );
+        // No rate measured, or none to go by.
+        assert!(core.explain("c", 1.0, None, None).unwrap().estimate_note.contains("not measured"));
+        assert!(core.explain("c", 1.0, Some(0.0), None).unwrap().estimate_note.contains("dispatched nothing"));
+    }
 
     #[test]
     fn numbers_read_as_pythons_general_format() {
