@@ -56,6 +56,10 @@ macro_rules! task_answer {
             pub deadline: Option<f64>,
             /// The last failure, `"<error_type>: <error_message>"`.
             pub error: Option<String>,
+            /// The cost it was submitted with (`None`: it counts 1); what it charges its tenant's
+            /// share in a pool that shares by cost. `None` from a broker that does not say.
+            #[serde(default)]
+            pub cost: Option<f64>,
             $( $(#[$field_meta])* pub $field: $type, )*
         }
 
@@ -65,9 +69,11 @@ macro_rules! task_answer {
             pub(crate) fn from_info(info: TaskInfo, $($field: $type),*) -> $name {
                 let TaskInfo {
                     id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, error,
+                    cost,
                 } = info;
                 $name {
                     id, pool, tenant, priority, state, attempts, submitted_at, started_at, finished_at, deadline, error,
+                    cost,
                     $($field),*
                 }
             }
@@ -188,6 +194,7 @@ impl TaskInfo {
             finished_at: h.opt_float("finished_at"),
             deadline: h.opt_float("deadline"),
             error: h.opt_str("error").map(str::to_string),
+            cost: h.opt_float("cost"),
         })
     }
 }
@@ -331,6 +338,22 @@ pub struct Waiting {
     pub estimate: Option<f64>,
     /// Why there is no estimate, or what the figure assumes.
     pub estimate_note: String,
+    /// How fast work that goes before it (higher classes; deadline tasks of its class, for a task
+    /// without one) keeps arriving, per second; `None` when not measured.
+    #[serde(default)]
+    pub arrival_rate_ahead: Option<f64>,
+    /// The pool runs as many tasks as its `max_in_flight` allows (false from a broker that does
+    /// not say).
+    #[serde(default)]
+    pub at_max_in_flight: bool,
+    /// What shares, lags and charges are counted in: `dispatches`, `cost` or `seconds` (of run
+    /// time).
+    #[serde(default = "dispatches")]
+    pub share_unit: String,
+}
+
+fn dispatches() -> String {
+    "dispatches".to_string()
 }
 
 /// One node of a task's tenant path, as the fair share of its class sees it now.
@@ -351,6 +374,22 @@ pub struct NodeState {
     pub lag: f64,
     /// Its ceiling, if it has one.
     pub ceiling: Option<CeilingState>,
+    /// The caller's token is pinned to this tenant or one below it: `share` and `lag`, which
+    /// depend on other tenants' work, are not told (they read 0).
+    #[serde(default)]
+    pub hidden: bool,
+    /// Its most starts a second, if it has a rate.
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// Seconds until its rate lets it start again, while it may not.
+    #[serde(default)]
+    pub rate_limited_for: Option<f64>,
+    /// The running tasks its subtree is guaranteed, if any.
+    #[serde(default)]
+    pub minimum: Option<u64>,
+    /// It runs fewer tasks than its minimum: its tasks go ahead of its class's fair order.
+    #[serde(default)]
+    pub under_minimum: bool,
 }
 
 /// A node's ceiling: its limit, its subtree's running tasks, and whether (since when) it is capped.
@@ -367,6 +406,59 @@ pub struct CeilingState {
     pub capped_since: Option<f64>,
     /// For how many seconds.
     pub capped_for: Option<f64>,
+}
+
+impl From<crate::core::explain::Reading> for Waiting {
+    fn from(r: crate::core::explain::Reading) -> Waiting {
+        let nodes = r
+            .nodes
+            .into_iter()
+            .map(|n| NodeState {
+                name: n.name,
+                own_tasks: false, // tenants are flat in this crate's core: no sub-tenants to share with
+                weight: n.weight,
+                backlogged: n.backlogged,
+                share: n.share,
+                lag: n.lag,
+                ceiling: n.ceiling.map(|c| CeilingState {
+                    limit: c.limit,
+                    running: c.running,
+                    capped: c.capped,
+                    capped_since: c.capped_since,
+                    capped_for: c.capped_for,
+                }),
+                hidden: false,
+                rate: n.rate,
+                rate_limited_for: n.rate_limited_for,
+                minimum: n.minimum,
+                under_minimum: n.under_minimum,
+            })
+            .collect();
+        Waiting {
+            fair: r.fair,
+            higher_classes_ahead: r.higher_classes_ahead,
+            deadline_ahead: r.deadline_ahead,
+            deadline_ahead_exact: r.deadline_ahead_exact,
+            queue_ahead: r.queue_ahead,
+            queue_ahead_exact: r.queue_ahead_exact,
+            queue_length: r.queue_length,
+            nodes,
+            tenant_share: r.tenant_share,
+            paused: r.paused,
+            workers: r.workers,
+            ready_workers: r.ready_workers,
+            running: r.running,
+            max_in_flight: r.max_in_flight,
+            delayed_for: r.delayed_for,
+            retry: r.retry,
+            dispatch_rate: r.dispatch_rate,
+            arrival_rate_ahead: r.arrival_rate_ahead,
+            estimate: r.estimate,
+            estimate_note: r.estimate_note,
+            at_max_in_flight: r.at_max_in_flight,
+            share_unit: r.share_unit.to_string(),
+        }
+    }
 }
 
 impl Explanation {

@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
-use crate::answers::{Explanation, TaskInfo, TaskState};
+use crate::answers::{AttemptEnd, Ended, Explanation, TaskInfo, TaskState};
+use crate::core::explain::ClassRates;
 use crate::core::{Core, NewTask};
 use crate::error::{Error, Result};
 use crate::handle::{self, timed_out, Answer, TaskHandle, TaskOutcome};
@@ -48,6 +49,7 @@ struct Record {
     payload: Vec<u8>,
     max_retries: u32,
     deadline: Option<f64>,
+    cost: Option<f64>,
     submitted_at: f64,
     started_at: Option<f64>,
     finished_at: Option<f64>,
@@ -57,10 +59,103 @@ struct Record {
     error_type: String,
     error_message: String,
     traceback: String,
+    /// How its attempts that did not end it ended (retried), the last KEPT_ATTEMPT_ENDS.
+    attempt_ends: VecDeque<AttemptEnd>,
+}
+
+/// How many retried attempts a task's record keeps for `explain`, the last ones (as Python's).
+const KEPT_ATTEMPT_ENDS: usize = 16;
+
+/// The most characters of a retried attempt's error `explain` shows (as Python's).
+const ATTEMPT_ERROR_CHARS: usize = 500;
+
+/// Seconds over which a pool's dispatch rate is measured for `explain` (as the Python scheduler).
+const RATE_WINDOW: f64 = 10.0;
+
+/// Seconds over which (at least) its classes' arrival rates are measured.
+const ARRIVAL_WINDOW: f64 = 3.0;
+
+/// Seconds between samples of the core's counts.
+const RATE_SAMPLE_INTERVAL: f64 = 1.0;
+
+/// The core's counts of one pool at one time: dispatches, and per class the tasks that became
+/// queued (all, with a deadline).
+type Counts = (u64, [(u64, u64); 4]);
+
+/// Each pool's recent dispatch rate and its classes' arrival rates, from samples of the core's
+/// counts taken as the scheduler runs (the core has no clock): what `explain` estimates a start by.
+/// One sample a second over the window, a few counts per pool each.
+#[derive(Default)]
+struct Rates {
+    samples: VecDeque<(f64, HashMap<String, Counts>)>,
+}
+
+impl Rates {
+    /// Take the core's counts now if the last sample is a second old; older samples than the
+    /// window go (but the one that starts it).
+    fn sample(&mut self, core: &Core, now: f64) {
+        if self.samples.back().is_some_and(|(at, _)| now - at < RATE_SAMPLE_INTERVAL) {
+            return;
+        }
+        let counts = core
+            .pool_names()
+            .into_iter()
+            .filter_map(|pool| Some((core.dispatched(&pool)?, core.arrivals(&pool)?)).map(|c| (pool, c)))
+            .collect();
+        self.samples.push_back((now, counts));
+        while self.samples.len() > 2 && self.samples[1].0 <= now - RATE_WINDOW {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The oldest sample, or with `window` the newest at least that old (the oldest if none is).
+    fn since(&self, now: f64, window: Option<f64>) -> Option<&(f64, HashMap<String, Counts>)> {
+        let mut then = self.samples.front()?;
+        if let Some(window) = window {
+            for sample in &self.samples {
+                if sample.0 > now - window {
+                    break;
+                }
+                then = sample;
+            }
+        }
+        Some(then)
+    }
+
+    /// What `explain` goes by for `pool`, as the Python scheduler measures it: the higher of its
+    /// dispatch rates over the whole window and over the last ARRIVAL_WINDOW seconds, and its
+    /// classes' arrival rates over about ARRIVAL_WINDOW seconds; None where there is nothing yet.
+    fn for_explain(&self, core: &Core, pool: &str, now: f64) -> (Option<f64>, Option<[ClassRates; 4]>) {
+        let (Some(dispatched), Some(arrivals)) = (core.dispatched(pool), core.arrivals(pool)) else {
+            return (None, None);
+        };
+        let per_second = |window: Option<f64>| {
+            let (at, counts) = self.since(now, window)?;
+            let elapsed = now - at;
+            let (then, _) = counts.get(pool)?;
+            (elapsed > 0.0).then(|| (dispatched - then) as f64 / elapsed)
+        };
+        let rate = match (per_second(None), per_second(Some(ARRIVAL_WINDOW))) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let classes = self.since(now, Some(ARRIVAL_WINDOW)).and_then(|(at, counts)| {
+            let elapsed = now - at;
+            let (_, then) = counts.get(pool)?;
+            (elapsed > 0.0).then(|| {
+                std::array::from_fn(|c| ClassRates {
+                    arrivals: (arrivals[c].0 - then[c].0) as f64 / elapsed,
+                    deadline_arrivals: (arrivals[c].1 - then[c].1) as f64 / elapsed,
+                })
+            })
+        });
+        (rate, classes)
+    }
 }
 
 struct Inner {
     core: Core,
+    rates: Rates,
     records: HashMap<String, Record>,
     keys: HashMap<(String, Option<String>, String), String>,
     finished: VecDeque<(f64, String)>,
@@ -222,6 +317,7 @@ impl Scheduler {
             shared: Shared {
                 inner: Arc::new(Mutex::new(Inner {
                     core,
+                    rates: Rates::default(),
                     records: HashMap::new(),
                     keys: HashMap::new(),
                     finished: VecDeque::new(),
@@ -316,6 +412,7 @@ impl Scheduler {
                     payload: body.to_vec(),
                     max_retries: task.max_retries,
                     deadline,
+                    cost: task.cost,
                     submitted_at: now,
                     started_at: None,
                     finished_at: None,
@@ -325,6 +422,7 @@ impl Scheduler {
                     error_type: String::new(),
                     error_message: String::new(),
                     traceback: String::new(),
+                    attempt_ends: VecDeque::new(),
                 },
             );
             if let Some(key) = task.key {
@@ -362,6 +460,19 @@ impl Scheduler {
     /// `NotFound` for an unknown task.
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
         self.shared.cancel(task_id)
+    }
+
+    /// Why a task is where it is (docs/scheduling.md, "Why is my task waiting?"): while it is
+    /// queued or delayed, `waiting` says what stands before it — higher classes, earlier deadlines,
+    /// its place in its tenant's queue, its tenant's weight, share and lag, a ceiling or rate that
+    /// holds it, a paused pool — and when it may start; once it ran, `history` says how each
+    /// attempt ended. The same fields as [`Client::explain`](crate::Client::explain).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for an unknown task.
+    pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
+        self.shared.explain(task_id)
     }
 
     /// Stop dispatching `pool`; it still takes tasks and their deadlines still pass.
@@ -458,7 +569,46 @@ impl Shared {
             finished_at: r.finished_at,
             deadline: r.deadline,
             error: (!r.error_type.is_empty()).then(|| format!("{}: {}", r.error_type, r.error_message)),
+            cost: r.cost,
         })
+    }
+
+    /// Why the task is where it is: what stands before it while it waits (the core's reading), or
+    /// how each attempt ended. NotFound for an id this scheduler does not know.
+    pub(crate) fn explain(&self, task_id: &str) -> Result<Explanation> {
+        let info = self.status(task_id)?;
+        let now = unix_now();
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        inner.rates.sample(&inner.core, now);
+        let r = inner.records.get(task_id).ok_or_else(|| unknown(task_id))?;
+        let slot = inner.core.get(task_id);
+        let not_before = slot.filter(|_| info.state == TaskState::Delayed).and_then(|t| t.not_before);
+        let (rate, arrivals) = inner.rates.for_explain(&inner.core, &r.pool, now);
+        let waiting = inner.core.explain(task_id, now, rate, arrivals.as_ref()).map(crate::answers::Waiting::from);
+        let mut history = Vec::new();
+        for attempt in 1..=info.attempts {
+            let kept = r.attempt_ends.iter().find(|end| end.attempt == attempt).cloned();
+            let last = (attempt == info.attempts).then(|| match info.state {
+                TaskState::Running => Some(AttemptEnd { attempt, ended: Ended::Running, at: None, error: None }),
+                TaskState::Succeeded => {
+                    Some(AttemptEnd { attempt, ended: Ended::Succeeded, at: info.finished_at, error: None })
+                }
+                TaskState::Failed => {
+                    Some(AttemptEnd { attempt, ended: Ended::Failed, at: info.finished_at, error: info.error.clone() })
+                }
+                _ => None,
+            });
+            history.push(kept.or(last.flatten()).unwrap_or(AttemptEnd {
+                attempt,
+                ended: Ended::Unknown,
+                at: None,
+                error: None,
+            }));
+        }
+        let max_retries = r.max_retries;
+        drop(guard);
+        Ok(Explanation::from_info(info, max_retries, not_before, history, waiting))
     }
 
     /// Cancel a task not yet dispatched; false if it runs or has finished. NotFound for an unknown id.
@@ -503,6 +653,8 @@ impl Shared {
             }
         }
         if !inner.closed {
+            let inner = &mut *inner;
+            inner.rates.sample(&inner.core, now);
             for a in inner.core.dispatch(now, None) {
                 let id = a.task.to_string();
                 let r = inner.records.get_mut(&id).expect("a dispatched task has a record");
@@ -540,6 +692,19 @@ impl Shared {
                 let _ = inner.core.requeue(id, now, LOCAL_WORKER, attempt, Some(now + backoff), None);
                 if let Some(r) = inner.records.get_mut(id) {
                     r.state = TaskState::Delayed;
+                    let mut error = format!("{}: {}", f.r#type, f.message);
+                    if error.chars().count() > ATTEMPT_ERROR_CHARS {
+                        error = error.chars().take(ATTEMPT_ERROR_CHARS - 1).chain(['…']).collect();
+                    }
+                    if r.attempt_ends.len() == KEPT_ATTEMPT_ENDS {
+                        r.attempt_ends.pop_front();
+                    }
+                    r.attempt_ends.push_back(AttemptEnd {
+                        attempt,
+                        ended: Ended::Retried,
+                        at: Some(now),
+                        error: Some(error),
+                    });
                     r.error_type = f.r#type;
                     r.error_message = f.message;
                     r.traceback = f.traceback;
@@ -619,11 +784,7 @@ impl handle::Source for Shared {
     }
 
     fn explain<'a>(&'a self, task_id: &'a str) -> Answer<'a, Explanation> {
-        Box::pin(async move {
-            Err(Error::FailedPrecondition(format!(
-                "task {task_id}: the embedded Scheduler does not explain its tasks; a broker does (Client::explain)"
-            )))
-        })
+        Box::pin(async move { Shared::explain(self, task_id) })
     }
 
     fn wait<'a>(&'a self, task_id: &'a str, timeout: Option<Duration>) -> Answer<'a, TaskOutcome> {

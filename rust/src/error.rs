@@ -12,8 +12,9 @@ use std::sync::Arc;
 ///
 /// The variants from [`InvalidArgument`](Error::InvalidArgument) to
 /// [`TaskFailed`](Error::TaskFailed) are the codes a broker (or the embedded scheduler) answers
-/// with; [`Unavailable`](Error::Unavailable) is also what the crate says when the broker cannot be
-/// reached. The rest are this side's own: [`Timeout`](Error::Timeout),
+/// with. The rest are this side's own ([`is_local`](Error::is_local)):
+/// [`Connection`](Error::Connection) (the broker could not be reached, or was lost; code
+/// `UNAVAILABLE`, as the Python client's), [`Timeout`](Error::Timeout),
 /// [`Decode`](Error::Decode) and [`Encode`](Error::Encode) (with the serde error as
 /// [`source`](std::error::Error::source)), [`WrongEndpoint`](Error::WrongEndpoint) and
 /// [`MissingToken`](Error::MissingToken). New variants may come: the enum is `#[non_exhaustive]`.
@@ -36,7 +37,9 @@ pub enum Error {
     DeadlineExceeded(String),
     /// The task was cancelled before it ran.
     Cancelled(String),
-    /// The broker could not be reached in time, or the connection was closed; retrying may help.
+    /// The broker answered `UNAVAILABLE` (it is stopping, or cannot serve this now), or sent an
+    /// answer this crate cannot read; retrying may help. A broker this side cannot reach is
+    /// [`Error::Connection`].
     Unavailable(String),
     /// A cluster member refused a pool another member owns (code `FAILED_PRECONDITION`): a client
     /// made with `.routing(false)` sees it; a routing client follows `member` by itself.
@@ -56,6 +59,16 @@ pub enum Error {
         message: String,
         /// The handler's traceback, or `""`.
         traceback: String,
+    },
+    /// This side could not reach the broker, or lost it: no broker at the address (connection
+    /// refused), a CURVE handshake that cannot succeed, no reply within the request timeout, the
+    /// client closed, a socket that cannot be made. Code `UNAVAILABLE` (the Python client raises
+    /// `cronoq.Unavailable`); retrying may help, unless the message names a mistake (a CURVE key).
+    Connection {
+        /// The broker's address(es), as given (`"A or B"` for a primary and its standby).
+        address: String,
+        /// What happened, naming the address.
+        message: String,
     },
     /// Waiting for a result took longer than the caller allowed; the task itself goes on.
     /// (The Python client raises its built-in `TimeoutError` here.)
@@ -115,7 +128,7 @@ impl Error {
             Error::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
             Error::DeadlineExceeded(_) => "DEADLINE_EXCEEDED",
             Error::Cancelled(_) => "CANCELLED",
-            Error::Unavailable(_) => "UNAVAILABLE",
+            Error::Unavailable(_) | Error::Connection { .. } => "UNAVAILABLE",
             Error::TaskFailed { .. } => "TASK_FAILED",
             Error::Timeout(_) => "TIMEOUT",
             Error::Decode { .. } => "DECODE",
@@ -143,20 +156,22 @@ impl Error {
             Error::TaskFailed { message, .. }
             | Error::Other { message, .. }
             | Error::WrongEndpoint { message, .. }
+            | Error::Connection { message, .. }
             | Error::NotOwner { message, .. } => message,
             Error::Decode { what, .. } | Error::Encode { what, .. } => what,
             Error::MissingToken { variable } => variable,
         }
     }
 
-    /// Whether the error came from the broker (or the embedded scheduler's same rules), as opposed
-    /// to this side: a timeout, a decode or encode failure, a mistake in the address or the token
-    /// variable. `Unavailable` counts as the broker's: it says the broker did not answer.
+    /// Whether this side found the error, as opposed to the broker (or the embedded scheduler's
+    /// same rules) answering with it: a connection that failed, a timeout, a decode or encode
+    /// failure, a mistake in the address or the token variable.
     #[must_use]
     pub fn is_local(&self) -> bool {
         matches!(
             self,
             Error::Timeout(_)
+                | Error::Connection { .. }
                 | Error::Decode { .. }
                 | Error::Encode { .. }
                 | Error::WrongEndpoint { .. }
@@ -166,6 +181,11 @@ impl Error {
 
     pub(crate) fn decode(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
         Error::Decode { what: what.into(), source: Arc::new(source) }
+    }
+
+    /// This side cannot reach (or lost) the broker at `address`.
+    pub(crate) fn connection(address: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::Connection { address: address.into(), message: message.into() }
     }
 
     pub(crate) fn encode(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
@@ -268,5 +288,21 @@ pub(crate) fn for_rust(message: &str) -> String {
             .to_string()
     } else {
         message.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn a_broker_this_side_cannot_reach_is_not_the_brokers_unavailable() {
+        let lost = Error::connection("tcp://10.0.0.1:5555", "connection refused at tcp://10.0.0.1:5555");
+        let said = Error::from_code("UNAVAILABLE", "the broker is stopping");
+        assert_eq!((lost.code(), lost.is_local()), ("UNAVAILABLE", true));
+        assert_eq!((said.code(), said.is_local()), ("UNAVAILABLE", false));
+        assert!(matches!(said, Error::Unavailable(_)));
+        assert_eq!(lost.to_string(), "UNAVAILABLE: connection refused at tcp://10.0.0.1:5555");
+        assert_ne!(lost, Error::Unavailable("connection refused at tcp://10.0.0.1:5555".into()));
     }
 }

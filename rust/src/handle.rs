@@ -93,12 +93,12 @@ impl TaskHandle {
 
     /// Wait for the task to end and decode its value as `T` (`()` or `rmpv::Value` take anything).
     /// Errors: `TaskFailed { type, message, traceback }`, `DeadlineExceeded`, `Cancelled`, or the
-    /// connection's (`Unavailable`, ...).
+    /// connection's (`Connection`, ...).
     ///
     /// # Errors
     ///
     /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `Decode` when the result is
-    /// not a `T`, `Unavailable` when the connection fails.
+    /// not a `T`, `Connection` when the connection fails.
     pub async fn result<T: DeserializeOwned>(&self) -> Result<T> {
         self.payload(None).await?.decode()
     }
@@ -118,7 +118,7 @@ impl TaskHandle {
     ///
     /// # Errors
     ///
-    /// `NotFound` once the task is forgotten, `Unavailable`.
+    /// `NotFound` once the task is forgotten, `Connection`.
     pub async fn status(&self) -> Result<TaskInfo> {
         self.source.status(&self.id).await
     }
@@ -128,19 +128,19 @@ impl TaskHandle {
     ///
     /// # Errors
     ///
-    /// `NotFound`, `Unavailable` (a cancel is never re-sent).
+    /// `NotFound`, `Connection` (a cancel is never re-sent).
     pub async fn cancel(&self) -> Result<bool> {
         self.source.cancel(&self.id).await
     }
 
     /// Why the task is where it is: what stands before it while it waits, or how each attempt ended
     /// (as [`Client::explain`](crate::Client::explain) with this task's id, on the connection — in a
-    /// cluster, the member — that accepted it). The embedded scheduler does not explain its tasks:
-    /// `FailedPrecondition` for a handle of one.
+    /// cluster, the member — that accepted it), or as [`Scheduler::explain`](crate::Scheduler::explain)
+    /// for a handle of the embedded scheduler.
     ///
     /// # Errors
     ///
-    /// `NotFound`, `Unavailable`.
+    /// `NotFound`, `Connection`.
     pub async fn explain(&self) -> Result<Explanation> {
         self.source.explain(&self.id).await
     }

@@ -70,11 +70,8 @@ mod handle;
 mod handler;
 mod libzmq;
 mod link;
-// pool.rs and task.rs are shared with another change in progress; their pedantic fixes follow it.
-#[allow(clippy::must_use_candidate, clippy::return_self_not_must_use, clippy::missing_errors_doc)]
 mod pool;
 mod stats;
-#[allow(clippy::must_use_candidate, clippy::return_self_not_must_use, clippy::missing_errors_doc)]
 mod task;
 mod transport;
 // The wire protocol's messages, public for this crate's vector tests only: hidden, and not a

@@ -20,11 +20,13 @@ impl Fairness {
     }
 
     /// Equal shares between every tenant (`fair_share = true`).
+    #[must_use]
     pub fn equal() -> Fairness {
         Fairness { tenant_weights: Vec::new() }
     }
 
     /// The weights listed (empty for equal shares).
+    #[must_use]
     pub fn tenant_weights(&self) -> &[(String, f64)] {
         &self.tenant_weights
     }
@@ -48,6 +50,7 @@ impl Fairness {
 /// A pool with a `share_by`, a rate, a minimum or a ceiling is fair (equal weights unless
 /// `fairness` gives some) even without `fairness`.
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "a PoolConfig does nothing until a Scheduler or a Worker is given it"]
 pub struct PoolConfig {
     /// The pool's name.
     pub name: String,

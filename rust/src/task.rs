@@ -32,6 +32,7 @@ pub enum Priority {
 
 impl Priority {
     /// The name on the wire: `"critical"`, `"high"`, `"normal"` or `"low"`.
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Priority::Critical => "critical",
@@ -42,11 +43,16 @@ impl Priority {
     }
 
     /// The class number, 0 (critical) to 3 (low).
+    #[must_use]
     pub fn class(self) -> u8 {
         self as u8
     }
 
     /// The priority named `name` on the wire.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` for a name that is no priority, naming the four.
     pub fn parse(name: &str) -> Result<Priority> {
         match name {
             "critical" => Ok(Priority::Critical),
@@ -78,6 +84,7 @@ impl Priority {
 /// assert_eq!(task.pool_name(), "images");
 /// ```
 #[derive(Debug, Clone)]
+#[must_use = "a Task does nothing until it is submitted"]
 pub struct Task {
     pub(crate) body: std::result::Result<Vec<u8>, String>,
     pub(crate) pool: String,
@@ -170,6 +177,7 @@ impl Task {
     }
 
     /// The cost given with [`cost`](Self::cost), if any.
+    #[must_use]
     pub fn cost_given(&self) -> Option<f64> {
         self.cost
     }
@@ -180,6 +188,7 @@ impl Task {
     }
 
     /// The pool this task goes to.
+    #[must_use]
     pub fn pool_name(&self) -> &str {
         &self.pool
     }
@@ -231,6 +240,10 @@ impl Task {
 }
 
 /// Encode a value as one msgpack document, structs as maps.
+///
+/// # Errors
+///
+/// [`Error::Encode`] when the value cannot be msgpack (its serializer failed; `source` says why).
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     rmp_serde::to_vec_named(value).map_err(|e| Error::encode("cannot encode as msgpack", e))
 }
@@ -244,22 +257,32 @@ pub struct Payload {
 
 impl Payload {
     /// The payload of these msgpack bytes.
+    #[must_use]
     pub fn from_msgpack(bytes: Vec<u8>) -> Payload {
         Payload { bytes }
     }
 
-    /// Decode into `T`; [`Error::Decode`] says why it does not fit (its `source` is rmp-serde's error).
+    /// Decode into `T`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Decode`] says why it does not fit (its `source` is rmp-serde's error).
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
         rmp_serde::from_slice(&self.bytes)
             .map_err(|e| Error::decode(format!("the payload does not decode as {}", std::any::type_name::<T>()), e))
     }
 
     /// The payload as a generic msgpack value.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` when the bytes are not one msgpack document.
     pub fn value(&self) -> Result<rmpv::Value> {
         crate::wire::decode_value(&self.bytes)
     }
 
     /// The msgpack bytes.
+    #[must_use]
     pub fn as_msgpack(&self) -> &[u8] {
         &self.bytes
     }

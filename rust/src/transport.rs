@@ -77,8 +77,9 @@ pub(crate) struct Signals {
     monitor: Option<AsyncFd<ZmqFd>>,
 }
 
-fn zmq_error(what: &str, e: ZmqError) -> Error {
-    Error::Unavailable(format!("{what}: {e}"))
+/// A socket of this side that cannot be made or set up to reach `address`.
+fn zmq_error(address: &str, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::connection(address, format!("{what} for the broker at {address}: {e}"))
 }
 
 impl Dealer {
@@ -87,13 +88,16 @@ impl Dealer {
     /// inside a tokio runtime.
     pub fn connect(addresses: &[String], options: &Options) -> Result<Dealer> {
         if options.curve_server_key.is_some() && !libzmq::has_curve() {
-            return Err(Error::Unavailable(
+            return Err(Error::connection(
+                addresses.join(" or "),
                 "this program's libzmq was built without CURVE (libsodium), so it cannot encrypt: link the \
                  system's libzmq (the crate's default) or build with the crate's `vendored` feature, which \
                  compiles libzmq with libsodium"
                     .to_string(),
             ));
         }
+        let at = addresses.join(" or ");
+        let zmq_error = |what: &str, e: ZmqError| zmq_error(&at, what, e);
         let sock = Socket::new(libzmq::DEALER).map_err(|e| zmq_error("cannot make a socket", e))?;
         let setup = || -> std::result::Result<(), ZmqError> {
             sock.set_linger(0)?;
@@ -123,7 +127,7 @@ impl Dealer {
             pair.set_rcvhwm(0).map_err(|e| zmq_error("cannot set up the monitor", e))?;
             pair.connect(&endpoint).map_err(|e| zmq_error("cannot connect the monitor", e))?;
             let fd = pair.fd().map_err(|e| zmq_error("no descriptor for the monitor", e))?;
-            let afd = watch(fd).map_err(|e| Error::Unavailable(format!("cannot watch the monitor: {e}")))?;
+            let afd = watch(fd).map_err(|e| self::zmq_error(&at, "cannot watch the monitor", e))?;
             Some((pair, afd))
         } else {
             None
@@ -137,7 +141,7 @@ impl Dealer {
                 .map_err(|e| Error::InvalidArgument(format!("cannot connect to broker address {address:?}: {e}")))?;
         }
         let raw = sock.fd().map_err(|e| zmq_error("no descriptor for the socket", e))?;
-        let fd = watch(raw).map_err(|e| Error::Unavailable(format!("cannot watch the socket: {e}")))?;
+        let fd = watch(raw).map_err(|e| self::zmq_error(&at, "cannot watch the socket", e))?;
         let links = RefCell::new(Links::new(addresses, options.curve_server_key.is_some()));
         Ok(Dealer { sock, monitor, signals: Signals { fd, monitor: mfd }, links })
     }

@@ -181,6 +181,7 @@ pub static CLIENT_REPLIES: &[Schema] = &[
             f("finished_at", K::OptFloat, D::Nil),
             f("deadline", K::OptFloat, D::Nil),
             f("error", K::OptStr, D::Nil),
+            f("cost", K::OptFloat, D::Nil),
         ],
     },
     Schema { tag: "ok", fields: &[req("rid", K::Int), f("value", K::Any, D::Nil)] },

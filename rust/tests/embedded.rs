@@ -35,7 +35,14 @@ async fn results_and_failures() {
     assert_eq!(ok.result::<i64>().await.unwrap(), 40);
     assert_eq!(sched.result::<i64>(ok.id()).await.unwrap(), 40);
     let info = sched.status(ok.id()).await.unwrap();
-    assert_eq!((info.state, info.attempts, info.priority), (TaskState::Succeeded, 1, Priority::Normal));
+    assert_eq!(
+        (info.state, info.attempts, info.priority, info.cost),
+        (TaskState::Succeeded, 1, Priority::Normal, None)
+    );
+    // A task's cost is in its snapshot and its explanation, as the broker's `info` gives it.
+    let costly = sched.submit(Task::new(1).pool("work").cost(2.5)).await.unwrap();
+    assert_eq!(costly.status().await.unwrap().cost, Some(2.5));
+    assert_eq!(costly.explain().await.unwrap().cost, Some(2.5));
     let bad = sched.submit(Task::new(-1).pool("work")).await.unwrap();
     match bad.result::<i64>().await {
         Err(Error::TaskFailed { r#type, message, .. }) => {
@@ -91,13 +98,18 @@ async fn deadlines_cancel_delay_and_keys() {
     assert!(sched.cancel(waiting.id()).await.unwrap());
     assert!(matches!(waiting.result::<Value>().await, Err(Error::Cancelled(_))));
     assert!(!sched.cancel(waiting.id()).await.unwrap());
-    // The handle asks the same of the scheduler it came from; explaining is a broker's.
+    // The handle asks the same of the scheduler it came from; a pool without a handler has no
+    // worker, as a broker's pool no worker serves.
     let queued = sched.submit(Task::new(1).pool("idle")).await.unwrap();
     assert_eq!(queued.status().await.unwrap().state, TaskState::Queued);
+    let waiting = queued.explain().await.unwrap().waiting.expect("queued");
+    assert_eq!((waiting.workers, waiting.estimate), (0, None));
+    assert_eq!(waiting.estimate_note, "no worker serves pool 'idle'");
     assert!(queued.cancel().await.unwrap());
     assert_eq!(queued.status().await.unwrap().state, TaskState::Cancelled);
     assert!(!queued.cancel().await.unwrap());
-    assert!(matches!(queued.explain().await, Err(Error::FailedPrecondition(m)) if m.contains("embedded")));
+    let why = queued.explain().await.unwrap();
+    assert_eq!((why.state, why.waiting, why.history.len()), (TaskState::Cancelled, None, 0));
     let first = sched.submit(Task::new(1).pool("idle").key("k")).await.unwrap();
     let again = sched.submit(Task::new(2).pool("idle").key("k")).await.unwrap();
     assert!(again.duplicate() && again.id() == first.id() && !first.duplicate());
@@ -105,6 +117,10 @@ async fn deadlines_cancel_delay_and_keys() {
     assert_ne!(other_tenant.id(), first.id());
     let delayed = sched.submit(Task::new(7).pool("work").delay(Duration::from_millis(200))).await.unwrap();
     assert_eq!(sched.status(delayed.id()).await.unwrap().state, TaskState::Delayed);
+    let why = delayed.explain().await.unwrap();
+    let waiting = why.waiting.expect("delayed");
+    assert!(why.not_before.is_some() && waiting.delayed_for.is_some_and(|s| s > 0.0 && s <= 0.2), "{waiting:?}");
+    assert!(!waiting.retry && waiting.estimate_note.ends_with("(its delay); then it queues"), "{waiting:?}");
     assert_eq!(delayed.result::<i64>().await.unwrap(), 70);
     assert!(matches!(
         sched.submit(Task::new(1).pool("idle")).await.unwrap().result_timeout::<Value>(Duration::from_millis(50)).await,
@@ -316,4 +332,197 @@ async fn a_rate_limited_tenant_waits_for_its_tokens_and_the_scheduler_wakes_for_
     // makes the waits longer).
     assert!(starts[4] - before >= Duration::from_millis(240), "{:?}", starts[4] - before);
     assert!(starts[5] - before >= Duration::from_millis(490), "{:?}", starts[5] - before);
+}
+
+/// The scenario of `explain_answers_as_the_python_scheduler_does`, run by the Python embedded
+/// Scheduler of this checkout: it prints the `waiting` of each task it explains, as JSON.
+const PYTHON_EXPLAIN_SCENARIO: &str = r#"
+import asyncio, dataclasses, json, os, sys
+import cronoq
+
+async def main():
+    gate = asyncio.Event()
+    async def hold(payload):
+        await gate.wait()
+    pools = [
+        cronoq.Pool("llm", hold, tenant_weights={"acme": 3, "globex": 1}),
+        cronoq.Pool("batch", hold),
+        cronoq.Pool("limited", hold, tenant_limits={"acme": 1}, tenant_rates={"globex": 0.1}),
+    ]
+    sched = cronoq.Scheduler(pools, concurrency=3)
+    await sched.__aenter__()
+    first = [await sched.submit(0, pool="llm", tenant="globex"),
+             await sched.submit(0, pool="limited", tenant="acme"),
+             await sched.submit(0, pool="limited", tenant="globex")]
+    for t in first:
+        while (await t.status()).state != "running":
+            await asyncio.sleep(0.01)
+    await sched.pause("batch")
+    batch = [await sched.submit(0, pool="batch") for _ in range(2)]
+    llm = [await sched.submit(0, pool="llm", tenant=t) for t in ("acme", "acme", "globex", "globex")]
+    capped = await sched.submit(0, pool="limited", tenant="acme")
+    limited = await sched.submit(0, pool="limited", tenant="globex")
+    out = {}
+    for name, task in (("fair", llm[1]), ("paused", batch[1]), ("capped", capped), ("rate_limited", limited)):
+        out[name] = dataclasses.asdict((await task.explain()).waiting)
+    print(json.dumps(out))
+    sys.stdout.flush()
+    os._exit(0)
+
+asyncio.run(main())
+"#;
+
+/// The waiting of each task of the scenario, as the Rust embedded Scheduler explains it.
+async fn rust_explain_scenario() -> serde_json::Value {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let hold = |gate: Arc<tokio::sync::Notify>| {
+        move |_: Payload| {
+            let gate = gate.clone();
+            async move {
+                gate.notified().await;
+                Ok::<_, Error>(())
+            }
+        }
+    };
+    let mut llm = PoolConfig::new("llm");
+    llm.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
+    let limited = PoolConfig::new("limited").tenant_limit("acme", 1).tenant_rate("globex", 0.1);
+    let sched = Scheduler::builder(vec![llm, PoolConfig::new("batch"), limited])
+        .concurrency(3)
+        .handler("llm", hold(gate.clone()))
+        .handler("batch", hold(gate.clone()))
+        .handler("limited", hold(gate.clone()))
+        .build()
+        .unwrap();
+    let first = [
+        sched.submit(Task::new(0).pool("llm").tenant("globex")).await.unwrap(),
+        sched.submit(Task::new(0).pool("limited").tenant("acme")).await.unwrap(),
+        sched.submit(Task::new(0).pool("limited").tenant("globex")).await.unwrap(),
+    ];
+    for task in &first {
+        while task.status().await.unwrap().state != TaskState::Running {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    sched.pause("batch").await.unwrap();
+    let mut batch = Vec::new();
+    for _ in 0..2 {
+        batch.push(sched.submit(Task::new(0).pool("batch")).await.unwrap());
+    }
+    let mut llm = Vec::new();
+    for tenant in ["acme", "acme", "globex", "globex"] {
+        llm.push(sched.submit(Task::new(0).pool("llm").tenant(tenant)).await.unwrap());
+    }
+    let capped = sched.submit(Task::new(0).pool("limited").tenant("acme")).await.unwrap();
+    let limited = sched.submit(Task::new(0).pool("limited").tenant("globex")).await.unwrap();
+    let mut out = serde_json::Map::new();
+    for (name, task) in [("fair", &llm[1]), ("paused", &batch[1]), ("capped", &capped), ("rate_limited", &limited)] {
+        // The handle asks the scheduler that made it, as `sched.explain(id)` does.
+        let by_handle = task.explain().await.unwrap();
+        let by_id = sched.explain(task.id()).await.unwrap();
+        assert_eq!(by_handle.id, by_id.id);
+        assert_eq!(by_handle.state, TaskState::Queued);
+        assert!(by_handle.history.is_empty());
+        out.insert(name.to_string(), serde_json::to_value(by_handle.waiting.expect("a queued task waits")).unwrap());
+    }
+    serde_json::Value::Object(out)
+}
+
+#[tokio::test]
+async fn explain_answers_as_the_python_scheduler_does() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let python = std::env::var("CRONOQ_PYTHON").unwrap_or_else(|_| "python3".into());
+    let run = std::process::Command::new(&python)
+        .args(["-c", PYTHON_EXPLAIN_SCENARIO])
+        .current_dir(&root)
+        .env("PYTHONPATH", &root)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let python: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let rust = rust_explain_scenario().await;
+    // Read off a clock, or from a dispatch rate measured on one: compared below.
+    let timed =
+        ["delayed_for", "capped_since", "capped_for", "rate_limited_for", "estimate", "estimate_note", "dispatch_rate"];
+    for (name, mine) in rust.as_object().unwrap() {
+        let theirs = &python[name];
+        for (key, value) in mine.as_object().unwrap() {
+            if timed.contains(&key.as_str()) {
+                continue;
+            }
+            if key == "nodes" {
+                let (mine, theirs) = (value.as_array().unwrap(), theirs[key].as_array().unwrap());
+                assert_eq!(mine.len(), theirs.len(), "{name}: nodes");
+                for (m, t) in mine.iter().zip(theirs) {
+                    for (field, v) in m.as_object().unwrap() {
+                        if field == "ceiling" && !v.is_null() {
+                            for part in ["limit", "running", "capped"] {
+                                assert_eq!(v[part], t[field][part], "{name}: nodes.ceiling.{part}");
+                            }
+                        } else if !timed.contains(&field.as_str()) {
+                            assert_eq!(v, &t[field], "{name}: nodes.{field}");
+                        }
+                    }
+                }
+                continue;
+            }
+            assert_eq!(value, &theirs[key], "{name}: {key} (Rust {mine}, Python {theirs})");
+        }
+    }
+    // What holds the task comes before any rate: the same words, the same figures.
+    for name in ["paused", "capped"] {
+        assert_eq!(rust[name]["estimate"], serde_json::Value::Null, "{name}");
+        assert_eq!(rust[name]["estimate_note"], python[name]["estimate_note"], "{name}");
+    }
+    assert_eq!(rust["paused"]["estimate_note"], "pool 'batch' is paused: nothing starts until it is resumed");
+    assert!(rust["capped"]["nodes"][0]["ceiling"]["capped"].as_bool().unwrap());
+    let note = |side: &serde_json::Value| side["rate_limited"]["estimate_note"].as_str().unwrap().to_string();
+    assert!(note(&rust).starts_with("globex rate-limited: next start in "), "{}", note(&rust));
+    assert!(note(&python).starts_with("globex rate-limited: next start in "), "{}", note(&python));
+    let (mine, theirs) =
+        (rust["rate_limited"]["estimate"].as_f64().unwrap(), python["rate_limited"]["estimate"].as_f64().unwrap());
+    assert!((5.0..=10.0).contains(&mine) && (mine - theirs).abs() < 5.0, "Rust {mine} s, Python {theirs} s");
+    // The fair pool's place, share and lag agree (above); its estimate goes by the pool's dispatch
+    // rate, which each scheduler measures on its own clock: the same sentence, its own figures.
+    assert_eq!((rust["fair"]["queue_ahead"].as_u64(), rust["fair"]["tenant_share"].as_f64()), (Some(1), Some(0.75)));
+    let figures = regex::Regex::new(r"[0-9.]+(e[+-][0-9]+)?/s").unwrap();
+    let sentence = |side: &serde_json::Value| {
+        figures.replace_all(side["fair"]["estimate_note"].as_str().unwrap(), "R/s").to_string()
+    };
+    assert_eq!(sentence(&rust), sentence(&python));
+    assert_eq!(
+        sentence(&rust),
+        "0 dispatches ahead at the pool's R/s, then 2 dispatches of its tenant's at its 75% share of them, if the rate \
+         and the shares hold"
+    );
+    assert!(
+        rust["fair"]["estimate"].as_f64().is_some_and(|s| s > 0.0) && rust["fair"]["dispatch_rate"].as_f64().is_some()
+    );
+}
+
+#[tokio::test]
+async fn explain_tells_how_each_attempt_ended() {
+    let failures = Arc::new(AtomicU32::new(0));
+    let seen = failures.clone();
+    let sched = Scheduler::builder(vec![PoolConfig::new("default")])
+        .handler("default", move |_: Payload| {
+            let seen = seen.clone();
+            async move {
+                if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(Oops(1));
+                }
+                Ok(7)
+            }
+        })
+        .build()
+        .unwrap();
+    let task = sched.submit(Task::new(0).max_retries(1)).await.unwrap();
+    assert_eq!(task.result::<i64>().await.unwrap(), 7);
+    let why = task.explain().await.unwrap();
+    assert_eq!((why.state, why.attempts, why.max_retries, why.waiting), (TaskState::Succeeded, 2, 1, None));
+    assert_eq!(why.history.len(), 2);
+    assert_eq!(why.history[0].ended, cronoq::Ended::Retried);
+    assert!(why.history[0].error.as_deref().is_some_and(|e| e.ends_with("oops 1")), "{:?}", why.history[0]);
+    assert_eq!(why.history[1].ended, cronoq::Ended::Succeeded);
+    assert!(matches!(sched.explain("0123").await, Err(Error::NotFound(_))));
 }

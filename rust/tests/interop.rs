@@ -259,6 +259,13 @@ async fn costs_reach_the_broker_and_a_worker_declares_shares_rates_and_minimums(
         let task = Task::new(format!("heavy-{n}")).pool("llm").tenant("heavy").cost(4.0);
         handles.push(sched.submit(task).await.unwrap());
     }
+    // The broker's `info` tells each task's cost (None: submitted without one, it counts 1).
+    assert_eq!(sched.status(handles[0].id()).await.unwrap().cost, Some(1.0));
+    assert_eq!(handles[8].status().await.unwrap().cost, Some(4.0));
+    assert_eq!(handles[8].explain().await.unwrap().cost, Some(4.0));
+    let plain = sched.submit(Task::new("plain").pool("llm").tenant("light")).await.unwrap();
+    assert_eq!(plain.status().await.unwrap().cost, None);
+    assert!(plain.cancel().await.unwrap());
     let refused = sched.submit(Task::new("x").pool("llm").cost(f64::NAN)).await;
     assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("cost")), "{refused:?}");
 
@@ -390,14 +397,14 @@ async fn curve_encrypts_client_and_worker() {
     assert_eq!(task.result_timeout::<String>(LONG).await.unwrap(), "SECRET");
 
     // Without the key, or with another broker's, the handshake cannot succeed and nothing is sent in
-    // clear: requests fail with Unavailable naming the mistake, long before their request_timeout
+    // clear: requests fail with Error::Connection naming the mistake, long before their request_timeout
     // (LONG bounds the wait, so waiting it out would fail the test).
     let plain = cronoq::connect(&broker.clients).request_timeout(Duration::from_secs(600)).lazy(true).await.unwrap();
     let refused = tokio::time::timeout(LONG, plain.ping()).await.expect("failed before its request_timeout");
     // The mismatch is named when libzmq reports it; on a busy machine the broker may drop the connection
     // first, and the answer says so and gives the same remedy. Either way: CURVE, and give the public key.
     assert!(
-        matches!(&refused, Err(Error::Unavailable(m))
+        matches!(&refused, Err(Error::Connection { message: m, .. })
             if m.contains("is encrypted (CURVE): give its public key")
                 || m.contains("dropped the connection during the handshake: if it is encrypted (CURVE), give its public key")),
         "{refused:?}"
@@ -418,15 +425,18 @@ async fn curve_encrypts_client_and_worker() {
         .await
         .expect("failed before its request_timeout");
     assert!(
-        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("CURVE handshake with") && m.contains("is not this broker's")),
+        matches!(&refused, Err(Error::Connection { message: m, .. }) if m.contains("CURVE handshake with") && m.contains("is not this broker's")),
         "{refused:?}"
     );
     // And so does every later request, at once, until a handshake succeeds.
-    assert!(matches!(wrong.ping().await, Err(Error::Unavailable(m)) if m.contains("CURVE handshake")));
+    assert!(matches!(wrong.ping().await, Err(Error::Connection { message: m, .. }) if m.contains("CURVE handshake")));
     // A worker without the key cannot serve: it stops, saying why, instead of trying for ever.
     let keyless = Worker::new(&broker.workers).pool(PoolConfig::new("work"), |_: Payload| async { Ok::<_, Error>(()) });
     let stopped = tokio::time::timeout(LONG, keyless.run()).await.expect("stopped at once");
-    assert!(matches!(&stopped, Err(Error::Unavailable(m)) if m.contains("is encrypted (CURVE)")), "{stopped:?}");
+    assert!(
+        matches!(&stopped, Err(Error::Connection { address, message: m }) if m.contains("is encrypted (CURVE)") && address == &broker.workers),
+        "{stopped:?}"
+    );
     assert!(matches!(
         cronoq::connect(&broker.clients).curve_server_key("not a key").await,
         Err(Error::InvalidArgument(_))
@@ -438,7 +448,7 @@ async fn curve_encrypts_client_and_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
     // Nothing listens on these ports: every connection is refused. The requests fail with
-    // Unavailable naming that once the refusals have gone on for a second, not after their
+    // Error::Connection naming that once the refusals have gone on for a second, not after their
     // request_timeout of ten minutes (LONG bounds the wait: waiting it out fails the test).
     let closed = format!("tcp://127.0.0.1:{}", support::free_port());
     // Lazily: the client is made without asking the broker; its requests meet the refusals.
@@ -446,11 +456,13 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
     let refused =
         tokio::time::timeout(LONG, sched.submit(Task::new("x"))).await.expect("failed before its request_timeout");
     assert!(
-        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&format!("connection refused at {closed}"))),
+        matches!(&refused, Err(Error::Connection { address, message: m })
+            if m.contains(&format!("connection refused at {closed}")) && address == &closed),
         "{refused:?}"
     );
-    assert_eq!(refused.unwrap_err().code(), "UNAVAILABLE");
-    assert!(matches!(sched.status("0123456789abcdef0123456789abcdef").await, Err(Error::Unavailable(_))));
+    let refused = refused.unwrap_err();
+    assert_eq!((refused.code(), refused.is_local()), ("UNAVAILABLE", true));
+    assert!(matches!(sched.status("0123456789abcdef0123456789abcdef").await, Err(Error::Connection { .. })));
 
     // A primary and its standby, both refusing: hopeless only once every address is.
     let standby = format!("tcp://127.0.0.1:{}", support::free_port());
@@ -461,7 +473,7 @@ async fn requests_fail_at_once_when_no_address_ever_takes_the_connection() {
         .unwrap();
     let refused = tokio::time::timeout(LONG, both.ping()).await.expect("failed before its request_timeout");
     assert!(
-        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&closed) && m.contains(&standby)),
+        matches!(&refused, Err(Error::Connection { message: m, .. }) if m.contains(&closed) && m.contains(&standby)),
         "{refused:?}"
     );
 }
@@ -907,12 +919,14 @@ async fn mistakes_are_named_at_once() {
     );
 
     // A dead address: connect fails once the connections have been refused for a second (the
-    // Python client's first request takes as long), not after the request timeout.
+    // Python client's first request takes as long), not after the request timeout. It is this
+    // side's finding (Error::Connection, is_local), not a broker's UNAVAILABLE.
     let closed = format!("tcp://127.0.0.1:{}", support::free_port());
     let started = std::time::Instant::now();
     let refused = cronoq::connect(&closed).request_timeout(Duration::from_secs(600)).await;
     assert!(
-        matches!(&refused, Err(Error::Unavailable(m)) if m.contains(&format!("connection refused at {closed}"))),
+        matches!(&refused, Err(e @ Error::Connection { address, message })
+            if message.contains(&format!("connection refused at {closed}")) && address == &closed && e.is_local()),
         "{refused:?}"
     );
     assert!(started.elapsed() < LONG, "failed before its request_timeout");

@@ -25,7 +25,7 @@
 //!
 //! Waiting is only for a broker that may yet answer (src/link.rs): when no address ever took the
 //! connection (refused for a second), or the CURVE handshake cannot succeed, every request fails at
-//! once with `Unavailable` naming the cause, and so do new ones until a handshake succeeds.
+//! once with `Error::Connection` naming the cause, and so do new ones until a handshake succeeds.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -163,7 +163,7 @@ struct State {
     /// made within that second fail at once with the same error instead of going unanswered.
     refused: Option<(Instant, Error)>,
     /// Why waiting for the broker is pointless (nothing ever took the connection, or the CURVE
-    /// handshake cannot succeed): requests fail at once with `Unavailable` saying so, until a
+    /// handshake cannot succeed): requests fail at once with `Error::Connection` saying so, until a
     /// handshake succeeds.
     unreachable: Option<String>,
     /// The `hello` (by rid) that failed, and how: callers waiting for the rules fail as it did.
@@ -204,8 +204,8 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-fn unavailable_closed() -> Error {
-    Error::Unavailable("the client connection was closed".into())
+fn closed(address: &str) -> Error {
+    Error::connection(address, format!("the client connection to the broker at {address} was closed"))
 }
 
 impl Connection {
@@ -277,7 +277,7 @@ impl Connection {
         expires: bool,
     ) -> Result<oneshot::Receiver<Reply>> {
         if state.closed {
-            return Err(unavailable_closed());
+            return Err(closed(&self.inner.address));
         }
         if let Some((at, error)) = &state.refused {
             if at.elapsed() < REFUSAL_WINDOW {
@@ -285,7 +285,7 @@ impl Connection {
             }
         }
         if let Some(reason) = &state.unreachable {
-            return Err(Error::Unavailable(reason.clone()));
+            return Err(Error::connection(&self.inner.address, reason.clone()));
         }
         if let Some(error) = &state.misdirected {
             return Err(error.clone());
@@ -320,7 +320,7 @@ impl Connection {
             (rid, self.send(&mut state, rid, header, body, resend, true)?)
         };
         let _outstanding = Outstanding { connection: self, rid, unwait: None };
-        rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()))
+        rx.await.unwrap_or_else(|_| Err(closed(&self.inner.address).into()))
     }
 
     /// Send a `hello`, unless one is waiting for its answer.
@@ -349,10 +349,10 @@ impl Connection {
                     return Ok(state.max_payload_bytes);
                 }
                 if state.closed {
-                    return Err(unavailable_closed());
+                    return Err(closed(&self.inner.address));
                 }
                 if let Some(reason) = &state.unreachable {
-                    return Err(Error::Unavailable(reason.clone()));
+                    return Err(Error::connection(&self.inner.address, reason.clone()));
                 }
                 if let (Some(asked), Some((failed, error))) = (asked, &state.hello_failure) {
                     if asked == *failed {
@@ -364,11 +364,14 @@ impl Connection {
             asked = self.inner.state.lock().unwrap().hello_rid;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
-                return Err(Error::Unavailable(format!(
-                    "no reply from the broker at {} within {} s; is it running?",
-                    self.inner.address,
-                    self.inner.request_timeout.as_secs_f64()
-                )));
+                return Err(Error::connection(
+                    &self.inner.address,
+                    format!(
+                        "no reply from the broker at {} within {} s; is it running?",
+                        self.inner.address,
+                        self.inner.request_timeout.as_secs_f64()
+                    ),
+                ));
             }
         }
     }
@@ -432,7 +435,7 @@ impl Connection {
             (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
         };
         let outstanding = Outstanding { connection: self, rid, unwait: None };
-        let reply = rx.await.unwrap_or_else(|_| Err(unavailable_closed().into()));
+        let reply = rx.await.unwrap_or_else(|_| Err(closed(&self.inner.address).into()));
         std::mem::forget(outstanding); // answered: nothing to withdraw (and the watch must stay)
         let (header, _) = match reply {
             Ok(reply) => reply,
@@ -485,7 +488,7 @@ impl Connection {
                 Err(_) => return Err(timed_out(task_id, timeout)),
             },
         };
-        let (header, body) = reply.unwrap_or_else(|_| Err(unavailable_closed().into()))?;
+        let (header, body) = reply.unwrap_or_else(|_| Err(closed(&self.inner.address).into()))?;
         Ok(outcome_of(&header, body))
     }
 
@@ -542,11 +545,11 @@ impl Connection {
         self.inner.state.lock().unwrap().reconnects
     }
 
-    /// Close the connection: requests still waiting fail with `Unavailable`.
+    /// Close the connection: requests still waiting fail with `Error::Connection`.
     pub fn close(&self) {
         let _ = self.inner.outbox.send(Cmd::Close);
         let mut state = self.inner.state.lock().unwrap();
-        close_state(&mut state);
+        close_state(&mut state, &self.inner.address);
     }
 }
 
@@ -575,11 +578,11 @@ impl handle::Source for Submitted {
     }
 }
 
-fn close_state(state: &mut State) {
+fn close_state(state: &mut State, address: &str) {
     state.closed = true;
     for (_, mut p) in state.pending.drain() {
         if let Some(tx) = p.reply.take() {
-            let _ = tx.send(Err(unavailable_closed().into()));
+            let _ = tx.send(Err(closed(address).into()));
         }
     }
     for (_, w) in state.watches.drain() {
@@ -758,11 +761,14 @@ fn sweep(inner: &Inner, state: &mut State, channel: &Channel) {
     if expired.is_empty() {
         return;
     }
-    let error = Error::Unavailable(channel.dealer.silence(&format!(
-        "no reply from the broker at {} within {} s",
-        inner.address,
-        inner.request_timeout.as_secs_f64()
-    )));
+    let error = Error::connection(
+        &inner.address,
+        channel.dealer.silence(&format!(
+            "no reply from the broker at {} within {} s",
+            inner.address,
+            inner.request_timeout.as_secs_f64()
+        )),
+    );
     for rid in expired {
         fail_request(inner, state, rid, error.clone());
     }
@@ -772,7 +778,7 @@ fn sweep(inner: &Inner, state: &mut State, channel: &Channel) {
 /// handshake succeeds. Nothing of them can leave later: with `ZMQ_IMMEDIATE` libzmq queued none
 /// (no connection completed), and those held here are dropped.
 fn give_up(inner: &Inner, state: &mut State, reason: String, held: &mut Vec<Posted>) {
-    let error = Error::Unavailable(reason.clone());
+    let error = Error::connection(&inner.address, reason.clone());
     if state.unreachable.is_none() {
         tracing::warn!(%reason, "giving up on the broker until a connection succeeds");
     }
@@ -883,8 +889,10 @@ fn hold(inner: &Inner, dealer: &Dealer, held: &mut Vec<Posted>, mut unsent: Vec<
     if over.is_empty() {
         return;
     }
-    let error =
-        Error::Unavailable(dealer.silence(&format!("the send queue to the broker at {} is full", inner.address)));
+    let error = Error::connection(
+        &inner.address,
+        dealer.silence(&format!("the send queue to the broker at {} is full", inner.address)),
+    );
     let mut state = inner.state.lock().unwrap();
     for (rid, _, _) in over {
         fail_request(inner, &mut state, rid, error.clone());

@@ -25,7 +25,7 @@ use crate::handle::TaskHandle;
 use crate::stats::Stats;
 use crate::task::Task;
 
-/// How long a request waits for its reply before failing with `Unavailable` (as the Python client).
+/// How long a request waits for its reply before failing with `Error::Connection` (as the Python client's `Unavailable`).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The broker address the Python client defaults to.
 pub const DEFAULT_CLIENT_ADDRESS: &str = "tcp://127.0.0.1:5555";
@@ -87,8 +87,8 @@ impl Connect {
     /// the broker a `ping` and fails as a request would).
     ///
     /// By default a mistake shows when the client is made: no broker at the address
-    /// (`Unavailable`, after the second of refused connections the Python client also allows), a
-    /// CURVE mismatch (`Unavailable`), the broker's worker endpoint given for its client endpoint
+    /// (`Error::Connection`, after the second of refused connections the Python client also allows), a
+    /// CURVE mismatch (`Error::Connection`), the broker's worker endpoint given for its client endpoint
     /// ([`Error::WrongEndpoint`](crate::Error::WrongEndpoint)), a token it does not take (`Unauthenticated`). A lazy client
     /// meets them at its first request instead, and may be made before its broker starts.
     pub fn lazy(mut self, lazy: bool) -> Connect {
@@ -179,7 +179,7 @@ impl Client {
     ///
     /// What the broker refuses the task with (`InvalidArgument`, `NotFound` for an undeclared pool,
     /// `PermissionDenied`, `ResourceExhausted`, ...); `InvalidArgument` before sending for a payload
-    /// over `max_payload_bytes`; `Unavailable` when the broker does not answer in time.
+    /// over `max_payload_bytes`; `Connection` when the broker does not answer in time.
     pub async fn submit(&self, task: Task) -> Result<TaskHandle> {
         let task = &task;
         match &self.router {
@@ -194,7 +194,7 @@ impl Client {
     /// # Errors
     ///
     /// The task's failure (`TaskFailed`, `Cancelled`, `DeadlineExceeded`), `NotFound`, `Decode` when
-    /// the result is not a `T`, `Unavailable` when the connection fails.
+    /// the result is not a `T`, `Connection` when the connection fails.
     pub async fn result<T: serde::de::DeserializeOwned>(&self, task_id: &str) -> Result<T> {
         let conn = self.for_task(task_id).await?;
         conn.wait_ended(task_id, None, None).await?.into_result(task_id)?.decode()
@@ -214,7 +214,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// `NotFound` for a task this token may not see (or one long gone); `Unavailable`.
+    /// `NotFound` for a task this token may not see (or one long gone); `Connection`.
     pub async fn status(&self, task_id: &str) -> Result<TaskInfo> {
         self.for_task(task_id).await?.status(task_id).await
     }
@@ -226,17 +226,17 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// `NotFound` as for [`status`](Self::status); `Unavailable`, also for a map that cannot be read.
+    /// `NotFound` as for [`status`](Self::status); `Connection`; `Unavailable` for a map that cannot be read.
     pub async fn explain(&self, task_id: &str) -> Result<Explanation> {
         self.for_task(task_id).await?.explain(task_id).await
     }
 
     /// Cancel a task not yet dispatched; false if it already runs or has finished. Never re-sent:
-    /// `Unavailable` when no reply comes.
+    /// `Connection` when no reply comes.
     ///
     /// # Errors
     ///
-    /// `NotFound`, `PermissionDenied`; `Unavailable` when no reply comes (it is not re-sent).
+    /// `NotFound`, `PermissionDenied`; `Connection` when no reply comes (it is not re-sent).
     pub async fn cancel(&self, task_id: &str) -> Result<bool> {
         self.for_task(task_id).await?.cancel(task_id).await
     }
@@ -245,7 +245,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// `PermissionDenied` without an admin token, `NotFound` for an undeclared pool, `Unavailable`.
+    /// `PermissionDenied` without an admin token, `NotFound` for an undeclared pool, `Connection`.
     pub async fn pause(&self, pool: &str) -> Result<()> {
         self.pool_request("pause", pool).await
     }
@@ -276,7 +276,7 @@ impl Client {
     /// # Errors
     ///
     /// `PermissionDenied` without an admin (or viewer) token, `Decode` for a map that does not read,
-    /// `Unavailable`.
+    /// `Connection`.
     pub async fn stats(&self) -> Result<Stats> {
         let value = match &self.router {
             Some(router) => router.stats().await?,
@@ -291,7 +291,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// `Unavailable` when the broker does not answer or answers with no map.
+    /// `Connection` when the broker does not answer, `Unavailable` when it answers with no map.
     pub async fn cluster(&self) -> Result<Option<ClusterMap>> {
         match &self.router {
             Some(router) => router.cluster().await,
@@ -299,11 +299,11 @@ impl Client {
         }
     }
 
-    /// A round trip to the broker; `Unavailable` when it does not answer in time.
+    /// A round trip to the broker; `Connection` when it does not answer in time.
     ///
     /// # Errors
     ///
-    /// `Unavailable` (no answer in time, no broker, a CURVE mismatch), `Unauthenticated`,
+    /// `Connection` (no answer in time, no broker, a CURVE mismatch), `Unauthenticated`,
     /// `WrongEndpoint`.
     pub async fn ping(&self) -> Result<()> {
         self.home.ping().await
@@ -322,7 +322,7 @@ impl Client {
     }
 
     /// Close the connection (every member's, in a cluster): requests still waiting fail with
-    /// `Unavailable`.
+    /// `Error::Connection`.
     pub async fn close(&self) {
         if let Some(router) = &self.router {
             router.close();

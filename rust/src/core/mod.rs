@@ -41,6 +41,7 @@
 //! rather than ordered differently from the Python core.
 
 pub mod ceilings;
+pub mod explain;
 pub mod queues;
 mod slot;
 pub mod weights;
@@ -209,6 +210,10 @@ struct Pool {
     refills: BinaryHeap<Reverse<(Time, Tenant)>>,
     /// The tenants with a minimum.
     minimums: Vec<Tenant>,
+    /// Tasks dispatched so far (re-dispatches included): sampled by the caller for `explain`'s rate.
+    dispatched: u64,
+    /// Per class: tasks that became queued so far, and those of them with a deadline.
+    arrived: [(u64, u64); 4],
 }
 
 /// What a dispatch of `slot` charges in `share_by`, in quanta (at least one).
@@ -247,6 +252,8 @@ impl Pool {
             ceilings: HashMap::new(),
             refills: BinaryHeap::new(),
             minimums: Vec::new(),
+            dispatched: 0,
+            arrived: [(0, 0); 4],
         };
         if settings.has_node_limits() {
             pool.apply_ceilings(&[], None);
@@ -792,6 +799,9 @@ impl Core {
         let held = self.pools[pool].held(&tenant);
         self.pools[pool].classes[priority].push(&tenant, deadline, (seq, at), held);
         self.pools[pool].queued += 1;
+        let arrived = &mut self.pools[pool].arrived[priority];
+        arrived.0 += 1;
+        arrived.1 += u64::from(deadline.is_some());
         if let Some(d) = deadline {
             self.expiry.push(d, seq, at);
         }
@@ -825,6 +835,17 @@ impl Core {
             }
         }
         slot
+    }
+
+    /// Tasks of `pool` dispatched so far (re-dispatches included); None for an unknown pool.
+    pub fn dispatched(&self, pool: &str) -> Option<u64> {
+        self.pool_index.get(pool).map(|&p| self.pools[p].dispatched)
+    }
+
+    /// For each class of `pool`, highest first: tasks that became queued in it so far (submitted
+    /// ready, ready after a delay or back-off, requeued), and those of them with a deadline.
+    pub fn arrivals(&self, pool: &str) -> Option<[(u64, u64); 4]> {
+        self.pool_index.get(pool).map(|&p| self.pools[p].arrived)
     }
 
     /// The live task with this id.
@@ -1024,6 +1045,7 @@ impl Core {
                 let w = self.ready[pos];
                 let Some(pool) = self.choose_pool(w, now) else { continue };
                 let Some(t) = self.take(pool, now) else { continue };
+                self.pools[pool].dispatched += 1;
                 let worker = self.workers[w].as_mut().expect("known");
                 worker.free -= 1;
                 worker.running.push(t);

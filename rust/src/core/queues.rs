@@ -144,6 +144,64 @@ impl Fifo {
     }
 }
 
+impl Fifo {
+    /// Queued tasks before the one with arrival `seq`, looking at `scan` entries at most, and
+    /// whether that is exact (the task was reached): `explain`'s "ahead of it in its queue".
+    pub(super) fn ahead_of(&self, tasks: &[Option<Slot>], seq: u64, scan: usize) -> (u64, bool) {
+        let mut ahead = 0;
+        for entry in self.queue.iter().take(scan) {
+            if entry.0 == seq {
+                return (ahead, true);
+            }
+            if is_live(tasks, *entry, State::Queued) {
+                ahead += 1;
+            }
+        }
+        (ahead, false)
+    }
+}
+
+/// What `explain` reads of one tenant's flow in a fair class (Python's `flow_share`, `flow_lag`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FlowReading {
+    /// Its queued tasks.
+    pub live: usize,
+    /// The fraction of the class's fair dispatches it gets now (0 while it cannot go).
+    pub share: f64,
+    /// Dispatches it trails (+) or leads (-) its share by: `(V - S) / step`.
+    pub lag: f64,
+}
+
+/// `a - b` in tag units, as a float (exact integer tags subtracted exactly first).
+fn tag_difference(a: Tag, b: Tag) -> f64 {
+    match (a, b) {
+        (Tag::Exact(a), Tag::Exact(b)) => (a - b) as f64,
+        (a, b) => a.as_f64() - b.as_f64(),
+    }
+}
+
+impl FairQueue {
+    /// `tenant`'s flow as `explain` sees it, None when it has none.
+    pub(super) fn reading(&self, tenant: &Tenant) -> Option<FlowReading> {
+        let flow = self.flows.get(tenant)?;
+        let wsum: f64 = self.flows.iter().filter(|(_, f)| f.on).map(|(t, _)| self.weights.weight(t.as_deref())).sum();
+        let share = if flow.on && wsum > 0.0 { self.weights.weight(tenant.as_deref()) / wsum } else { 0.0 };
+        let lag = if flow.chain.live == 0 {
+            0.0
+        } else {
+            // A flow out of the heap rejoins at max(V, F): its lead is kept, its trailing not banked.
+            let start = if flow.on { flow.tag } else { flow.finish.max(self.vtime) };
+            tag_difference(self.vtime, start) / flow.step.as_f64()
+        };
+        Some(FlowReading { live: flow.chain.live, share, lag })
+    }
+
+    /// `tenant`'s queue, if it has one.
+    pub(super) fn chain(&self, tenant: &Tenant) -> Option<&Fifo> {
+        self.flows.get(tenant).map(|f| &f.chain)
+    }
+}
+
 /// A tenant's name in a pool (None: tasks without a tenant).
 pub type Tenant = Option<Arc<str>>;
 
@@ -765,6 +823,45 @@ impl ClassQueue {
         } else if let (Rest::Fair(q), Some((weights, _))) = (&mut self.rest, fair) {
             q.reweight(weights);
         }
+    }
+
+    /// Queued deadline tasks of this class.
+    pub(super) fn deadlined(&self) -> usize {
+        self.edf_live
+    }
+
+    /// Queued deadline tasks the EDF order puts before the one keyed `(deadline, seq)`, and whether
+    /// that is exact: only the entries earlier than the key are visited (a heap's earlier entries
+    /// form a subtree at its top), at most `scan`. Tenants held back are passed over, and so are
+    /// tasks whose deadline is past (they are about to expire).
+    pub(super) fn earlier_deadlines(
+        &self,
+        tasks: &[Option<Slot>],
+        key: (f64, u64),
+        now: f64,
+        scan: usize,
+    ) -> (u64, bool) {
+        let heaps = std::iter::once(&self.edf).chain(self.groups.values().filter(|g| !g.blocked).map(|g| &g.heap));
+        let (mut count, mut visits) = (0, 0);
+        for heap in heaps {
+            let entries = heap.as_slice();
+            let mut work = vec![0usize];
+            while let Some(at) = work.pop() {
+                let Some(Reverse((deadline, seq, slot))) = entries.get(at) else { continue };
+                if (deadline.0, *seq) >= key {
+                    continue; // nothing below it in this heap is earlier either
+                }
+                visits += 1;
+                if visits > scan {
+                    return (count, false);
+                }
+                work.extend([2 * at + 1, 2 * at + 2]);
+                if deadline.0 > now && is_live(tasks, (*seq, *slot), State::Queued) {
+                    count += 1;
+                }
+            }
+        }
+        (count, true)
     }
 
     /// Correct what a run of `tenant` was charged by `charge` quanta (a fair class only).

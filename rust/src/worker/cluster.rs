@@ -53,7 +53,12 @@ pub(super) async fn serve_cluster(
                 match ended {
                     Ok((_, Ok(_))) => {}
                     Ok((_, Err(e))) => failure = Some(e),
-                    Err(e) => failure = Some(Error::Unavailable(format!("a member connection failed: {e}"))),
+                    Err(e) => {
+                        failure = Some(Error::connection(
+                            shared.endpoint.describe(),
+                            format!("a connection to a member of the cluster failed: {e}"),
+                        ));
+                    }
                 }
             }
             _ = stop.changed() => {}

@@ -206,7 +206,7 @@ impl Worker {
     /// # Errors
     ///
     /// `InvalidArgument` (no pool, concurrency 0, a bad address or key), `MissingToken`,
-    /// `WrongEndpoint` (the broker's client endpoint), `Unavailable` (a CURVE handshake that cannot
+    /// `WrongEndpoint` (the broker's client endpoint), `Connection` (a CURVE handshake that cannot
     /// succeed at any address), and the broker's refusal of the worker, as above.
     pub async fn run(self) -> Result<()> {
         self.phase.send_replace(Phase::Running);

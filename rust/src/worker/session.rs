@@ -164,7 +164,7 @@ impl Session {
                 }
             } else if let Some(why) = self.channel.dealer.fatal() {
                 // The CURVE handshake cannot succeed with any address: waiting serves nothing.
-                return Err(Error::Unavailable(why));
+                return Err(Error::connection(self.endpoint.describe(), why));
             }
             while let Some(commands) = self.channel.recv() {
                 self.last_heard = Instant::now();
