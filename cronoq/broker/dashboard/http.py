@@ -203,6 +203,7 @@ class HttpServer:
             # Said without waiting: a few bytes always fit the socket's buffer, and the close follows them.
             writer.write(_raw_response(503, "too many dashboard connections; try again shortly"))
             writer.close()
+            _take_close_outcome(writer)
             return
         try:
             _limit_send_buffer(writer)
@@ -222,6 +223,7 @@ class HttpServer:
             _drop(writer)
         else:
             writer.close()
+            _take_close_outcome(writer)
             # A close waits for the last response to be read: a peer that stops reading now has WRITE_TIMEOUT.
             asyncio.get_running_loop().call_later(self.write_timeout, _drop, writer)
         finally:
@@ -344,6 +346,15 @@ def _drop(writer: asyncio.StreamWriter) -> None:
         except (OSError, ValueError):
             pass  # already closed (the loop's socket object then says ValueError: its descriptor is gone)
     writer.transport.abort()
+    _take_close_outcome(writer)
+
+
+def _take_close_outcome(writer: asyncio.StreamWriter) -> None:
+    """Retrieve how the connection closed. asyncio hands a peer's reset to the reader (where `_serve` counts it) and
+    also to the writer's close future; when the garbage collector frees that future before its protocol, it logs
+    the reset as "Future exception was never retrieved", with a traceback, though nothing went wrong."""
+    waiter = asyncio.ensure_future(writer.wait_closed())
+    waiter.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class _Refused(Exception):
