@@ -11,6 +11,7 @@ node, by its full name.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -129,6 +130,7 @@ class PoolSettings:
         return None if tenant is None else self.tenant_minimums.get(tenant)
 
 
+@functools.lru_cache(maxsize=4096)
 def tenant_path(tenant: str | None) -> tuple[str | None, ...]:
     """The nodes from the top down to `tenant`: ("acme", "acme/search") for "acme/search"; (None,) untenanted.
 
@@ -136,6 +138,9 @@ def tenant_path(tenant: str | None) -> tuple[str | None, ...]:
     MAX_TENANT_DEPTH levels) is one opaque top-level name: submit refuses
     such names, but tasks recovered from a version that took any name keep
     their place.
+
+    Asked on every submit, dispatch and stats row, for a few names: the last
+    4,096 answers are kept (tuples of the caller's strings; a pure function).
     """
     if tenant is None or "/" not in tenant:
         return (tenant,)

@@ -68,7 +68,7 @@ def submissions(draw: st.DrawFn) -> SubmitRequest:
     return dataclasses.replace(request, **{field: draw(EDGES[field]) for field in odd})
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(submissions())
 def test_the_shortcut_accepts_only_what_the_checks_accept_with_the_same_class(request: SubmitRequest) -> None:
     shortcut = common_submission_class(request, POOLS, MAX_PAYLOAD)

@@ -106,7 +106,7 @@ frame_sequences = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["client", "worker"]), st.sampled_from([b"fuzz-1", b"fuzz-2"]),
                           frame_sequences), min_size=1, max_size=8))
 def test_garbage_on_either_socket_touches_no_task_and_stops_nothing(scene_and_log, messages):
@@ -127,7 +127,7 @@ def test_garbage_on_either_socket_touches_no_task_and_stops_nothing(scene_and_lo
 _batch_rids = itertools.count(1_000)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(rid_items, values), min_size=1, max_size=10))
 def test_every_item_of_a_clients_batch_is_answered_under_its_own_rid(scene_and_log, items):
     """A batch with a good token: each item gets its reply, or its error, under its own rid where its header

@@ -73,7 +73,7 @@ def test_any_header_decodes_or_is_invalid_argument(header, body):
     assert isinstance(rid, int)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.one_of(
     st.tuples(st.sampled_from(TAGS), st.sampled_from([1, 1, 1, 2, "1"]), st.lists(values, max_size=6),
               st.one_of(st.none(), st.binary(max_size=8), st.text(max_size=3))),

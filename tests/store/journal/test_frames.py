@@ -34,7 +34,7 @@ records = st.one_of(
 batches = st.lists(records, min_size=1, max_size=5).map(encode)
 # (strategy of bodies, the reader's candidate filter): journal batches with the journal's filter, or any bytes.
 KINDS = {"batches": (batches, batch_starts), "any bytes": (st.binary(min_size=1, max_size=48), None)}
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def frame(body: bytes) -> bytes:
