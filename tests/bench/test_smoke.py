@@ -68,7 +68,7 @@ def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
     from bench.soak import SoakSettings, run
 
     isolate = len(os.sched_getaffinity(0)) >= 2  # --isolate-load needs a CPU for the load and one for the rest
-    summary = run(SoakSettings(seconds=6, window=50, workers=1, concurrency=8, sample=0.5, warmup=0,
+    summary = run(SoakSettings(seconds=4, window=50, workers=1, concurrency=8, sample=0.5, warmup=0,
                                slow_reader=True, isolate_load=isolate, out=tmp_path), log=lambda line: None)
     assert Path(summary["json"]).exists()
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG too
@@ -104,7 +104,7 @@ def test_a_paced_load_keeps_under_its_rate() -> None:
     from bench.soak import SoakSettings, run
 
     for relay in (False, True):
-        summary = run(SoakSettings(seconds=4, window=50, workers=1, concurrency=8, sample=0.5, warmup=1,
+        summary = run(SoakSettings(seconds=3, window=50, workers=1, concurrency=8, sample=0.5, warmup=1,
                                    relay=relay, load_rate=300, out=None), log=lambda line: None)
         # Never a speed: only that the pacing holds the load back (both stacks do thousands a second unpaced).
         assert 0 < summary["tasks_per_s"] <= 300 * 1.1, summary["tasks_per_s"]
