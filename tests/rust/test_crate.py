@@ -48,24 +48,24 @@ def test_cargo_test_passes():
 @pytest.mark.long_running
 def test_the_documented_fair_share_example_runs():
     """rust/examples/fair_share.rs holds the documentation's Rust snippet verbatim; it prints the 3:1 order."""
+    assert "as letters:     gaaagaaagaaagaaaa" in _run_example("fair_share")
+
+
+def _run_example(name: str) -> str:
+    """`cargo run --example NAME` in the crate's own target directory; what it printed."""
     env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET))
     env.setdefault("CARGO_BUILD_JOBS", "2")
-    proc = subprocess.run([CARGO, "run", "--locked", "--quiet", "--example", "fair_share"], cwd=CRATE, env=env,
+    proc = subprocess.run([CARGO, "run", "--locked", "--quiet", "--example", name], cwd=CRATE, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "as letters:     gaaagaaagaaagaaaa" in proc.stdout, proc.stdout
+    return proc.stdout
 
 
 @pytest.mark.skipif(CARGO is None, reason="cargo is not installed: the Rust crate in rust/ is not built here")
 @pytest.mark.long_running
 def test_the_documented_shares_example_runs():
     """rust/examples/shares.rs holds rust/README.md's share_by snippet; it prints the order of summed cost."""
-    env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET))
-    env.setdefault("CARGO_BUILD_JOBS", "2")
-    proc = subprocess.run([CARGO, "run", "--locked", "--quiet", "--example", "shares"], cwd=CRATE, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "as letters:     gatggggaggg" in proc.stdout, proc.stdout
+    assert "as letters:     gatggggaggg" in _run_example("shares")
     readme = (CRATE / "README.md").read_text()
     example = (CRATE / "examples" / "shares.rs").read_text()
     snippet = 'let pool = PoolConfig::new("llm").share_by(ShareBy::Cost).tenant_rate("trial", 0.5);'
