@@ -31,7 +31,6 @@ import random
 import resource
 import socket
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import msgspec
@@ -44,7 +43,7 @@ from cronoq.broker.auth import Authenticator, Principal
 from cronoq.broker.clients import ClientRequests, RestOfBatch
 from cronoq.broker.collector import CollectorPolicy
 from cronoq.broker.config import DEFAULTS_SOURCE, BrokerConfig, load_config
-from cronoq.broker.connections import Connection, Connections, peer_label
+from cronoq.broker.connections import Connection, Connections
 from cronoq.broker.cron import CronRunner
 from cronoq.broker.durable import SYNC_INTERVAL, DataDir
 from cronoq.broker.failures import RecentFailures
@@ -854,14 +853,17 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
+def _pools_in_both(old: tuple[PoolSettings, ...],
+                   new: tuple[PoolSettings, ...]) -> list[tuple[PoolSettings, PoolSettings]]:
+    """(old settings, new settings) of each pool both configs declare, in the new config's order."""
+    before = {pool.name: pool for pool in old}
+    return [(before[pool.name], pool) for pool in new if pool.name in before]
+
+
 def _weight_changes(old: tuple[PoolSettings, ...], new: tuple[PoolSettings, ...]) -> list[dict[str, Any]]:
     """Tenant weights that differ between two configs, in the pools both declare (unlisted tenants weigh 1)."""
-    before = {pool.name: pool for pool in old}
     changes = []
-    for pool in new:
-        was = before.get(pool.name)
-        if was is None:
-            continue
+    for was, pool in _pools_in_both(old, new):
         for tenant in sorted(set(was.tenant_weights) | set(pool.tenant_weights)):
             if was.weight(tenant) != pool.weight(tenant):
                 changes.append({"pool": pool.name, "tenant": tenant, "old": was.weight(tenant),
@@ -876,12 +878,8 @@ def _share_changes(old: tuple[PoolSettings, ...], new: tuple[PoolSettings, ...])
     """What a share counts, tenant rates and minimums that differ between two configs, in the pools both
     declare: one map per pool and setting, with the old and new value (a table per node for rates and minimums;
     a node left out has none)."""
-    before = {pool.name: pool for pool in old}
     changes = []
-    for pool in new:
-        was = before.get(pool.name)
-        if was is None:
-            continue
+    for was, pool in _pools_in_both(old, new):
         for setting in _SHARE_SETTINGS:
             then, now = getattr(was, setting), getattr(pool, setting)
             if then != now:
