@@ -181,17 +181,10 @@ def pools_toml(pools: Iterable[cronoq.Pool]) -> str:
             lines.append(f"default_tenant_limit = {pool.default_tenant_limit}")
         if pool.share_by is not None:
             lines.append(f'share_by = "{pool.share_by}"')
-        if pool.tenant_weights:
-            lines.append("[pools.tenant_weights]")
-            lines += [f'"{tenant}" = {weight}' for tenant, weight in pool.tenant_weights.items()]
-        if pool.tenant_limits:
-            lines.append("[pools.tenant_limits]")
-            lines += [f'"{tenant}" = {limit}' for tenant, limit in pool.tenant_limits.items()]
-        if pool.tenant_rates:
-            lines.append("[pools.tenant_rates]")
-            lines += [f'"{tenant}" = {rate}' for tenant, rate in pool.tenant_rates.items()]
-        if pool.tenant_minimums:
-            lines.append("[pools.tenant_minimums]")
-            lines += [f'"{tenant}" = {minimum}' for tenant, minimum in pool.tenant_minimums.items()]
+        for table in ("tenant_weights", "tenant_limits", "tenant_rates", "tenant_minimums"):
+            values = getattr(pool, table)
+            if values:
+                lines.append(f"[pools.{table}]")
+                lines += [f'"{tenant}" = {value}' for tenant, value in values.items()]
         lines.append("")
     return "\n".join(lines)

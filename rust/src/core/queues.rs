@@ -234,6 +234,18 @@ impl Flow {
     fn head_seq(&self) -> u64 {
         self.chain.queue.front().expect("a backlogged flow has a head").0
     }
+
+    /// Enter the heap's order at max(V, F): a flow ahead of V keeps its lead; one that banked
+    /// nothing (F <= V) forgets its past and starts afresh at V (no banked credit).
+    fn rejoin_at(&mut self, vtime: Tag) {
+        if self.finish > vtime {
+            self.tag = self.finish;
+        } else {
+            self.tag = vtime;
+            self.last = None;
+            self.finish = vtime.zero();
+        }
+    }
 }
 
 /// (start tag, arrival of the head, flow generation, tenant).
@@ -315,14 +327,7 @@ impl FairQueue {
         let vtime = self.vtime;
         let flow = self.flows.get_mut(tenant).expect("just made");
         flow.chain.push(entry);
-        // Activate: a flow that banked nothing (F <= V) forgets its past and starts afresh at V.
-        if flow.finish > vtime {
-            flow.tag = flow.finish;
-        } else {
-            flow.tag = vtime;
-            flow.last = None;
-            flow.finish = vtime.zero();
-        }
+        flow.rejoin_at(vtime);
         if flow.capped {
             return;
         }
@@ -475,13 +480,7 @@ impl FairQueue {
         if flow.on || flow.chain.live == 0 {
             return;
         }
-        if flow.finish > vtime {
-            flow.tag = flow.finish;
-        } else {
-            flow.tag = vtime;
-            flow.last = None;
-            flow.finish = vtime.zero();
-        }
+        flow.rejoin_at(vtime);
         flow.gen += 1;
         flow.on = true;
         let entry = Reverse((flow.tag, flow.head_seq(), flow.gen, tenant.clone()));
