@@ -42,11 +42,11 @@ from typing import Any, Callable
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from cronoq.wire.transport import readable
+
 log = logging.getLogger("cronoq.broker")
 
 MONITORED_EVENTS = int(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 # Every connection's serial number, never reused while the broker runs (a descriptor or an identity may be).
@@ -151,7 +151,7 @@ class Connections:
         monitor = self.monitor
         # Asking whether anything waits costs a third of a receive that finds nothing (it raises), and the
         # broker asks a few times per pass.
-        if not monitor.getsockopt(_EVENTS) & _POLLIN:
+        if not readable(monitor):
             self._reporting = True
             return
         while True:

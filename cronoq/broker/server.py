@@ -60,7 +60,7 @@ from cronoq.errors import ConfigError, CronoqError, FailedPrecondition, InvalidA
 from cronoq.wire import protocol
 from cronoq.wire.clustermap import TASK_ID_SEPARATOR
 from cronoq.wire.curve import load_secret_key, serve_encrypted
-from cronoq.wire.transport import recv_routed, tune
+from cronoq.wire.transport import readable as _readable, recv_routed, tune
 
 if TYPE_CHECKING:
     from cronoq.broker.dashboard import Dashboard
@@ -401,24 +401,24 @@ class Broker:
         self._stats_replies.step()  # a step of the search for the busiest tenants, when a `stats` waits for one
         if asked or dispatched:
             self._busy = True
-        sent = False
         if self._writing is None:  # else this pass's changes and replies wait for the write under way
             if not self._commit():
                 return
             if self._writing is None:
-                sent = bool(self._to_clients) or bool(self._to_workers)
                 self._flush(self._to_clients, self._to_workers)
                 self._data.ship_finished()  # after the replies: they go first, the archiver wakes after
         if fired:
             self._cron.save()  # type: ignore[union-attr]
         self._collector.worked(handled + dispatched)  # after the flush: nobody's reply waits for it
         until = started + PASS_BUDGET
-        handled += self._unpark(worker_conns, self._on_worker_message, now, until)
-        handled += self._unpark(client_conns, self._requests.on_message, now, until)
+        unparked = self._unpark(worker_conns, self._on_worker_message, now, until)
+        unparked += self._unpark(client_conns, self._requests.on_message, now, until)
         self.metrics.pass_took(time.perf_counter() - started, time.thread_time() - cpu_started)
-        # A send can consume the FD's edge for a message that arrived meanwhile: after sending, one more
-        # pass must find both sockets empty before the loop may sleep.
-        if (handled or sent or worker_conns.ending or client_conns.ending  # type: ignore[union-attr]
+        # The loop may sleep once both sockets are empty. A send (or a receive) can consume the FD's edge of a
+        # message that arrived meanwhile, so they are asked (ZMQ_EVENTS) after this pass's last send: a
+        # message found there gets another pass, and an empty answer re-arms the edge for the next one.
+        if (unparked or _readable(workers) or _readable(clients)
+                or worker_conns.ending or client_conns.ending  # type: ignore[union-attr]
                 or self._stats_replies.searching or (self._data.releasing and self._writing is None)):
             self._next_pass = asyncio.get_running_loop().call_soon(self._pump)
         self._arm_timer()
@@ -430,6 +430,9 @@ class Broker:
         how many. Receiving until EAGAIN (one exception per pass) is cheaper than asking ZMQ_EVENTS before every
         message, and just as sure that libzmq's queue is empty. A message from a peer over its budget is set
         aside, unhandled."""
+        if not _readable(sock):  # most passes find one socket empty: asking is cheaper than a zmq.Again
+            conns.emptied()
+            return 0
         count = 0
         clock = time.perf_counter
         while count < DRAIN_BATCH:

@@ -89,6 +89,11 @@ def tune(sock: zmq.Socket, *, max_message_bytes: int | None = None) -> None:
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
 
 
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message waits on `sock` (ZMQ_EVENTS); asking also re-arms its FD's edge."""
+    return bool(_get(sock, EVENTS) & POLLIN)
+
+
 def recv_frames(sock: zmq.Socket, keep: int = 1 << 30) -> list[bytes]:
     """Receive one whole multipart message without blocking, keeping at most `keep` frames of it.
 
