@@ -128,6 +128,16 @@ class Scheduler:
         self._pump()
         return TaskHandle(record.id, self, duplicate=duplicate)
 
+    async def call(
+        self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
+        deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
+        cost: float | None = None, timeout: float | None = None,
+    ) -> Any:
+        """Submit a task and wait for its value, as `Client.call` does: submit, then `result(timeout)`."""
+        handle = await self.submit(payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline,
+                                   delay=delay, key=key, max_retries=max_retries, cost=cost)
+        return await self.result(handle.id, timeout)
+
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""
         record = self._book.get(task_id)

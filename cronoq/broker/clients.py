@@ -257,7 +257,8 @@ class ClientRequests:
             # key's promise; any refusal of our own would say the key exists), so it fails the way a bug
             # does: logged, and answered UNAVAILABLE.
             raise RuntimeError(f"a duplicate lookup crossed tenants: {principal.tenant!r} found {record.id}")
-        self._outbox.put(conn, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
+        if not (request.watch and request.outcome_only):  # `call`: the outcome is the only answer
+            self._outbox.put(conn, protocol.Accepted(protocol.PROTOCOL_VERSION, request.rid, record.id, duplicate))
         if request.watch:
             self._wait_for(record, conn, request.rid)
 

@@ -489,8 +489,13 @@ class Connection:
                 outstanding.future.set_exception(error)
 
     def _end_watch(self, rid: int, watch: _Watch, outcome: protocol.Outcome | None, body: bytes | None) -> None:
-        """The watched task's outcome came (or the broker refused the watch: fall back to `wait`)."""
+        """The watched task's outcome came (or the broker refused the watch: fall back to `wait`). A `call` still
+        waits for its request (no `accepted` came): the outcome answers it."""
         del self._watches[rid]
+        if outcome is not None:
+            outstanding = self._pending.pop(rid, None)
+            if outstanding is not None and not outstanding.future.done():
+                outstanding.future.set_result((outcome, body))
         if watch.task_id is not None and self._watched.get(watch.task_id) is watch:
             del self._watched[watch.task_id]
         watch.settle(None if outcome is None else (outcome, body))
@@ -505,6 +510,55 @@ class Connection:
         """Queue a task on this broker; returns its handle once the broker has accepted it (durably, with a
         data_dir). A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the
         broker takes, is refused here with InvalidArgument, and nothing is sent."""
+        message, body = await self._submission(payload, pool, tenant, priority, deadline, delay, key, max_retries,
+                                               cost, outcome_only=False)
+        # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
+        watch = self._watches[message.rid] = _Watch(self)
+        try:
+            reply, _ = await self._request(message, body)
+        except BaseException:
+            self._watches.pop(message.rid, None)
+            raise
+        return TaskHandle(reply.id, watch, duplicate=reply.duplicate)
+
+    async def call(
+        self, payload: Any, *, pool: str = "default", tenant: str | None = None, priority: str = "normal",
+        deadline: Any = None, delay: Any = None, key: str | None = None, max_retries: int = 0,
+        cost: float | None = None, timeout: float | None = None,
+    ) -> Any:
+        """Submit a task and wait for its value in one request: the broker answers with the outcome only, one
+        message per task fewer than `submit` then `result`. Raises what both raise; TimeoutError after
+        `timeout` seconds (the task goes on). Re-sent on a new connection like a submit (the broker finds the
+        first task by its submission id), so request_timeout does not bound it: `timeout` does."""
+        message, body = await self._submission(payload, pool, tenant, priority, deadline, delay, key, max_retries,
+                                               cost, outcome_only=True)
+        rid = message.rid
+        watch = self._watches[rid] = _Watch(self)
+        # Resolved by the outcome (`_end_watch`), failed by a refusal, or by an older broker's `accepted`.
+        future = self._send(message, body, expires=False)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            reply, body = await asyncio.wait_for(future, timeout)  # the future is ours alone: it may be cancelled
+        except BaseException as exc:
+            self._pending.pop(rid, None)
+            if self._watches.get(rid) is watch:
+                del self._watches[rid]
+            if watch.task_id is not None and self._watched.get(watch.task_id) is watch:
+                del self._watched[watch.task_id]
+            if isinstance(exc, TimeoutError):
+                raise TimeoutError(f"the task submitted to pool {pool!r} did not finish within {timeout} s; "
+                                   "it goes on (submit() and result() give its id to wait on)") from None
+            raise
+        if isinstance(reply, protocol.Accepted):  # an older broker: the outcome follows under the same rid
+            left = None if timeout is None else max(0.0, timeout - (loop.time() - started))
+            return await watch.result(reply.id, left)
+        return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
+
+    async def _submission(self, payload: Any, pool: str, tenant: str | None, priority: str, deadline: Any,
+                          delay: Any, key: str | None, max_retries: int, cost: float | None, *,
+                          outcome_only: bool) -> tuple[protocol.Submit, bytes]:
+        """A watched submit and its body, checked here first (sizes, names, cost): nothing is sent for a mistake."""
         body = protocol.encode_body(payload)
         longest = protocol.MAX_NAME_CHARS  # one test of the three names, as submit is the hot path
         if ((type(pool) is str and len(pool) > longest) or (type(tenant) is str and len(tenant) > longest)
@@ -520,16 +574,9 @@ class Connection:
             deadline=seconds_from_now(deadline, "deadline", now), delay=seconds_from_now(delay, "delay", now),
             key=key, max_retries=max_retries,
             submission=f"{self._submission_prefix}-{next(self._submissions):x}", watch=True,
-            cost=None if cost is None else float(cost),
+            cost=None if cost is None else float(cost), outcome_only=outcome_only,
         )
-        # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
-        watch = self._watches[message.rid] = _Watch(self)
-        try:
-            reply, _ = await self._request(message, body)
-        except BaseException:
-            self._watches.pop(message.rid, None)
-            raise
-        return TaskHandle(reply.id, watch, duplicate=reply.duplicate)
+        return message, body
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""

@@ -71,6 +71,10 @@ class SyncClient:
         handle = self._call(self._client.submit(payload, **options))
         return SyncTaskHandle(handle.id, self, handle.duplicate)
 
+    def call(self, payload: Any, **options: Any) -> Any:
+        """Submit a task and block until its value (same options as the async `call`, `timeout` among them)."""
+        return self._call(self._client.call(payload, **options))
+
     def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Block until the task's value, by id."""
         return self._call(self._client.result(task_id, timeout=timeout))

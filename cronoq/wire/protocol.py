@@ -87,6 +87,9 @@ class Submit(_Message, tag="submit"):
     connection dropped) gets the task of the first one back, not a second task.
     `watch` asks for the task's `Outcome` too, under this submit's rid, as if a
     `Wait` had followed: one message per task fewer for clients that await results.
+    `outcome_only` (with `watch`) leaves out the `accepted` reply: the outcome is
+    the only answer, for a caller that wants the value and not the id
+    (`Client.call`). A broker that does not know it sends `accepted` anyway.
     """
 
     rid: int
@@ -102,6 +105,7 @@ class Submit(_Message, tag="submit"):
     cost: Union[float, None] = None
     """What the task charges its tenant's share in a pool with share_by = "cost" (None: 1). Sent only when
     given, so a broker that does not know it reads every other submit as before."""
+    outcome_only: bool = False
 
 
 class Wait(_Message, tag="wait"):

@@ -128,6 +128,7 @@ pub static CLIENT_REQUESTS: &[Schema] = &[
             f("submission", K::OptStr, D::Nil),
             f("watch", K::Bool, D::Bool(false)),
             f("cost", K::OptFloat, D::Nil),
+            f("outcome_only", K::Bool, D::Bool(false)),
         ],
     },
     Schema { tag: "wait", fields: &[req("rid", K::Int), req("id", K::TaskId)] },

@@ -28,7 +28,7 @@ REQUIRED = object()
 FIELDS: dict[str, list[tuple[str, Any]]] = {
     "submit": [("rid", REQUIRED), ("pool", "default"), ("tenant", None), ("priority", "normal"), ("deadline", None),
                ("delay", None), ("key", None), ("max_retries", 0), ("submission", None), ("watch", False),
-               ("cost", None)],
+               ("cost", None), ("outcome_only", False)],
     "wait": [("rid", REQUIRED), ("id", REQUIRED)],
     "unwait": [("rid", REQUIRED), ("id", REQUIRED)],
     "status": [("rid", REQUIRED), ("id", REQUIRED)],
@@ -333,6 +333,16 @@ case("submit-without-body-runs-with-nil-payload",
         welcome(1), task("task", body=b"\xc0")]}) \
     .send("worker", msg("done", Cap("task"), 1, True), body("hi back"), expect={"client": [
         outcome(7, same("task"), "succeeded", body=body("hi back"))]}) \
+    .send("worker", msg("bye"))
+
+case("submit-outcome-only",
+     "A watched submit with outcome_only, as `Client.call` sends it: no `accepted`, the outcome is the only reply "
+     "(a broker that does not know the field reads the rest, and answers `accepted` first).", peers=W) \
+    .send("client", msg("submit", 21, "work", watch=True, outcome_only=True), OK_PAYLOAD, expect={}) \
+    .send("worker", msg("ready", 1, ["work"], 1, concurrency=1), expect={"worker": [
+        welcome(1), reply("task", 1, cap("task"), 1, "work", None, "normal", body=OK_PAYLOAD)]}) \
+    .send("worker", msg("done", Cap("task"), 1, True), body("hi back"), expect={"client": [
+        outcome(21, same("task"), "succeeded", body=body("hi back"))]}) \
     .send("worker", msg("bye"))
 
 case("submit-duplicate-submission",
