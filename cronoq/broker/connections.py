@@ -118,6 +118,9 @@ class Connections:
         # been drained once (`emptied`), then finished at the next poll.
         self._closing: dict[tuple[bytes, int], Connection] = {}
         self._drained: list[Connection] = []
+        self.signalled = True
+        """The monitor's FD has signalled since the broker last looked at it (the loop calls `signal`): only then
+        does a pass begin by reading it. Reading it until empty re-arms the FD, so no event goes unsignalled."""
 
     @property
     def ending(self) -> bool:
@@ -136,10 +139,15 @@ class Connections:
 
     # ----------------------------------------------------------------- lifecycle (monitor events)
 
-    def poll_events(self, now: float, *, report: bool = True) -> None:
+    def signal(self) -> None:
+        """The monitor's FD signalled: events may wait."""
+        self.signalled = True
+
+    def poll_events(self, now: float, *, report: bool = True, look: bool = True) -> None:
         """Take every connect and disconnect libzmq has reported. With `report` False the table is brought up
         to date but `on_closed` waits for the next call that reports (the broker polls so just before it
-        sends, when what a lost worker's tasks become must wait for the next commit)."""
+        sends, when what a lost worker's tasks become must wait for the next commit). With `look` False only
+        what was taken before is reported, and the monitor is not read."""
         self._reporting = report
         if report and (self._unreported or self._drained):
             ended = self._unreported + self._drained
@@ -148,9 +156,11 @@ class Connections:
                 if self._closing.get((conn.identity, conn.fd)) is conn:  # type: ignore[arg-type]
                     del self._closing[(conn.identity, conn.fd)]  # type: ignore[index]
                 self._on_closed(conn, now)
+        if not look:
+            return
+        self.signalled = False
         monitor = self.monitor
-        # Asking whether anything waits costs a third of a receive that finds nothing (it raises), and the
-        # broker asks a few times per pass.
+        # Asking whether anything waits costs a third of a receive that finds nothing (it raises).
         if not readable(monitor):
             self._reporting = True
             return

@@ -145,6 +145,7 @@ class Broker:
         self._worker_conns: Connections | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._next_pass: asyncio.Handle | None = None
+        self._more = False  # a drain of this pass stopped before its socket was empty
         self._beat_due = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -287,8 +288,10 @@ class Broker:
             self._cron = CronRunner(Membership.own_schedules(self.config), self.config.data_dir, self._clock())
         self._rates.sample(self._clock())  # rates count from the start, not from the first heartbeat
         self._collector.start()
-        for sock in self._watched_sockets():
+        for sock in (self._clients, self._workers_sock):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
+        for conns in (self._client_conns, self._worker_conns):
+            loop.add_reader(conns.monitor.getsockopt(zmq.FD), self._on_monitor, conns)  # type: ignore[union-attr]
         self._beat_due = loop.time() + self.config.heartbeat_interval
         self._heartbeat = loop.call_later(self.config.heartbeat_interval, self._on_heartbeat_tick)
         if self._data.syncs_in_background:
@@ -313,6 +316,11 @@ class Broker:
             self._dashboard.close()
         self._collector.stop()
         self.close()
+
+    def _on_monitor(self, conns: Connections) -> None:
+        """A monitor's FD signalled: a connection may have come or gone. The pass reads it."""
+        conns.signal()
+        self._pump()
 
     def _watched_sockets(self) -> list[zmq.Socket]:
         """The sockets whose readiness wakes the loop: both ROUTERs and their monitors."""
@@ -385,9 +393,11 @@ class Broker:
         client_conns, worker_conns = self._client_conns, self._worker_conns
         started, cpu_started = time.perf_counter(), time.thread_time()
         now = self._clock()
-        # Connects and disconnects first: a worker that left is lost before anything more is sent to it.
-        worker_conns.poll_events(now)  # type: ignore[union-attr]
-        client_conns.poll_events(now)  # type: ignore[union-attr]
+        # Connects and disconnects first: a worker that left is lost before anything more is sent to it. A
+        # monitor is read when its FD has signalled; what an earlier read took is reported in any case.
+        worker_conns.poll_events(now, look=worker_conns.signalled)  # type: ignore[union-attr]
+        client_conns.poll_events(now, look=client_conns.signalled)  # type: ignore[union-attr]
+        self._more = False
         # Workers first, with half the pass at most: their `done`s free the slots this pass fills again.
         handled = self._drain(workers, worker_conns, self._on_worker_message, now, started + PASS_BUDGET / 2)
         # What was set aside first (the rest of a batch the last pass had no time for), then what came since.
@@ -401,11 +411,12 @@ class Broker:
         self._stats_replies.step()  # a step of the search for the busiest tenants, when a `stats` waits for one
         if asked or dispatched:
             self._busy = True
+        sent_workers = sent_clients = False
         if self._writing is None:  # else this pass's changes and replies wait for the write under way
             if not self._commit():
                 return
             if self._writing is None:
-                self._flush(self._to_clients, self._to_workers)
+                sent_workers, sent_clients = self._flush(self._to_clients, self._to_workers)
                 self._data.ship_finished()  # after the replies: they go first, the archiver wakes after
         if fired:
             self._cron.save()  # type: ignore[union-attr]
@@ -414,10 +425,11 @@ class Broker:
         unparked = self._unpark(worker_conns, self._on_worker_message, now, until)
         unparked += self._unpark(client_conns, self._requests.on_message, now, until)
         self.metrics.pass_took(time.perf_counter() - started, time.thread_time() - cpu_started)
-        # The loop may sleep once both sockets are empty. A send (or a receive) can consume the FD's edge of a
-        # message that arrived meanwhile, so they are asked (ZMQ_EVENTS) after this pass's last send: a
-        # message found there gets another pass, and an empty answer re-arms the edge for the next one.
-        if (unparked or _readable(workers) or _readable(clients)
+        # The loop may sleep once both sockets are empty. The drains read each until it was empty (a look that
+        # re-arms its FD's edge), unless they stopped short (`_more`). A send can consume the edge of a message
+        # that arrived meanwhile, so a socket sent on is asked (ZMQ_EVENTS) after the send: a message found
+        # there gets another pass, and an empty answer re-arms the edge for the next one.
+        if (unparked or self._more or (sent_workers and _readable(workers)) or (sent_clients and _readable(clients))
                 or worker_conns.ending or client_conns.ending  # type: ignore[union-attr]
                 or self._stats_replies.searching or (self._data.releasing and self._writing is None)):
             self._next_pass = asyncio.get_running_loop().call_soon(self._pump)
@@ -450,12 +462,17 @@ class Broker:
             else:
                 count += handle(conn, frames, now, until)
             if clock() >= until:
+                self._more = True
                 break
+        else:
+            self._more = True  # DRAIN_BATCH taken: the rest waits for the next pass
         return count
 
     def _unpark(self, conns: Connections, handle: Callable[[Connection, Any, float, float], int],
                 now: float, until: float) -> int:
         """Handle the messages set aside for peers whose backlog has drained back under budget, until `until`."""
+        if not conns.backlogged:  # nothing is set aside (nearly always)
+            return 0
         count = 0
         clock = time.perf_counter
         for conn in conns.parking():
@@ -529,13 +546,23 @@ class Broker:
             ), record.payload)
         return len(assignments)
 
-    def _flush(self, to_clients: Outbox, to_workers: Outbox) -> None:
+    def _flush(self, to_clients: Outbox, to_workers: Outbox) -> tuple[bool, bool]:
+        """Send what waits for workers and for clients (and retry their backlogs); returns whether anything was
+        handed to each socket."""
+        worker_conns, client_conns = self._worker_conns, self._client_conns
+        to_each_worker = bool(to_workers) or bool(worker_conns.backlogged)  # type: ignore[union-attr]
+        to_each_client = bool(to_clients) or bool(client_conns.backlogged)  # type: ignore[union-attr]
         # A disconnect reported meanwhile must stop what was meant for that peer (its identity may be reused).
         now = self._clock()
-        self._worker_conns.poll_events(now, report=False)  # type: ignore[union-attr]
-        self._client_conns.poll_events(now, report=False)  # type: ignore[union-attr]
-        to_workers.send(self._workers_sock, self._worker_conns)  # type: ignore[arg-type]
-        to_clients.send(self._clients, self._client_conns)  # type: ignore[arg-type]
+        if to_each_worker:
+            worker_conns.poll_events(now, report=False)  # type: ignore[union-attr]
+        if to_each_client:
+            client_conns.poll_events(now, report=False)  # type: ignore[union-attr]
+        if to_each_worker:
+            to_workers.send(self._workers_sock, self._worker_conns)  # type: ignore[arg-type]
+        if to_each_client:
+            to_clients.send(self._clients, self._client_conns)  # type: ignore[arg-type]
+        return to_each_worker, to_each_client
 
     def _fire_schedules(self, now: float) -> bool:
         """Submit the task of every cron tick due now; True if any tick fired."""
