@@ -10,6 +10,8 @@ that both see the same machine:
   sequential  one task at a time: p50 of submit -> dispatch -> noop -> result, over --light-tasks tasks
   throughput  --tasks noop tasks with --window in flight, 2 worker processes; the median of --repeat
               alternated runs (relay, cronoq, relay, cronoq ...)
+              Both are taken twice on cronoq's side: with `call` (submit and wait in one request, the
+              way an interactive caller waits for a value) and with `submit` then `handle.result()`.
   memory      a durable broker's RSS growth per queued task at --memory-tasks queued (the pool paused),
               payload aside; the relay queues nothing, so this one has no relay figure
   probe       bench/soak.py for --probe-seconds through the relay, then through cronoq: the p99 of a probe
@@ -44,14 +46,14 @@ TARGETS = {"sequential": 1.5, "throughput": 0.85, "memory": 600.0, "probe": 1.5}
 
 def _speed_runs(s: BenchSettings, light_tasks: int, figures: set[str], log: Callable[[str], None]) -> dict[str, Any]:
     """Relay and cronoq alternated `s.repeat` times; each turn a saturated run and a sequential one."""
-    from bench.load import drive_cronoq
+    from bench.load import drive_calls, drive_cronoq
     from bench.relay import drive_relay
     from bench.stacks import TOKENS, cronoq_stack, relay_stack
     from bench.throughput import _checked, _measured, _run_async
 
     token = TOKENS["BENCH_CLIENT_TOKEN"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        side: {"throughput": [], "sequential": []} for side in ("relay", "cronoq")}
+        side: {"throughput": [], "sequential": []} for side in ("relay", "cronoq", "cronoq_submit")}
     for i in range(s.repeat):
         # The order flips each round: neither side always runs on a machine the other has just warmed.
         for side in (("relay", "cronoq") if i % 2 == 0 else ("cronoq", "relay")):
@@ -67,26 +69,32 @@ def _speed_runs(s: BenchSettings, light_tasks: int, figures: set[str], log: Call
             else:
                 with cronoq_stack(durable=True, tokens=True, workers=s.workers, concurrency=s.concurrency) as stack:
                     _run_async(_checked(drive_cronoq(stack.address, min(1_000, s.tasks), s.window, token=token)))
-                    if "throughput" in figures:
-                        runs[side]["throughput"].append(_measured(stack, lambda: _checked(
-                            drive_cronoq(stack.address, s.tasks, s.window, token=token))))
-                    if "sequential" in figures:
-                        runs[side]["sequential"].append(_measured(stack, lambda: _checked(
-                            drive_cronoq(stack.address, light_tasks, 1, token=token))))
-            parts = []
-            if "throughput" in figures:
-                parts.append(f"{runs[side]['throughput'][-1]['tasks_per_s']:,.0f} tasks/s")
-            if "sequential" in figures:
-                parts.append(f"sequential p50 {runs[side]['sequential'][-1]['p50_ms']:.3f} ms")
-            log(f"  round {i + 1} {side}: " + ", ".join(parts))
+                    # Each way of waiting in turn, on the same broker: `call`, then submit and result.
+                    for way, drive in (("cronoq", drive_calls), ("cronoq_submit", drive_cronoq)):
+                        if "throughput" in figures:
+                            runs[way]["throughput"].append(_measured(stack, lambda: _checked(
+                                drive(stack.address, s.tasks, s.window, token=token))))
+                        if "sequential" in figures:
+                            runs[way]["sequential"].append(_measured(stack, lambda: _checked(
+                                drive(stack.address, light_tasks, 1, token=token))))
+            for way in ((side,) if side == "relay" else ("cronoq", "cronoq_submit")):
+                parts = []
+                if "throughput" in figures:
+                    parts.append(f"{runs[way]['throughput'][-1]['tasks_per_s']:,.0f} tasks/s")
+                if "sequential" in figures:
+                    parts.append(f"sequential p50 {runs[way]['sequential'][-1]['p50_ms']:.3f} ms")
+                log(f"  round {i + 1} {'cronoq, submit then result' if way == 'cronoq_submit' else way}: "
+                    + ", ".join(parts))
     return runs
 
 
-def _ratio_figure(name: str, unit: str, key: str, relay_runs: list[dict], cronoq_runs: list[dict]) -> dict[str, Any]:
-    """A figure measured on both sides: the median of each, and cronoq's over the relay's."""
+def _ratio_figure(name: str, unit: str, key: str, relay_runs: list[dict], cronoq_runs: list[dict],
+                  way: str = "call") -> dict[str, Any]:
+    """A figure measured on both sides: the median of each, and cronoq's over the relay's. `way`: how cronoq's
+    client waited for each value (`call`, or `submit` then `result`)."""
     relay = statistics.median(run[key] for run in relay_runs)
     cronoq = statistics.median(run[key] for run in cronoq_runs)
-    return {"figure": name, "unit": unit, "relay": relay, "cronoq": cronoq, "ratio": cronoq / relay,
+    return {"figure": name, "way": way, "unit": unit, "relay": relay, "cronoq": cronoq, "ratio": cronoq / relay,
             "target_ratio": TARGETS[name], "relay_runs": [run[key] for run in relay_runs],
             "cronoq_runs": [run[key] for run in cronoq_runs], "runs": {"relay": relay_runs, "cronoq": cronoq_runs}}
 
@@ -141,12 +149,13 @@ def table(figures: list[dict[str, Any]]) -> str:
     for f in figures:
         if f["figure"] == "memory":
             met = f["cronoq"] <= f["target_bytes"]
-            lines.append(f"{f['figure']:<11} cronoq {f['cronoq']:8,.0f} B/task at {f['tasks']:,} queued"
+            lines.append(f"{f['figure']:<30} cronoq {f['cronoq']:8,.0f} B/task at {f['tasks']:,} queued"
                          f"{'':10} bound {f['target_bytes']:.0f} B: {'met' if met else 'NOT met'}")
             continue
         met = f["ratio"] >= f["target_ratio"] if f["figure"] == "throughput" else f["ratio"] <= f["target_ratio"]
         fmt = ",.0f" if f["figure"] == "throughput" else ".3f"
-        lines.append(f"{f['figure']:<11} relay {format(f['relay'], fmt):>8} {f['unit']:<7} cronoq "
+        name = f["figure"] + ("" if f.get("way", "call") == "call" else " (submit, result)")
+        lines.append(f"{name:<30} relay {format(f['relay'], fmt):>8} {f['unit']:<7} cronoq "
                      f"{format(f['cronoq'], fmt):>8}  {f['ratio']:.2f}x  bound {f['target_ratio']}x: "
                      f"{'met' if met else 'NOT met'}")
     return "\n".join(lines)
@@ -179,12 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if {"sequential", "throughput"} & set(chosen):
             runs = _speed_runs(s, args.light_tasks, set(chosen), log)
-            if "sequential" in chosen:
-                figures.append(_ratio_figure("sequential", "ms p50", "p50_ms", runs["relay"]["sequential"],
-                                             runs["cronoq"]["sequential"]))
-            if "throughput" in chosen:
-                figures.append(_ratio_figure("throughput", "tasks/s", "tasks_per_s", runs["relay"]["throughput"],
-                                             runs["cronoq"]["throughput"]))
+            for name, unit, key in (("sequential", "ms p50", "p50_ms"), ("throughput", "tasks/s", "tasks_per_s")):
+                if name in chosen:
+                    for way, side in (("call", "cronoq"), ("submit", "cronoq_submit")):
+                        figures.append(_ratio_figure(name, unit, key, runs["relay"][name], runs[side][name], way))
         if "memory" in chosen:
             figures.append(_memory(s, log))
         if "probe" in chosen:

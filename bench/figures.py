@@ -328,6 +328,9 @@ def wire_table(path: Path, data: dict[str, Any]) -> list[str]:
     rows = []
     for f in data["figures"]:
         name = f["figure"]
+        way = f.get("way")  # how cronoq's client waited (files before `call` existed have none)
+        label = what.get(name, name) + (", `submit` then `result`" if way == "submit" else
+                                        ", `call`" if way == "call" else "")
         if name == "memory":
             met = f["cronoq"] <= f["target_bytes"]
             rows.append([what[name], "—", _n(f["cronoq"]), "—", f"≤ {_n(f['target_bytes'])} B",
@@ -336,7 +339,7 @@ def wire_table(path: Path, data: dict[str, Any]) -> list[str]:
         fmt = ",.0f" if name == "throughput" else ".3f" if name == "sequential" else ".2f"
         met = f["ratio"] >= f["target_ratio"] if name == "throughput" else f["ratio"] <= f["target_ratio"]
         bound = ("≥ " if name == "throughput" else "≤ ") + f"{f['target_ratio']:g}×"
-        rows.append([what[name], _n(f["relay"], fmt), _n(f["cronoq"], fmt), _n(f["ratio"], ".2f") + "×", bound,
+        rows.append([label, _n(f["relay"], fmt), _n(f["cronoq"], fmt), _n(f["ratio"], ".2f") + "×", bound,
                      "met" if met else "**not met**"])
     head = _source(path, _when(data["timestamp"]), data.get("machine", {}))
     return [head + f" Other processes used {_n(data.get('foreign_load_cores'), '.2f')} cores meanwhile.", "",

@@ -46,6 +46,30 @@ async def drive_cronoq(address: str, tasks: int, window: int, *, token: str | No
     return Run(tasks=len(latencies), elapsed=elapsed, latencies=latencies), results
 
 
+async def drive_calls(address: str, tasks: int, window: int, *, token: str | None = None, pool: str = "default",
+                      timeout: float = 600.0) -> tuple[Run, list]:
+    """As `drive_cronoq`, with `call` (submit and wait in one request) instead of `submit` then `result`."""
+    results: list = [None] * tasks
+    latencies: list[float] = []
+    next_task = 0
+
+    async def lane(sched: cronoq.Client) -> None:
+        nonlocal next_task
+        while next_task < tasks:
+            n = next_task
+            next_task += 1
+            started = time.perf_counter()
+            results[n] = await sched.call(payload(n), pool=pool, timeout=timeout)
+            latencies.append(time.perf_counter() - started)
+
+    async with cronoq.connect(address, token=token) as sched:
+        await sched.ping()  # connected and answered before the clock starts
+        started = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*(lane(sched) for _ in range(min(window, tasks)))), timeout)
+        elapsed = time.perf_counter() - started
+    return Run(tasks=len(latencies), elapsed=elapsed, latencies=latencies), results
+
+
 async def submit_many(address: str, tasks: int, window: int, *, token: str | None = None, pool: str = "default",
                       timeout: float = 900.0) -> list[str]:
     """Only submit (no waiting for results), `window` at a time; returns the task ids in order."""

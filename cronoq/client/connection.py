@@ -140,6 +140,15 @@ class _Watch:
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 
 
+class _TimedOut(Exception):
+    """A `call`'s own timeout (told apart from a TimeoutError its task's outcome might carry)."""
+
+
+def _time_out(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_TimedOut())
+
+
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -538,18 +547,23 @@ class Connection:
         future = self._send(message, body, expires=False)
         loop = asyncio.get_running_loop()
         started = loop.time()
+        # A timer that fails the future, rather than asyncio.wait_for's extra future and callbacks per call.
+        timer = None if timeout is None else loop.call_later(timeout, _time_out, future)
         try:
-            reply, body = await asyncio.wait_for(future, timeout)  # the future is ours alone: it may be cancelled
+            reply, body = await future  # the future is ours alone: a cancelled caller cancels only it
         except BaseException as exc:
             self._pending.pop(rid, None)
             if self._watches.get(rid) is watch:
                 del self._watches[rid]
             if watch.task_id is not None and self._watched.get(watch.task_id) is watch:
                 del self._watched[watch.task_id]
-            if isinstance(exc, TimeoutError):
+            if type(exc) is _TimedOut:
                 raise TimeoutError(f"the task submitted to pool {pool!r} did not finish within {timeout} s; "
                                    "it goes on (submit() and result() give its id to wait on)") from None
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         if isinstance(reply, protocol.Accepted):  # an older broker: the outcome follows under the same rid
             left = None if timeout is None else max(0.0, timeout - (loop.time() - started))
             return await watch.result(reply.id, left)

@@ -229,3 +229,32 @@ def test_the_shares_bench_counts_shares_rates_and_floors_as_the_rules_say() -> N
     assert floors["dispatches, no minimum"]["light_mean_running"] < 1
     (row,) = shares.dispatch_cost([200], 50, quiet)
     assert set(row) == {"backlog", "tenants", *shares.DISPATCH_MODES}
+
+
+def test_close_to_wire_takes_each_figure_both_ways_and_judges_it_against_its_bound(capsys) -> None:
+    import pytest
+
+    from bench import close_to_wire
+
+    assert close_to_wire.main(["--only", "sequential,throughput,memory", "--repeat", "1", "--tasks", "200",
+                               "--window", "20", "--light-tasks", "20", "--memory-tasks", "2000", "--no-write"]) == 0
+    rows = {line.split("  ")[0].strip(): line for line in capsys.readouterr().out.splitlines() if "bound" in line}
+    # cronoq waits with `call`, then with submit and result, each beside the same relay runs.
+    assert set(rows) == {"sequential", "sequential (submit, result)", "throughput", "throughput (submit, result)",
+                         "memory"}
+    assert all(line.endswith("met") for line in rows.values()), "each row is judged: met or NOT met"
+    assert "B/task at 2,000 queued" in rows["memory"]
+
+    # The judgement: throughput is "at least" its bound, the round trip "at most"; memory in bytes.
+    figure = {"unit": "x", "relay": 1.0, "cronoq": 1.0, "target_ratio": 1.5}
+    table = close_to_wire.table([{**figure, "figure": "sequential", "way": "call", "ratio": 1.6},
+                                 {**figure, "figure": "throughput", "way": "submit", "ratio": 0.9,
+                                  "target_ratio": 0.85},
+                                 {"figure": "memory", "cronoq": 601.0, "tasks": 10, "target_bytes": 600.0}])
+    assert [line.endswith("NOT met") for line in table.splitlines()] == [True, False, True]
+    assert "throughput (submit, result)" in table
+
+    with pytest.raises(SystemExit, match="unknown figure"):
+        close_to_wire.main(["--only", "latency"])
+    with pytest.raises(SystemExit, match="--probe-seconds must be at least 10"):
+        close_to_wire.main(["--probe-seconds", "5"])
