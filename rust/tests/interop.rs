@@ -1088,3 +1088,35 @@ async fn a_call_is_resent_to_a_broker_that_crashed_and_finds_its_first_task() {
     stopper.stop().await;
     running.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_an_older_broker_takes_its_accepted_and_waits_on_for_the_outcome() {
+    let dir = Scratch::new("call-older");
+    // The real broker as it was before it knew `outcome_only`: it answers every submit with
+    // `accepted`, a call's too, and sends the outcome after it.
+    let Some(older) = support::cronoq_before("outcome_only", "cronoq/broker/clients.py", &dir.0) else { return };
+    let pools = "[[pools]]\nname = \"work\"\n[[pools]]\nname = \"idle\"\n";
+    let broker = Broker::start_from(&older, &dir.0, pools, "durability = \"none\"", &[]);
+    let worker = Worker::new(&broker.workers).heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("work"),
+        |p: Payload| async move {
+            let text: String = p.decode().map_err(|e| Refused(e.to_string()))?;
+            if text == "fail" {
+                return Err(Refused(text));
+            }
+            Ok(text.to_uppercase())
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    let value = tokio::time::timeout(LONG, sched.call::<String>(Task::new("older").pool("work"))).await;
+    assert_eq!(value.expect("the outcome came after the accepted").unwrap(), "OLDER");
+    let failed = sched.call_timeout::<Value>(Task::new("fail").pool("work"), LONG).await;
+    assert!(matches!(&failed, Err(Error::TaskFailed { message, .. }) if message == "refused: fail"), "{failed:?}");
+    // Accepted, then no outcome within the timeout: Timeout, as from a newer broker.
+    let late = sched.call_timeout::<Value>(Task::new(1).pool("idle"), Duration::from_millis(300)).await;
+    assert!(matches!(&late, Err(Error::Timeout(m)) if m.contains("pool \"idle\"")), "{late:?}");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
