@@ -1022,7 +1022,9 @@ async fn a_call_returns_the_value_the_failure_or_a_timeout() {
     }
     assert!(matches!(sched.call::<Value>(Task::new(1).pool("nope")).await, Err(Error::NotFound(_))));
     let big = Task::new(serde_bytes_like(vec![7u8; (1 << 20) + 1])).pool("work");
-    assert!(matches!(sched.call::<Value>(big).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes")));
+    assert!(
+        matches!(sched.call::<Value>(big).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
+    );
 
     // Past its timeout: Timeout, naming the pool, and the task goes on to its end.
     let late = sched.call_timeout::<String>(Task::new("late").pool("held"), Duration::from_millis(300)).await;
@@ -1037,7 +1039,8 @@ async fn a_call_returns_the_value_the_failure_or_a_timeout() {
     })
     .await;
     // A call dropped by the caller (a `select!` that lost) is forgotten the same way.
-    let dropped = tokio::time::timeout(Duration::from_millis(100), sched.call::<String>(Task::new("dropped").pool("held")));
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(100), sched.call::<String>(Task::new("dropped").pool("held")));
     assert!(dropped.await.is_err(), "nothing lets the task run yet");
     release.add_permits(1);
     until("the dropped call's task ran to its end", LONG, || {
