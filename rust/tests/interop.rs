@@ -1123,3 +1123,24 @@ async fn a_call_to_an_older_broker_takes_its_accepted_and_waits_on_for_the_outco
     stopper.stop().await;
     running.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_on_is_not_sent_again_on_a_new_connection() {
+    // A broker without a journal comes back empty: a call still held for re-sending would make a
+    // task there again.
+    let dir = Scratch::new("call-forgotten");
+    let mut broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    let late = sched.call_timeout::<Value>(Task::new("timed out").pool("work"), Duration::from_millis(200)).await;
+    assert!(matches!(late, Err(Error::Timeout(_))), "no worker serves the pool: {late:?}");
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(200), sched.call::<Value>(Task::new("dropped").pool("work")));
+    assert!(dropped.await.is_err());
+    assert_eq!(sched.stats().await.unwrap().pools["work"].queued, 2, "both calls made their task");
+
+    broker.crash_and_restart();
+    // Accepted on the new connection: whatever its handshake re-sent left with it, ahead of the stats below.
+    sched.submit(Task::new("after").pool("work")).await.unwrap();
+    assert!(sched.reconnects() >= 1, "the monitor saw the new connection");
+    assert_eq!(sched.stats().await.unwrap().pools["work"].queued, 1, "only the task submitted after the restart");
+}
