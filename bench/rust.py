@@ -7,7 +7,8 @@
    (`--concurrency 64`, bench.apps:noop), loaded in turn by the Python client (bench/load.py) and by
    the Rust client (rust/examples/bench_client.rs), each keeping 1,000 tasks in flight, then one. The
    question is whether the Rust client is ever the bottleneck: it should drive the broker at least as
-   hard as the Python client does, for less CPU of its own.
+   hard as the Python client does, for less CPU of its own. The Rust client runs twice: `submit` then
+   `result`, and `call` (one request, the outcome its only reply).
 2. **Dispatch cost.** The same submit + dispatch pairs at the same backlogs, in the Python core
    (bench/core_dispatch.py) and in the Rust embedded scheduler's core (rust/examples/bench_core.rs).
 
@@ -61,9 +62,9 @@ def python_client(address: str, tasks: int, window: int, stack: Any) -> dict[str
     return run.summary()
 
 
-def rust_client(binary: Path, address: str, tasks: int, window: int, stack: Any) -> dict[str, Any]:
+def rust_client(binary: Path, address: str, tasks: int, window: int, stack: Any, way: str = "submit") -> dict[str, Any]:
     before = stack.cpu()
-    out = subprocess.run([str(binary), address, str(tasks), str(window)], capture_output=True, text=True,
+    out = subprocess.run([str(binary), address, str(tasks), str(window), way], capture_output=True, text=True,
                          check=True, timeout=900)
     after = stack.cpu()
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -82,7 +83,9 @@ def clients(binary: Path, quick: bool) -> list[dict[str, Any]]:
         for window, n in ((1000, tasks), (1, tasks // 20)):
             for name, drive in (("Python client", lambda: python_client(stack.address, n, window, stack)),
                                 ("Rust client", lambda: rust_client(binary / "bench_client", stack.address, n,
-                                                                    window, stack))):
+                                                                    window, stack)),
+                                ("Rust client, call", lambda: rust_client(binary / "bench_client", stack.address,
+                                                                          n, window, stack, "call"))):
                 runs = [drive() for _ in range(repeats)]
                 rows.append({"name": name, "in_flight": window, **median_of(runs)})
                 print(f"  {name}, {window} in flight: {rows[-1]['tasks_per_s']:,.0f} tasks/s", flush=True)

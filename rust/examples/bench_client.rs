@@ -1,8 +1,9 @@
-//! Load through the Rust client, for bench/rust.py: `bench_client ADDRESS TASKS WINDOW`.
+//! Load through the Rust client, for bench/rust.py: `bench_client ADDRESS TASKS WINDOW [submit|call]`.
 //!
 //! `WINDOW` lanes each submit a noop task (the bench's ~100-byte payload), await its result, check
-//! it, and go again, as bench/load.py does with the Python client. Prints one JSON line: tasks,
-//! seconds, latencies' p50/p99 (ms) and this process's CPU seconds.
+//! it, and go again, as bench/load.py does with the Python client: with `submit` then `result` (the
+//! default), or with `call`, the one request whose only reply is the outcome. Prints one JSON line:
+//! tasks, seconds, latencies' p50/p99 (ms) and this process's CPU seconds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,15 +36,25 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+fn usage() -> ! {
+    eprintln!("usage: bench_client ADDRESS TASKS WINDOW [submit|call]");
+    std::process::exit(2);
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> cronoq::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let (address, tasks, window) = match args.as_slice() {
-        [_, a, t, w] => (a.clone(), t.parse::<usize>().expect("TASKS"), w.parse::<usize>().expect("WINDOW")),
-        _ => {
-            eprintln!("usage: bench_client ADDRESS TASKS WINDOW");
-            std::process::exit(2);
+    let (address, tasks, window, way) = match args.as_slice() {
+        [_, a, t, w, rest @ ..] if rest.len() <= 1 => {
+            let (tasks, window) = (t.parse::<usize>().expect("TASKS"), w.parse::<usize>().expect("WINDOW"));
+            (a.clone(), tasks, window, rest.first().map_or("submit", String::as_str).to_string())
         }
+        _ => usage(),
+    };
+    let by_call = match way.as_str() {
+        "submit" => false,
+        "call" => true,
+        _ => usage(),
     };
     let sched = cronoq::connect(address).await?;
     sched.ping().await?; // connected and answered before the clock starts
@@ -61,8 +72,9 @@ async fn main() -> cronoq::Result<()> {
                     return Ok::<_, cronoq::Error>(());
                 }
                 let t0 = Instant::now();
-                let handle = sched.submit(cronoq::Task::new(Noop { n: n as u64, op: "noop", pad: PAD })).await?;
-                let got: u64 = handle.result().await?;
+                let task = cronoq::Task::new(Noop { n: n as u64, op: "noop", pad: PAD });
+                let got: u64 =
+                    if by_call { sched.call(task).await? } else { sched.submit(task).await?.result().await? };
                 assert_eq!(got, n as u64, "the handler hands back the task's number");
                 latencies.lock().unwrap().push(t0.elapsed().as_secs_f64());
             }

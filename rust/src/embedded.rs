@@ -434,6 +434,29 @@ impl Scheduler {
         Ok(TaskHandle::new(id, duplicate, Arc::new(self.shared.clone())))
     }
 
+    /// Submit a task and wait for its value (as [`Client::call`](crate::Client::call): `submit`
+    /// then `result`, for a caller that wants the value and not the id).
+    ///
+    /// # Errors
+    ///
+    /// What [`submit`](Self::submit) and [`result`](Self::result) return.
+    pub async fn call<T: serde::de::DeserializeOwned>(&self, task: Task) -> Result<T> {
+        self.submit(task).await?.result().await
+    }
+
+    /// Like [`call`](Self::call), giving up with `Timeout` after `timeout` (the task goes on).
+    ///
+    /// # Errors
+    ///
+    /// As [`call`](Self::call), and `Timeout` when `timeout` runs out first.
+    pub async fn call_timeout<T: serde::de::DeserializeOwned>(&self, task: Task, timeout: Duration) -> Result<T> {
+        let pool = task.pool.clone();
+        match tokio::time::timeout(timeout, self.call(task)).await {
+            Ok(value) => value,
+            Err(_) => Err(handle::call_timed_out(&pool, timeout)),
+        }
+    }
+
     /// Wait for a task's value by id (see [`TaskHandle::result`]).
     ///
     /// # Errors

@@ -155,6 +155,16 @@ impl TaskHandle {
     }
 }
 
+/// The error of a `call` (submit and wait in one) for `pool` that gave up after `timeout`: no id
+/// came with it, so the message says how to keep one.
+pub(crate) fn call_timed_out(pool: &str, timeout: Duration) -> Error {
+    Error::Timeout(format!(
+        "the task submitted to pool {pool:?} did not finish within {} s; it goes on (submit() and \
+         result_timeout() give its id to wait on)",
+        timeout.as_secs_f64()
+    ))
+}
+
 /// The error of a wait for `task_id` that gave up after `timeout`.
 pub(crate) fn timed_out(task_id: &str, timeout: Option<Duration>) -> Error {
     Error::Timeout(format!(

@@ -55,6 +55,18 @@ async fn results_and_failures() {
 }
 
 #[tokio::test]
+async fn a_call_returns_the_value_the_failure_or_a_timeout() {
+    let sched = echo("work");
+    assert_eq!(sched.call::<i64>(Task::new(4).pool("work")).await.unwrap(), 40);
+    assert!(matches!(sched.call::<i64>(Task::new(-1).pool("work")).await, Err(Error::TaskFailed { .. })));
+    assert!(matches!(sched.call::<i64>(Task::new(1).pool("nope")).await, Err(Error::NotFound(_))));
+    // "idle" has no handler: nothing runs it, and the call gives up naming the pool.
+    let late = sched.call_timeout::<i64>(Task::new(1).pool("idle"), Duration::from_millis(50)).await;
+    assert!(matches!(&late, Err(Error::Timeout(m)) if m.contains("pool \"idle\"")), "{late:?}");
+    assert_eq!(sched.call_timeout::<i64>(Task::new(2).pool("work"), Duration::from_secs(60)).await.unwrap(), 20);
+}
+
+#[tokio::test]
 async fn refusals_carry_the_codes() {
     let sched = echo("work");
     assert!(matches!(sched.submit(Task::new(1).pool("nope")).await, Err(Error::NotFound(_))));

@@ -6,7 +6,9 @@
 //! outstanding after the broker crashes and restarts; `explain` reads the broker's answer for a
 //! task waiting in a paused pool and for a retried one; a client and a worker given a primary
 //! and its standby carry on with the standby after the primary is killed; requests fail at once
-//! when no address can be reached; and a client and a worker serve every member of a cluster.
+//! when no address can be reached; a client and a worker serve every member of a cluster; and
+//! `call` (submit and wait in one request) returns the value, the failure or a timeout, and is
+//! re-sent to a broker that crashed and came back.
 
 mod support;
 
@@ -748,6 +750,8 @@ async fn the_client_routes_over_a_cluster() {
     assert_eq!(waiting.status().await.unwrap().state, TaskState::Cancelled);
     sched.resume("two").await.unwrap();
     assert_eq!(kept.result_timeout::<String>(LONG).await.unwrap(), "d done");
+    // A call, given b1, goes to b2, which owns the pool (b1 would refuse it).
+    assert_eq!(sched.call::<String>(Task::new("g").pool("two")).await.unwrap(), "g done");
     assert!(matches!(sched.submit(Task::new("e").pool("nobody")).await, Err(Error::NotFound(_))));
 
     // stats: every member's, merged, each pool naming its member.
@@ -961,4 +965,182 @@ async fn a_missing_token_is_explained_the_rust_way() {
     std::env::set_var("CRONOQ_T_CLIENT_FOR_RUST", "client-secret");
     let client = cronoq::connect(&broker.clients).token_env("CRONOQ_T_CLIENT_FOR_RUST").await.unwrap();
     client.ping().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_returns_the_value_the_failure_or_a_timeout() {
+    let dir = Scratch::new("call");
+    let pools = "[[pools]]\nname = \"work\"\n[[pools]]\nname = \"held\"\n";
+    let broker = Broker::start(&dir.0, pools, "durability = \"none\"", &[]);
+    // "held" runs a task only when the test lets one go, and records that it ran.
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let finished = Arc::new(Mutex::new(Vec::<String>::new()));
+    let held = {
+        let (release, finished) = (release.clone(), finished.clone());
+        move |payload: Payload| {
+            let (release, finished) = (release.clone(), finished.clone());
+            async move {
+                release.acquire().await.expect("never closed").forget();
+                let text: String = payload.decode()?;
+                finished.lock().unwrap().push(text.clone());
+                Ok::<_, Error>(text)
+            }
+        }
+    };
+    let worker = Worker::new(&broker.workers)
+        .concurrency(4)
+        .heartbeat(Duration::from_millis(200), 5)
+        .pool(PoolConfig::new("work"), |payload: Payload| async move {
+            let job: Job = payload.decode().map_err(|e| Refused(e.to_string()))?;
+            if job.text == "fail" {
+                return Err(Refused(format!("job {} cannot be done", job.n)));
+            }
+            Ok(Job { n: job.n * 2, text: job.text })
+        })
+        .pool(PoolConfig::new("held"), held);
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+
+    let call = sched.call(Task::new(Job { n: 21, text: "x".into() }).pool("work").tenant("acme"));
+    let doubled: Job = tokio::time::timeout(LONG, call).await.expect("the outcome answers the call").unwrap();
+    assert_eq!(doubled, Job { n: 42, text: "x".into() });
+    // Many calls in flight on one connection, each answered with its own task's value.
+    let calls = (0..20).map(|n| {
+        let sched = sched.clone();
+        async move { sched.call::<Job>(Task::new(Job { n, text: "many".into() }).pool("work")).await }
+    });
+    for (n, value) in futures_join(calls).await.into_iter().enumerate() {
+        assert_eq!(value.unwrap().n, 2 * n as u32);
+    }
+    // The handler's error comes back as TaskFailed, as from `result`; refusals as from `submit`.
+    match sched.call::<Value>(Task::new(Job { n: 13, text: "fail".into() }).pool("work")).await {
+        Err(Error::TaskFailed { r#type, message, .. }) => {
+            assert_eq!((r#type.as_str(), message.as_str()), ("Refused", "refused: job 13 cannot be done"));
+        }
+        other => panic!("expected TaskFailed, got {other:?}"),
+    }
+    assert!(matches!(sched.call::<Value>(Task::new(1).pool("nope")).await, Err(Error::NotFound(_))));
+    let big = Task::new(serde_bytes_like(vec![7u8; (1 << 20) + 1])).pool("work");
+    assert!(
+        matches!(sched.call::<Value>(big).await, Err(Error::InvalidArgument(m)) if m.contains("max_payload_bytes"))
+    );
+
+    // Past its timeout: Timeout, naming the pool, and the task goes on to its end.
+    let late = sched.call_timeout::<String>(Task::new("late").pool("held"), Duration::from_millis(300)).await;
+    assert!(
+        matches!(&late, Err(Error::Timeout(m)) if m.contains("pool \"held\"") && m.contains("within 0.3 s")),
+        "{late:?}"
+    );
+    release.add_permits(1);
+    until("the timed-out call's task ran to its end", LONG, || {
+        let finished = finished.clone();
+        async move { *finished.lock().unwrap() == ["late"] }
+    })
+    .await;
+    // A call dropped by the caller (a `select!` that lost) is forgotten the same way.
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(100), sched.call::<String>(Task::new("dropped").pool("held")));
+    assert!(dropped.await.is_err(), "nothing lets the task run yet");
+    release.add_permits(1);
+    until("the dropped call's task ran to its end", LONG, || {
+        let finished = finished.clone();
+        async move { finished.lock().unwrap().len() == 2 }
+    })
+    .await;
+    // The late outcomes of both reached a connection that no longer waits for them: the next call
+    // on it gets its own value.
+    release.add_permits(1);
+    assert_eq!(sched.call_timeout::<String>(Task::new("next").pool("held"), LONG).await.unwrap(), "next");
+
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_resent_to_a_broker_that_crashed_and_finds_its_first_task() {
+    let dir = Scratch::new("call-restart");
+    let data = dir.0.join("data");
+    let mut broker =
+        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    let pending = tokio::spawn({
+        let sched = sched.clone();
+        async move { sched.call_timeout::<String>(Task::new("once").pool("work"), LONG).await }
+    });
+    // No worker yet: the task waits in the broker's journal when the broker is killed.
+    until("the call's task is queued", LONG, || {
+        let sched = sched.clone();
+        async move { sched.stats().await.unwrap().pools["work"].queued == 1 }
+    })
+    .await;
+    broker.crash_and_restart();
+    let worker = Worker::new(&broker.workers).concurrency(2).heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("work"),
+        |p: Payload| async move { Ok::<_, Error>(p.decode::<String>()?.to_uppercase()) },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    assert_eq!(pending.await.unwrap().unwrap(), "ONCE");
+    assert!(sched.reconnects() >= 1, "the monitor saw the new connection");
+    // The re-sent call found the task the first one made: a second task would be queued, running or
+    // dispatched here too.
+    let stats = sched.stats().await.unwrap();
+    let work = &stats.pools["work"];
+    assert_eq!((work.queued, work.running, work.dispatched), (0, 0, 1));
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_an_older_broker_takes_its_accepted_and_waits_on_for_the_outcome() {
+    let dir = Scratch::new("call-older");
+    // The real broker as it was before it knew `outcome_only`: it answers every submit with
+    // `accepted`, a call's too, and sends the outcome after it.
+    let Some(older) = support::cronoq_before("outcome_only", "cronoq/broker/clients.py", &dir.0) else { return };
+    let pools = "[[pools]]\nname = \"work\"\n[[pools]]\nname = \"idle\"\n";
+    let broker = Broker::start_from(&older, &dir.0, pools, "durability = \"none\"", &[]);
+    let worker = Worker::new(&broker.workers).heartbeat(Duration::from_millis(200), 5).pool(
+        PoolConfig::new("work"),
+        |p: Payload| async move {
+            let text: String = p.decode().map_err(|e| Refused(e.to_string()))?;
+            if text == "fail" {
+                return Err(Refused(text));
+            }
+            Ok(text.to_uppercase())
+        },
+    );
+    let stopper = worker.stopper();
+    let running = tokio::spawn(worker.run());
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    let value = tokio::time::timeout(LONG, sched.call::<String>(Task::new("older").pool("work"))).await;
+    assert_eq!(value.expect("the outcome came after the accepted").unwrap(), "OLDER");
+    let failed = sched.call_timeout::<Value>(Task::new("fail").pool("work"), LONG).await;
+    assert!(matches!(&failed, Err(Error::TaskFailed { message, .. }) if message == "refused: fail"), "{failed:?}");
+    // Accepted, then no outcome within the timeout: Timeout, as from a newer broker.
+    let late = sched.call_timeout::<Value>(Task::new(1).pool("idle"), Duration::from_millis(300)).await;
+    assert!(matches!(&late, Err(Error::Timeout(m)) if m.contains("pool \"idle\"")), "{late:?}");
+    stopper.stop().await;
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_on_is_not_sent_again_on_a_new_connection() {
+    // A broker without a journal comes back empty: a call still held for re-sending would make a
+    // task there again.
+    let dir = Scratch::new("call-forgotten");
+    let mut broker = Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", "durability = \"none\"", &[]);
+    let sched = cronoq::connect(&broker.clients).await.unwrap();
+    let late = sched.call_timeout::<Value>(Task::new("timed out").pool("work"), Duration::from_millis(200)).await;
+    assert!(matches!(late, Err(Error::Timeout(_))), "no worker serves the pool: {late:?}");
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(200), sched.call::<Value>(Task::new("dropped").pool("work")));
+    assert!(dropped.await.is_err());
+    assert_eq!(sched.stats().await.unwrap().pools["work"].queued, 2, "both calls made their task");
+
+    broker.crash_and_restart();
+    // Accepted on the new connection: whatever its handshake re-sent left with it, ahead of the stats below.
+    sched.submit(Task::new("after").pool("work")).await.unwrap();
+    assert!(sched.reconnects() >= 1, "the monitor saw the new connection");
+    assert_eq!(sched.stats().await.unwrap().pools["work"].queued, 1, "only the task submitted after the restart");
 }

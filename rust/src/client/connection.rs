@@ -9,8 +9,9 @@
 //! The connection outlives a broker restart (Lazy Pirate, docs/protocol.md "Reconnecting
 //! clients"): libzmq reconnects by itself, the socket monitor reports each completed handshake,
 //! and on every handshake after the first the connection re-sends each request still waiting for
-//! its reply (a `submit` with its same `submission` id, so the broker creates no second task), and
-//! a `wait` for every watched task whose outcome has not come. `cancel` is never re-sent.
+//! its reply (a `submit` with its same `submission` id, so the broker creates no second task; a
+//! `call`, a submit whose one reply is the outcome, until that outcome comes), and a `wait` for
+//! every watched task whose outcome has not come. `cancel` is never re-sent.
 //!
 //! On each connection it asks the broker's rules (`hello`) and refuses a payload over its
 //! `max_payload_bytes` itself, before sending anything. The `hello` also says whether the broker is
@@ -124,6 +125,10 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    fn new() -> Watch {
+        Watch { task_id: Mutex::new(None), ended: watch::channel(None).0, last_wait: Mutex::new(Instant::now()) }
+    }
+
     fn settle(&self, end: WatchEnd) {
         self.ended.send_if_modified(|slot| {
             if slot.is_none() {
@@ -177,6 +182,13 @@ impl State {
     fn rid(&mut self) -> i64 {
         self.next_rid += 1;
         self.next_rid
+    }
+
+    /// A new submission id: this connection's random prefix and a counter, so a re-sent submit
+    /// finds the task the first one made.
+    fn submission(&mut self) -> String {
+        self.next_submission += 1;
+        format!("{}-{:x}", self.prefix, self.next_submission)
     }
 }
 
@@ -392,44 +404,13 @@ impl Connection {
     /// takes, is refused here with `InvalidArgument` and nothing is sent. The handle asks this
     /// connection about the task, and waits on the watch the submit set up.
     pub async fn submit(&self, task: &Task) -> std::result::Result<TaskHandle, Refused> {
-        let body = task.check()?.to_vec();
-        if let Some(limit) = self.payload_limit().await? {
-            if body.len() > limit {
-                return Err(Error::InvalidArgument(format!(
-                    "payload is {} bytes as msgpack, over the broker's max_payload_bytes = {limit}; send less, \
-                     or store the data elsewhere and send a reference to it",
-                    body.len()
-                ))
-                .into());
-            }
-        }
-        let watch = Arc::new(Watch {
-            task_id: Mutex::new(None),
-            ended: watch::channel(None).0,
-            last_wait: Mutex::new(Instant::now()),
-        });
+        let body = self.checked_body(task).await?;
+        let watch = Arc::new(Watch::new());
         let (rid, rx) = {
             let mut state = self.inner.state.lock().unwrap();
             let rid = state.rid();
-            state.next_submission += 1;
-            let submission = format!("{}-{:x}", state.prefix, state.next_submission);
-            let seconds = |d: Option<Duration>| d.map_or(Value::Nil, |d| Value::F64(d.as_secs_f64()));
-            let header = wire::encode_header(
-                "submit",
-                vec![
-                    Value::from(rid),
-                    Value::from(task.pool.as_str()),
-                    task.tenant.as_deref().map_or(Value::Nil, Value::from),
-                    Value::from(task.priority.as_str()),
-                    seconds(task.deadline),
-                    seconds(task.delay),
-                    task.key.as_deref().map_or(Value::Nil, Value::from),
-                    Value::from(task.max_retries),
-                    Value::from(submission),
-                    Value::Boolean(true),
-                    task.wire_cost(),
-                ],
-            );
+            let submission = state.submission();
+            let header = submit_header(rid, task, Some(&submission), false);
             // Watch from the start: the outcome may come right behind the `accepted`.
             state.watches.insert(rid, watch.clone());
             (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
@@ -446,6 +427,55 @@ impl Connection {
         };
         let submitted = Submitted { connection: self.clone(), watch };
         Ok(TaskHandle::new(header.str("id").to_string(), header.bool("duplicate"), Arc::new(submitted)))
+    }
+
+    /// `submit` with `watch` and `outcome_only` on this broker: the task's outcome is the one reply
+    /// (docs/protocol.md), so this waits for the task to end; returns its id and how it ended.
+    /// Checked as `submit` is before anything is sent.
+    ///
+    /// Re-sent on each new connection until the outcome comes, with the same submission id (the
+    /// broker answers a re-sent one with the first task's outcome), so `request_timeout` does not
+    /// bound it: the caller's timeout does. An older broker sends `accepted` first: the outcome
+    /// then comes on the watch, and a reconnect sends a `wait` for it, as for a submit's handle.
+    /// Dropped before the end (a timeout, a `select!`), it forgets the request and its watch; a
+    /// late outcome then finds no one and is dropped.
+    pub async fn call(&self, task: &Task) -> std::result::Result<(String, TaskOutcome), Refused> {
+        let body = self.checked_body(task).await?;
+        let watch = Arc::new(Watch::new());
+        let (rid, rx) = {
+            let mut state = self.inner.state.lock().unwrap();
+            let rid = state.rid();
+            let submission = state.submission();
+            let header = submit_header(rid, task, Some(&submission), true);
+            state.watches.insert(rid, watch.clone());
+            (rid, self.send(&mut state, rid, header, Some(body), true, false)?)
+        };
+        let _outstanding = Outstanding { connection: self, rid, unwait: None };
+        let (header, body) = rx.await.unwrap_or_else(|_| Err(closed(&self.inner.address).into()))?;
+        let id = header.str("id").to_string();
+        if header.tag == "outcome" {
+            return Ok((id, outcome_of(&header, body)));
+        }
+        // An older broker's `accepted`: the outcome follows under the same rid, on the watch.
+        let outcome = self.wait_ended(&id, Some(&watch), None).await?;
+        Ok((id, outcome))
+    }
+
+    /// The task's payload, once checked as the broker would (a bad field, a payload over its
+    /// max_payload_bytes: `InvalidArgument`), waiting for the broker's rules if none came yet.
+    async fn checked_body(&self, task: &Task) -> std::result::Result<Vec<u8>, Refused> {
+        let body = task.check()?.to_vec();
+        if let Some(limit) = self.payload_limit().await? {
+            if body.len() > limit {
+                return Err(Error::InvalidArgument(format!(
+                    "payload is {} bytes as msgpack, over the broker's max_payload_bytes = {limit}; send less, \
+                     or store the data elsewhere and send a reference to it",
+                    body.len()
+                ))
+                .into());
+            }
+        }
+        Ok(body)
     }
 
     /// Wait for task `task_id` to end: on `watch` (set up by this connection's submit) if given,
@@ -612,6 +642,30 @@ fn moved_to(error: &Error) -> Option<String> {
     }
 }
 
+/// The `submit` header of `task` under `rid` (docs/protocol.md): always watched, so the outcome
+/// comes under the rid too. `outcome_only` (a `call`) leaves the `accepted` out; it is written only
+/// when set, so a plain submit is the message it always was.
+fn submit_header(rid: i64, task: &Task, submission: Option<&str>, outcome_only: bool) -> Vec<u8> {
+    let seconds = |d: Option<Duration>| d.map_or(Value::Nil, |d| Value::F64(d.as_secs_f64()));
+    let mut fields = vec![
+        Value::from(rid),
+        Value::from(task.pool.as_str()),
+        task.tenant.as_deref().map_or(Value::Nil, Value::from),
+        Value::from(task.priority.as_str()),
+        seconds(task.deadline),
+        seconds(task.delay),
+        task.key.as_deref().map_or(Value::Nil, Value::from),
+        Value::from(task.max_retries),
+        submission.map_or(Value::Nil, Value::from),
+        Value::Boolean(true),
+        task.wire_cost(),
+    ];
+    if outcome_only {
+        fields.push(Value::Boolean(true));
+    }
+    wire::encode_header("submit", fields)
+}
+
 fn outcome_of(h: &Header, body: Option<Vec<u8>>) -> TaskOutcome {
     TaskOutcome {
         state: h.str("state").to_string(),
@@ -631,6 +685,13 @@ fn take_reply(inner: &Inner, state: &mut State, header: Header, body: Option<Vec
         let has_id = watch.task_id.lock().unwrap().is_some();
         if header.tag == "outcome" || has_id {
             state.watches.remove(&rid);
+            if header.tag == "outcome" {
+                // A `call` no `accepted` answered: its request is still waiting, and this is its reply.
+                if let Some(tx) = state.pending.remove(&rid).and_then(|mut p| p.reply.take()) {
+                    let _ = tx.send(Ok((header, body)));
+                    return;
+                }
+            }
             watch.settle(if header.tag == "outcome" {
                 WatchEnd::Outcome(outcome_of(&header, body))
             } else {
@@ -912,4 +973,28 @@ fn take_held(state: &State, held: &mut Vec<Posted>, posted: &mut Vec<Posted>) ->
         }
     }
     sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first frame a client sends in a shared vector's step `step`, as bytes.
+    fn vector_frame(name: &str, step: usize) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/protocol-vectors").join(name);
+        let vector: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let hex = vector["steps"][step]["send"][1].as_str().expect("a header frame");
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_call_sends_the_submit_of_the_outcome_only_vector() {
+        let task = Task::new("hi").pool("work");
+        assert_eq!(submit_header(21, &task, None, true), vector_frame("submit-outcome-only.json", 0));
+        // A plain submit stays the message it was: no trailing field a broker must know.
+        let plain = submit_header(21, &task, None, false);
+        let fields = |bytes: &[u8]| rmpv::decode::read_value(&mut &bytes[..]).unwrap().as_array().unwrap().len();
+        assert_eq!(fields(&plain), 13);
+        assert_eq!(fields(&submit_header(21, &task, None, true)), 14);
+    }
 }

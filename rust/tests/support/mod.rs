@@ -66,11 +66,16 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Proc {
+        Proc::spawn_in(&repo_root(), args, log, env)
+    }
+
+    /// [`spawn`](Self::spawn) with the `cronoq` package found in `code` instead of this checkout.
+    pub fn spawn_in(code: &Path, args: &[&str], log: &Path, env: &[(&str, &str)]) -> Proc {
         let out = std::fs::File::create(log).unwrap();
         let mut cmd = Command::new(python());
         cmd.args(args)
-            .current_dir(repo_root())
-            .env("PYTHONPATH", repo_root())
+            .current_dir(code)
+            .env("PYTHONPATH", code)
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
@@ -144,11 +149,18 @@ pub struct Broker {
     pub workers: String,
     pub config: PathBuf,
     env: Vec<(String, String)>,
+    /// Where its `cronoq` package is: this checkout, or an older one's.
+    code: PathBuf,
 }
 
 impl Broker {
     /// Start `python -m cronoq.broker.cli -c FILE`; `broker_extra` goes under `[broker]`.
     pub fn start(dir: &Path, body: &str, broker_extra: &str, env: &[(&str, &str)]) -> Broker {
+        Broker::start_from(&repo_root(), dir, body, broker_extra, env)
+    }
+
+    /// [`start`](Self::start) with the `cronoq` package in `code` (see [`cronoq_before`]).
+    pub fn start_from(code: &Path, dir: &Path, body: &str, broker_extra: &str, env: &[(&str, &str)]) -> Broker {
         let clients = format!("tcp://127.0.0.1:{}", free_port());
         let workers = format!("tcp://127.0.0.1:{}", free_port());
         let config = dir.join("cronoq.toml");
@@ -157,14 +169,15 @@ impl Broker {
         );
         std::fs::write(&config, text).unwrap();
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let proc = Broker::spawn(&config, &env);
-        Broker { proc, clients, workers, config, env }
+        let proc = Broker::spawn(code, &config, &env);
+        Broker { proc, clients, workers, config, env, code: code.to_path_buf() }
     }
 
-    fn spawn(config: &Path, env: &[(String, String)]) -> Proc {
+    fn spawn(code: &Path, config: &Path, env: &[(String, String)]) -> Proc {
         let log = config.with_extension(format!("{}.log", free_port()));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let mut proc = Proc::spawn(
+        let mut proc = Proc::spawn_in(
+            code,
             &["-m", "cronoq.broker.cli", "-c", config.to_str().unwrap(), "--log-level", "WARNING"],
             &log,
             &env,
@@ -184,15 +197,15 @@ impl Broker {
         let args = ["-m", "cronoq.broker.cli", "-c", config, "--log-level", "WARNING", "--standby"];
         let mut all = args.to_vec();
         all.extend(["--clients", clients.as_str(), "--workers", workers.as_str()]);
-        let mut proc = Proc::spawn(&all, &log, &env);
+        let mut proc = Proc::spawn_in(&self.code, &all, &log, &env);
         proc.wait_for("cronoq broker standing by", Duration::from_secs(60));
-        Broker { proc, clients, workers, config: self.config.clone(), env: self.env.clone() }
+        Broker { proc, clients, workers, config: self.config.clone(), env: self.env.clone(), code: self.code.clone() }
     }
 
     /// Kill the broker (SIGKILL: no goodbye) and start it again on the same config and ports.
     pub fn crash_and_restart(&mut self) {
         self.proc.kill();
-        self.proc = Broker::spawn(&self.config, &self.env);
+        self.proc = Broker::spawn(&self.code, &self.config, &self.env);
     }
 }
 
@@ -272,4 +285,35 @@ impl Cluster {
     pub fn workers(&self, name: &str) -> String {
         self.ports.iter().find(|(n, _, _)| n == name).unwrap().2.clone()
     }
+}
+
+/// The `cronoq` package as it was just before the commit that first put `text` into `path` (the
+/// broker that predates a protocol field, say), unpacked from git into `dir`: an older broker to
+/// test a client against, its real code. None, saying why on stderr, where the checkout has no git
+/// history to take it from (a tarball, a shallow clone).
+pub fn cronoq_before(text: &str, path: &str, dir: &Path) -> Option<PathBuf> {
+    let git = |args: &[&str]| Command::new("git").args(args).current_dir(repo_root()).output();
+    let found = match git(&["log", "--format=%H", "--reverse", "-S", text, "--", path]) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("cannot run git ({e}): no older broker to test against");
+            return None;
+        }
+    };
+    let Some(commit) = String::from_utf8_lossy(&found.stdout).lines().next().map(str::to_string) else {
+        eprintln!("no git history here names {text:?} in {path}: the older broker cannot be taken from it");
+        return None;
+    };
+    let archive = git(&["archive", "--format=tar", &format!("{commit}^"), "cronoq"]).ok()?;
+    if !archive.status.success() {
+        eprintln!("git cannot give the parent of {commit} (a shallow clone?): no older broker to test against");
+        return None;
+    }
+    let code = dir.join("older");
+    std::fs::create_dir_all(&code).unwrap();
+    let mut tar = Command::new("tar").args(["-x", "-C"]).arg(&code).stdin(Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &archive.stdout).unwrap();
+    drop(tar.stdin.take());
+    assert!(tar.wait().unwrap().success(), "tar could not unpack the older cronoq");
+    Some(code)
 }
