@@ -397,7 +397,7 @@ class CoreVersusModel(RuleBasedStateMachine):
 
 
 CoreVersusModel.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=160,
     stateful_step_count=60,
     deadline=None,
     derandomize=True,

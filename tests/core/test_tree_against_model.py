@@ -208,7 +208,7 @@ class TreeVersusModel(flat.CoreVersusModel):
 
 
 TreeVersusModel.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=160,
     stateful_step_count=60,
     deadline=None,
     derandomize=True,

@@ -79,11 +79,13 @@ def _raw_dealer(endpoint: str) -> zmq.Socket:
     return sock
 
 
-def _replies(sock: zmq.Socket, quiet_ms: int) -> list[object]:
-    """Every reply that comes until none has come for `quiet_ms`."""
+def _replies(sock: zmq.Socket, first_ms: int, quiet_ms: int = 300) -> list[object]:
+    """The replies that come: the first within `first_ms`, then each until none has come for `quiet_ms`."""
     found = []
-    while sock.poll(quiet_ms):
+    wait = first_ms
+    while sock.poll(wait):
         found.append(protocol.decode_client_reply(sock.recv_multipart()[0]))
+        wait = quiet_ms
     return found
 
 
@@ -99,19 +101,19 @@ async def test_the_broker_answers_a_call_with_the_outcome_alone(broker_factory):
             # Without `watch` there is no outcome to answer with: `accepted` comes as for any submit.
             sock.send_multipart([b"", protocol.encode(protocol.Submit(
                 V, 2, submission="plain-1", outcome_only=True)), body])
-            early = _replies(sock, 500)
+            early = _replies(sock, 10_000, 500)  # accepted for rid 2, then nothing for the call
             assert [(type(r).__name__, r.rid) for r in early] == [("Accepted", 2)]
             await admin.resume("default")
             worker = cronoq.Worker(broker.workers, [cronoq.Pool("default", _echo)], **BEATS)
             running = asyncio.get_running_loop().create_task(worker.run())
             try:
                 await asyncio.sleep(0)
-                outcome = await asyncio.to_thread(_replies, sock, 3000)
+                outcome = await asyncio.to_thread(_replies, sock, 10_000)
                 assert [(type(r).__name__, r.rid, r.state) for r in outcome] == [("Outcome", 1, "succeeded")]
                 # Re-sent (a client that lost the connection): the same task's outcome, again alone.
                 sock.send_multipart([b"", protocol.encode(protocol.Submit(
                     V, 1, submission="call-1", watch=True, outcome_only=True)), body])
-                again = await asyncio.to_thread(_replies, sock, 500)
+                again = await asyncio.to_thread(_replies, sock, 10_000)
                 assert [(type(r).__name__, r.rid, r.id) for r in again] == [("Outcome", 1, outcome[0].id)]
                 assert (await admin.stats())["pools"]["default"]["dispatched"] == 2, "two tasks, each run once"
             finally:
