@@ -46,7 +46,7 @@ TARGETS = {"sequential": 1.5, "throughput": 0.85, "memory": 600.0, "probe": 1.5}
 
 def _speed_runs(s: BenchSettings, light_tasks: int, figures: set[str], log: Callable[[str], None]) -> dict[str, Any]:
     """Relay and cronoq alternated `s.repeat` times; each turn a saturated run and a sequential one."""
-    from bench.load import drive_calls, drive_cronoq
+    from bench.load import drive_cronoq
     from bench.relay import drive_relay
     from bench.stacks import TOKENS, cronoq_stack, relay_stack
     from bench.throughput import _checked, _measured, _run_async
@@ -71,14 +71,14 @@ def _speed_runs(s: BenchSettings, light_tasks: int, figures: set[str], log: Call
                     _run_async(_checked(drive_cronoq(stack.address, min(1_000, s.tasks), s.window, token=token)))
                     # Each way of waiting in turn, on the same broker; which goes first alternates with the rounds
                     # (the first run on a broker that has just warmed up came out slower, whichever way it was).
-                    ways = [("cronoq", drive_calls), ("cronoq_submit", drive_cronoq)]
-                    for way, drive in (ways if i % 2 == 0 else ways[::-1]):
+                    ways = [("cronoq", True), ("cronoq_submit", False)]
+                    for way, call in (ways if i % 2 == 0 else ways[::-1]):
                         if "throughput" in figures:
                             runs[way]["throughput"].append(_measured(stack, lambda: _checked(
-                                drive(stack.address, s.tasks, s.window, token=token))))
+                                drive_cronoq(stack.address, s.tasks, s.window, token=token, call=call))))
                         if "sequential" in figures:
                             runs[way]["sequential"].append(_measured(stack, lambda: _checked(
-                                drive(stack.address, light_tasks, 1, token=token))))
+                                drive_cronoq(stack.address, light_tasks, 1, token=token, call=call))))
             for way in ((side,) if side == "relay" else ("cronoq", "cronoq_submit")):
                 parts = []
                 if "throughput" in figures:

@@ -16,8 +16,10 @@ from bench.common import Run, payload
 
 async def drive_cronoq(address: str, tasks: int, window: int, *, token: str | None = None, pool: str = "default",
                        tenant_of: list[str | None] | None = None, timeout: float = 600.0,
-                       progress: list[int] | None = None) -> tuple[Run, list]:
+                       progress: list[int] | None = None, call: bool = False) -> tuple[Run, list]:
     """Run `tasks` tasks with `window` in flight; returns the run and each task's result (index = task number).
+    Each task is `submit`ted and its handle's `result` awaited, or with `call` submitted and awaited in one
+    request.
 
     `progress[0]` counts finished tasks as they come, for a watcher in another thread."""
     results: list = [None] * tasks
@@ -32,35 +34,14 @@ async def drive_cronoq(address: str, tasks: int, window: int, *, token: str | No
             next_task += 1
             started = time.perf_counter()
             tenant = tenant_of[n] if tenant_of is not None else None
-            handle = await sched.submit(payload(n), pool=pool, tenant=tenant)
-            results[n] = await handle.result(timeout=result_timeout)
+            if call:
+                results[n] = await sched.call(payload(n), pool=pool, tenant=tenant, timeout=result_timeout)
+            else:
+                handle = await sched.submit(payload(n), pool=pool, tenant=tenant)
+                results[n] = await handle.result(timeout=result_timeout)
             latencies.append(time.perf_counter() - started)
             if progress is not None:
                 progress[0] += 1
-
-    async with cronoq.connect(address, token=token) as sched:
-        await sched.ping()  # connected and answered before the clock starts
-        started = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*(lane(sched) for _ in range(min(window, tasks)))), timeout)
-        elapsed = time.perf_counter() - started
-    return Run(tasks=len(latencies), elapsed=elapsed, latencies=latencies), results
-
-
-async def drive_calls(address: str, tasks: int, window: int, *, token: str | None = None, pool: str = "default",
-                      timeout: float = 600.0) -> tuple[Run, list]:
-    """As `drive_cronoq`, with `call` (submit and wait in one request) instead of `submit` then `result`."""
-    results: list = [None] * tasks
-    latencies: list[float] = []
-    next_task = 0
-
-    async def lane(sched: cronoq.Client) -> None:
-        nonlocal next_task
-        while next_task < tasks:
-            n = next_task
-            next_task += 1
-            started = time.perf_counter()
-            results[n] = await sched.call(payload(n), pool=pool, timeout=timeout)
-            latencies.append(time.perf_counter() - started)
 
     async with cronoq.connect(address, token=token) as sched:
         await sched.ping()  # connected and answered before the clock starts
