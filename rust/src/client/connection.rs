@@ -404,17 +404,7 @@ impl Connection {
     /// takes, is refused here with `InvalidArgument` and nothing is sent. The handle asks this
     /// connection about the task, and waits on the watch the submit set up.
     pub async fn submit(&self, task: &Task) -> std::result::Result<TaskHandle, Refused> {
-        let body = self.checked_body(task).await?;
-        let watch = Arc::new(Watch::new());
-        let (rid, rx) = {
-            let mut state = self.inner.state.lock().unwrap();
-            let rid = state.rid();
-            let submission = state.submission();
-            let header = submit_header(rid, task, Some(&submission), false);
-            // Watch from the start: the outcome may come right behind the `accepted`.
-            state.watches.insert(rid, watch.clone());
-            (rid, self.send(&mut state, rid, header, Some(body), true, true)?)
-        };
+        let (rid, watch, rx) = self.send_submit(task, false).await?;
         let outstanding = Outstanding { connection: self, rid, unwait: None };
         let reply = rx.await.unwrap_or_else(|_| Err(closed(&self.inner.address).into()));
         std::mem::forget(outstanding); // answered: nothing to withdraw (and the watch must stay)
@@ -440,16 +430,7 @@ impl Connection {
     /// Dropped before the end (a timeout, a `select!`), it forgets the request and its watch; a
     /// late outcome then finds no one and is dropped.
     pub async fn call(&self, task: &Task) -> std::result::Result<(String, TaskOutcome), Refused> {
-        let body = self.checked_body(task).await?;
-        let watch = Arc::new(Watch::new());
-        let (rid, rx) = {
-            let mut state = self.inner.state.lock().unwrap();
-            let rid = state.rid();
-            let submission = state.submission();
-            let header = submit_header(rid, task, Some(&submission), true);
-            state.watches.insert(rid, watch.clone());
-            (rid, self.send(&mut state, rid, header, Some(body), true, false)?)
-        };
+        let (rid, watch, rx) = self.send_submit(task, true).await?;
         let _outstanding = Outstanding { connection: self, rid, unwait: None };
         let (header, body) = rx.await.unwrap_or_else(|_| Err(closed(&self.inner.address).into()))?;
         let id = header.str("id").to_string();
@@ -459,6 +440,31 @@ impl Connection {
         // An older broker's `accepted`: the outcome follows under the same rid, on the watch.
         let outcome = self.wait_ended(&id, Some(&watch), None).await?;
         Ok((id, outcome))
+    }
+
+    /// Sends a watched `submit` of `task` (checked first: see `checked_body`) and returns its rid,
+    /// its watch and where its reply will come. The watch is set up before the send: the outcome
+    /// may come right behind the `accepted`. With `outcome_only` (a `call`) the outcome is the
+    /// reply, so request_timeout does not bound the wait for it.
+    async fn send_submit(
+        &self,
+        task: &Task,
+        outcome_only: bool,
+    ) -> std::result::Result<(i64, Arc<Watch>, oneshot::Receiver<Reply>), Refused> {
+        let body = self.checked_body(task).await?;
+        let watch = Arc::new(Watch::new());
+        let mut state = self.inner.state.lock().unwrap();
+        let rid = state.rid();
+        let submission = state.submission();
+        let header = submit_header(rid, task, Some(&submission), outcome_only);
+        state.watches.insert(rid, watch.clone());
+        match self.send(&mut state, rid, header, Some(body), true, !outcome_only) {
+            Ok(rx) => Ok((rid, watch, rx)),
+            Err(e) => {
+                state.watches.remove(&rid); // nothing was sent: nothing will answer
+                Err(e.into())
+            }
+        }
     }
 
     /// The task's payload, once checked as the broker would (a bad field, a payload over its
