@@ -6,9 +6,10 @@ decode, authorize, call the book), expire and dispatch what the core says
 is due, commit the pass's changes to the journal in one write (group
 commit), and only then send every reply and assignment at once, one batch
 per peer (`outbox.py`): an `accepted` reply is never sent for a task that
-is not in the journal. Passes repeat until a pass finds both sockets empty;
-then the loop sleeps until a socket becomes readable, the core's next
-wake-up, or the heartbeat tick.
+is not in the journal. Passes repeat while messages wait (libzmq is asked,
+after the pass's last send on a socket, whether one came meanwhile: a send
+can consume the FD's signal of it); then the loop sleeps until a socket or
+a monitor becomes readable, the core's next wake-up, or the heartbeat tick.
 
 No message, however malformed, may stop the loop: a refusal is answered
 where a reply can be routed, anything else costs that one message only.
