@@ -397,7 +397,7 @@ class CoreVersusModel(RuleBasedStateMachine):
 
 
 CoreVersusModel.TestCase.settings = settings(
-    max_examples=160,
+    max_examples=120,
     stateful_step_count=60,
     deadline=None,
     derandomize=True,

@@ -208,7 +208,7 @@ class TreeVersusModel(flat.CoreVersusModel):
 
 
 TreeVersusModel.TestCase.settings = settings(
-    max_examples=160,
+    max_examples=120,
     stateful_step_count=60,
     deadline=None,
     derandomize=True,
