@@ -172,3 +172,45 @@ def test_blocking_code_calls(broker_factory, tmp_path):
     finally:
         worker.terminate()
         assert worker.wait(10) == 0
+
+
+PINNED = {"T_ACME": "acme-secret", "T_GLOBEX": "globex-secret", "T_WORKER": "worker-secret"}
+PINNED_CONFIG = """
+[[pools]]
+name = "default"
+fair_share = true
+
+[[auth.tokens]]
+token_env = "T_ACME"
+role = "client"
+tenant = "acme"
+
+[[auth.tokens]]
+token_env = "T_GLOBEX"
+role = "client"
+tenant = "globex"
+
+[[auth.tokens]]
+token_env = "T_WORKER"
+role = "worker"
+"""
+
+
+async def test_a_pinned_token_calls_within_its_tenant_and_a_repeated_key_gets_the_first_value(broker_factory):
+    broker = broker_factory(PINNED_CONFIG, env=PINNED)
+    worker = cronoq.Worker(broker.workers, [cronoq.Pool("default", _echo)], token=PINNED["T_WORKER"], **BEATS)
+    running = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        async with cronoq.connect(broker.clients, token=PINNED["T_ACME"]) as acme, \
+                cronoq.connect(broker.clients, token=PINNED["T_GLOBEX"]) as globex:
+            with pytest.raises(cronoq.PermissionDenied, match="pinned to tenant 'acme'"):
+                await acme.call("theirs", tenant="globex", timeout=WAIT)
+            assert await acme.call("own subtree", tenant="acme/search", timeout=WAIT) == "own subtree"
+            # A key names one task within a tenant: the same key in another tenant is another task, and a call
+            # repeating it gets the first task's value (as a submit gets the first task's handle).
+            assert await acme.call("acme's", key="order-1", timeout=WAIT) == "acme's"
+            assert await globex.call("globex's", key="order-1", timeout=WAIT) == "globex's"
+            assert await acme.call("again", key="order-1", timeout=WAIT) == "acme's"
+    finally:
+        await worker.stop()
+        await running
