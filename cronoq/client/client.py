@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Generator, Sequence
+from typing import Any, Awaitable, Callable, Generator, Sequence, TypeVar
 
 from cronoq.answers import Explanation, TaskInfo, seconds_from_now
 from cronoq.client.cluster import STATS_WAIT, Router, cluster_stats
 from cronoq.client.connection import DEFAULT_CLIENT_ADDRESS, DEFAULT_REQUEST_TIMEOUT, Connection
 from cronoq.handles import TaskHandle
+
+T = TypeVar("T")
 
 __all__ = ["Client", "DEFAULT_CLIENT_ADDRESS", "DEFAULT_REQUEST_TIMEOUT", "connect"]
 
@@ -100,15 +102,7 @@ class Client:
         takes, is refused here with InvalidArgument, and nothing is sent. In a cluster it goes to the
         member that owns `pool`.
         """
-        router = self._router
-        # (`lone` first: submit is the hot path, and a lone broker's needs no coroutine of the router's.)
-        if router is None or router.lone or await router.routing() is None:
-            return await self._connection.submit(payload, pool=pool, tenant=tenant, priority=priority,
-                                                 deadline=deadline, delay=delay, key=key, max_retries=max_retries,
-                                                 cost=cost)
-        now = time.time()  # a deadline or delay given as a datetime counts from here, not from a retry
-        deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
-        return await router.at_owner(pool, lambda conn: conn.submit(
+        return await self._at_owner(pool, deadline, delay, lambda conn, deadline, delay: conn.submit(
             payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
             max_retries=max_retries, cost=cost))
 
@@ -122,16 +116,22 @@ class Client:
         one message per task fewer. Raises what `submit` and `result` raise; TimeoutError after `timeout`
         seconds (the task goes on). In a cluster it goes to the member that owns `pool`.
         """
-        router = self._router
-        if router is None or router.lone or await router.routing() is None:
-            return await self._connection.call(payload, pool=pool, tenant=tenant, priority=priority,
-                                               deadline=deadline, delay=delay, key=key, max_retries=max_retries,
-                                               cost=cost, timeout=timeout)
-        now = time.time()  # a deadline or delay given as a datetime counts from here, not from a retry
-        deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
-        return await router.at_owner(pool, lambda conn: conn.call(
+        return await self._at_owner(pool, deadline, delay, lambda conn, deadline, delay: conn.call(
             payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
             max_retries=max_retries, cost=cost, timeout=timeout))
+
+    async def _at_owner(self, pool: str, deadline: Any, delay: Any,
+                        send: Callable[[Connection, Any, Any], Awaitable[T]]) -> T:
+        """`send(connection, deadline, delay)` to the broker that owns `pool`: this connection's for a lone
+        broker, else the owner the cluster map names (`Router.at_owner`). A deadline or delay given as a
+        datetime is then turned into seconds here, once, so that a retry at a moved pool's owner keeps it."""
+        router = self._router
+        # (`lone` first: submit is the hot path, and a lone broker's needs no coroutine of the router's.)
+        if router is None or router.lone or await router.routing() is None:
+            return await send(self._connection, deadline, delay)
+        now = time.time()
+        deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
+        return await router.at_owner(pool, lambda conn: send(conn, deadline, delay))
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""

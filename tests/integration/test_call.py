@@ -13,6 +13,7 @@ import zmq
 import cronoq
 from cronoq.wire import protocol
 from tests.integration.test_cluster import Cluster
+from tests.integration.test_tenancy import AUTH, TOKENS
 from tests.support import BEATS, start_worker_process, until
 
 V = protocol.PROTOCOL_VERSION
@@ -174,35 +175,17 @@ def test_blocking_code_calls(broker_factory, tmp_path):
         assert worker.wait(10) == 0
 
 
-PINNED = {"T_ACME": "acme-secret", "T_GLOBEX": "globex-secret", "T_WORKER": "worker-secret"}
-PINNED_CONFIG = """
-[[pools]]
-name = "default"
-fair_share = true
-
-[[auth.tokens]]
-token_env = "T_ACME"
-role = "client"
-tenant = "acme"
-
-[[auth.tokens]]
-token_env = "T_GLOBEX"
-role = "client"
-tenant = "globex"
-
-[[auth.tokens]]
-token_env = "T_WORKER"
-role = "worker"
-"""
+# acme and globex hold client tokens pinned to their tenants (test_tenancy.py's).
+PINNED_CONFIG = '[[pools]]\nname = "default"\nfair_share = true\n' + AUTH
 
 
 async def test_a_pinned_token_calls_within_its_tenant_and_a_repeated_key_gets_the_first_value(broker_factory):
-    broker = broker_factory(PINNED_CONFIG, env=PINNED)
-    worker = cronoq.Worker(broker.workers, [cronoq.Pool("default", _echo)], token=PINNED["T_WORKER"], **BEATS)
+    broker = broker_factory(PINNED_CONFIG, env=TOKENS)
+    worker = cronoq.Worker(broker.workers, [cronoq.Pool("default", _echo)], token=TOKENS["T_WORKER"], **BEATS)
     running = asyncio.get_running_loop().create_task(worker.run())
     try:
-        async with cronoq.connect(broker.clients, token=PINNED["T_ACME"]) as acme, \
-                cronoq.connect(broker.clients, token=PINNED["T_GLOBEX"]) as globex:
+        async with cronoq.connect(broker.clients, token=TOKENS["T_ACME"]) as acme, \
+                cronoq.connect(broker.clients, token=TOKENS["T_GLOBEX"]) as globex:
             with pytest.raises(cronoq.PermissionDenied, match="pinned to tenant 'acme'"):
                 await acme.call("theirs", tenant="globex", timeout=WAIT)
             assert await acme.call("own subtree", tenant="acme/search", timeout=WAIT) == "own subtree"
