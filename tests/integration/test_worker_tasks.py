@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import cronoq
 from tests.support import BEATS, until
@@ -57,3 +58,40 @@ def test_a_pool_whose_handler_is_replaced_runs_the_new_one_as_its_kind_says():
     assert pool.is_async
     pool.run = None
     assert not pool.is_async
+
+
+async def test_each_run_of_a_coroutine_handler_has_a_context_of_its_own_whether_or_not_it_waits(broker_factory):
+    """A worker runs a coroutine handler at once, up to its first wait, and only a handler that waits becomes a
+    task of the loop. Either way each run sees the context the worker had, as a task of its own would: what a
+    run sets in a ContextVar is not seen by the next, and a failure after a wait is the task's outcome."""
+    broker = broker_factory('[[pools]]\nname = "default"\n')
+    seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="fresh")
+
+    async def handler(payload):
+        before = seen.get()
+        seen.set(f"set by {payload}")
+        if payload.startswith("wait"):
+            await asyncio.sleep(0.01)
+            if payload == "wait and fail":
+                raise ValueError(f"{payload} saw {seen.get()}")
+        return [before, seen.get()]
+
+    worker = cronoq.Worker(broker.workers, cronoq.Pool("default", handler), concurrency=2, **BEATS)
+    serving = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            for payload in ("quick", "wait", "quick again", "wait again"):
+                assert await client.call(payload, timeout=WAIT) == ["fresh", f"set by {payload}"]
+            failing = await client.submit("wait and fail")
+            try:
+                await failing.result(timeout=WAIT)
+            except cronoq.TaskFailed as exc:
+                assert exc.type == "ValueError"
+                assert "wait and fail saw set by wait and fail" in str(exc)
+            else:
+                raise AssertionError("the failing handler's task did not fail")
+            assert worker.running == 0
+            assert worker.finished == 5
+    finally:
+        await worker.stop()
+        await serving
