@@ -227,18 +227,27 @@ async def test_a_primary_stopped_with_sigterm_hands_over_to_the_standby(brokers,
         # No worker yet: the tasks wait in the primary, then in the standby that took its data_dir over.
         handles = [await client.submit({"n": n, "runs": str(runs)}, pool="counted") for n in range(50)]
         results = [asyncio.ensure_future(handle.result(timeout=WAIT)) for handle in handles]
+        # Calls too: the client sends each again to the standby, which finds its task by the submission id.
+        results += [asyncio.ensure_future(client.call({"n": n, "runs": str(runs)}, pool="counted", timeout=WAIT))
+                    for n in range(50, 60)]
+
+        async def all_queued() -> bool:
+            return (await client.stats())["pools"]["counted"]["queued"] == 60
+
+        await until(all_queued, "the calls reached the primary", WAIT)
         assert primary.stop() == 0
         await asyncio.to_thread(standby.wait_ready)
         assert "taking over data_dir" in standby.log.read_text()
         worker = start_worker_process(f"{primary.workers},{standby.workers}", "tests.apps.counted:pools",
                                       tmp_path / "worker.log", concurrency=CONCURRENCY)
         try:
-            assert await asyncio.gather(*results) == list(range(50))
+            assert await asyncio.gather(*results) == list(range(60))
             info = await client.status(handles[0].id)
             assert info.state == "succeeded" and info.attempts == 1
+            assert (await client.stats())["pools"]["counted"]["dispatched"] == 60, "a re-sent call made a task"
         finally:
             stop(worker)
-    assert runs_of(runs) == collections.Counter(range(50)), "each ran exactly once"
+    assert runs_of(runs) == collections.Counter(range(60)), "each ran exactly once"
 
 
 def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp_path):
