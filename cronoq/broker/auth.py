@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from cronoq.broker.config import TokenSpec
 from cronoq.errors import PermissionDenied, Unauthenticated
@@ -98,15 +98,18 @@ class Authenticator:
             for spec in tokens
         }
         # The token of the last message, and who it was: most messages in a row carry the same token,
-        # and a constant-time comparison is 8x cheaper than hashing it again.
-        self._last: tuple[bytes, Principal] = (b"", OPEN)
+        # and a constant-time comparison is 8x cheaper than hashing it again. A connection keeps its own
+        # (`identify`'s `seen`): a client's and a worker's messages alternate, each with its token.
+        self._last: tuple[Authenticator, bytes, Principal] | None = None
 
     @property
     def enabled(self) -> bool:
         return bool(self._by_digest)
 
-    def identify(self, token: bytes) -> Principal:
-        """The principal for a token frame; Unauthenticated when it is missing or unknown."""
+    def identify(self, token: bytes, seen: Any = None) -> Principal:
+        """The principal for a token frame; Unauthenticated when it is missing or unknown. `seen`, if given,
+        is the connection the token came on: it remembers its last valid token (`last_token`), for the
+        authenticator that knew it (a reload makes another, so a revoked token is not taken again)."""
         if not self._by_digest:
             return OPEN
         if not token:
@@ -114,11 +117,14 @@ class Authenticator:
                 "this broker requires a token and none was sent: pass token=... to cronoq.connect or "
                 "cronoq.Worker; the cronoq commands read it from the environment variable --token-env names"
             )
-        last_token, last_principal = self._last
-        if hmac.compare_digest(token, last_token):
-            return last_principal
+        last = self._last if seen is None else seen.last_token
+        if last is not None and last[0] is self and hmac.compare_digest(token, last[1]):
+            return last[2]
         principal = self._by_digest.get(hashlib.sha256(token).digest())
         if principal is None:
             raise Unauthenticated("unknown token: check the token and the broker's [[auth.tokens]]")
-        self._last = (token, principal)
+        if seen is None:
+            self._last = (self, token, principal)
+        else:
+            seen.last_token = (self, token, principal)
         return principal

@@ -70,7 +70,7 @@ class ClientRequests:
     (`scope`: the tenant the caller is pinned to, if any).
     """
 
-    def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes], Principal],
+    def __init__(self, book: TaskBook, outbox: Outbox, *, identify: Callable[[bytes, Connection], Principal],
                  authenticate: Callable[[Connection, Principal], None],
                  refusal_allowed: Callable[[Connection, float], bool],
                  stats: Callable[[Callable[[dict[str, Any]], None]], None],
@@ -111,7 +111,7 @@ class ClientRequests:
         else:
             try:
                 check_frame_count(frames, "a request has 2 or 3 frames (token, header, optional body)")
-                principal = self._identify(frames[1])
+                principal = self._identify(frames[1], conn)
                 requests = protocol.read_client_requests(frames[2], body_frame(frames))
                 refuse_if_misdirected(frames, requests, "client", self._worker_endpoint)
                 self._authenticate(conn, principal)

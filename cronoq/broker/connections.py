@@ -62,7 +62,7 @@ class Connection:
     """One live (or just ended) connection of a ROUTER socket."""
 
     __slots__ = ("fd", "identity", "opened_at", "principal", "alive", "said_all", "backlog", "backlog_bytes",
-                 "parked", "parked_bytes", "last_refusal", "cut", "serial")
+                 "parked", "parked_bytes", "last_refusal", "cut", "serial", "last_token")
 
     def __init__(self, fd: int, opened_at: float) -> None:
         self.fd = fd
@@ -73,6 +73,8 @@ class Connection:
         self.opened_at = opened_at
         self.principal: Any = None
         """Who this connection speaks for, once a message carried a valid token; None until then."""
+        self.last_token: Any = None
+        """The last valid token a message on it carried, and its principal (cronoq.broker.auth.Authenticator)."""
         self.alive = True
         self.said_all = False
         """Disconnected, and the socket has since been read until empty: nothing more can come from it."""

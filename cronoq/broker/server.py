@@ -678,9 +678,10 @@ class Broker:
 
     # ----------------------------------------------------------------- clients (requests: clients.py)
 
-    def _identify(self, token: bytes) -> Principal:
-        """The caller behind a token, by the tokens of the current config (a reload swaps them)."""
-        return self._auth.identify(token)
+    def _identify(self, token: bytes, conn: Connection | None = None) -> Principal:
+        """The caller behind a token (shown on `conn`), by the tokens of the current config (a reload swaps
+        them)."""
+        return self._auth.identify(token, conn)
 
     def _on_client_closed(self, conn: Connection, now: float) -> None:
         """A client left: nothing more goes to it (its waiters are skipped as their tasks end)."""
@@ -780,7 +781,7 @@ class Broker:
         handled whole (`until` is not looked at): it holds at most one `done` per slot of the worker."""
         try:
             check_frame_count(frames, "a worker message has 2 or 3 frames (token, header, optional body)")
-            principal = self._identify(frames[1])
+            principal = self._identify(frames[1], conn)
             principal.require("serve")
             messages = protocol.read_worker_messages(frames[2], body_frame(frames))
             refuse_if_misdirected(frames, messages, "worker", self.config.clients)

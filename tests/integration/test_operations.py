@@ -142,7 +142,10 @@ async def test_sighup_reweights_the_queued_backlog_and_reload_applies_pools_and_
             await admin.reload()
         assert (await admin.stats())["pools"]["llm"]["tenants"]["acme"]["weight"] == 3
 
-        # A new pool appears, a new token works and the removed one stops working.
+        # A new pool appears, a new token works and the removed one stops working, on a new connection and
+        # on one it was already known on (a connection remembers its last valid token).
+        known = await cronoq.connect(broker.clients, token=ADMIN_ENV["T_OLD"])
+        assert (await known.status(handles[0].id)).state == "succeeded"
         rewrite(broker, weighted_config(3, extra_pool=True, token_env="T_NEW"))
         changes = await admin.reload()
         assert changes["pools_added"] == ["batch"] and changes["needs_restart"] == []
@@ -152,6 +155,9 @@ async def test_sighup_reweights_the_queued_backlog_and_reload_applies_pools_and_
         async with cronoq.connect(broker.clients, token=ADMIN_ENV["T_OLD"]) as old_client:
             with pytest.raises(cronoq.Unauthenticated):
                 await old_client.submit(1, pool="llm")
+        with pytest.raises(cronoq.Unauthenticated):
+            await known.submit(1, pool="llm")
+        await known.close()
 
         # A removed pool refuses new work but drains what it holds.
         queued = await admin.submit("last", pool="batch")
