@@ -120,14 +120,21 @@ class Client:
             payload, pool=pool, tenant=tenant, priority=priority, deadline=deadline, delay=delay, key=key,
             max_retries=max_retries, cost=cost, timeout=timeout))
 
-    async def _at_owner(self, pool: str, deadline: Any, delay: Any,
-                        send: Callable[[Connection, Any, Any], Awaitable[T]]) -> T:
+    def _at_owner(self, pool: str, deadline: Any, delay: Any,
+                  send: Callable[[Connection, Any, Any], Awaitable[T]]) -> Awaitable[T]:
         """`send(connection, deadline, delay)` to the broker that owns `pool`: this connection's for a lone
         broker, else the owner the cluster map names (`Router.at_owner`). A deadline or delay given as a
         datetime is then turned into seconds here, once, so that a retry at a moved pool's owner keeps it."""
         router = self._router
-        # (`lone` first: submit is the hot path, and a lone broker's needs no coroutine of the router's.)
-        if router is None or router.lone or await router.routing() is None:
+        # Submit and call are the hot path: for a lone broker, `send`'s own coroutine, with no coroutine of
+        # this method's or the router's around it to start and to resume at each reply.
+        if router is None or router.lone:
+            return send(self._connection, deadline, delay)
+        return self._routed(router, pool, deadline, delay, send)
+
+    async def _routed(self, router: Router, pool: str, deadline: Any, delay: Any,
+                      send: Callable[[Connection, Any, Any], Awaitable[T]]) -> T:
+        if await router.routing() is None:
             return await send(self._connection, deadline, delay)
         now = time.time()
         deadline, delay = seconds_from_now(deadline, "deadline", now), seconds_from_now(delay, "delay", now)
