@@ -58,8 +58,13 @@ def test_the_per_thread_cpu_report_names_every_process(capsys) -> None:
     assert threads.main(["--tasks", "300", "--window", "50"]) == 0
     out = capsys.readouterr().out
     assert "over 300 tasks" in out
-    assert {line.split()[0] for line in out.splitlines()[1:]} == {"broker", "client", "worker"}
+    assert {line.split()[0] for line in out.splitlines()[1:]} == {"broker", "client", "worker", "archiver"}
     assert "python" in out and "ZMQbg" in out, "the main thread and libzmq's I/O thread, apart"
+    # The relay beside it, one task at a time: the same processes but the archiver it does not have.
+    assert threads.main(["--relay", "--tasks", "100", "--window", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("relay:") and "1 in flight" in out
+    assert {line.split()[0] for line in out.splitlines()[1:]} == {"broker", "client", "worker"}
 
 
 def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
