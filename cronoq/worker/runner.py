@@ -50,13 +50,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import functools
 import itertools
 import logging
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Coroutine, Generator
+from typing import Any, Callable
 
 import msgspec
 import zmq
@@ -448,9 +447,9 @@ class Runner:
             return
         self._leases[assign.id] = [assign.attempt]
         key = next(self._jobs)
-        job = start_eagerly(self._loop, self._run_task(key, assign, body))  # type: ignore[arg-type]
-        if job is not None:  # it waits for something: it runs on as a task of the loop
-            self._running[key] = job
+        # A task of the loop, not a first step taken here: a handler may need to be inside a task from its first
+        # line (asyncio.timeout, current_task()), and Python 3.11 has no eager tasks to give it one at once.
+        self._running[key] = self._loop.create_task(self._run_task(key, assign, body))  # type: ignore[union-attr]
 
     async def _run_task(self, key: int, assign: protocol.Assign, body: bytes) -> None:
         try:
@@ -501,55 +500,6 @@ class Runner:
         for older in attempts[:-1]:
             self._send(protocol.Done(protocol.PROTOCOL_VERSION, done.id, older, False, "Superseded",
                                      f"attempt {attempts[-1]} of this task reported this run's outcome"))
-
-
-def start_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
-    """Run `coro` now, up to its first wait, in a context of its own as a task would; None if it finished
-    without waiting, else the task that runs the rest.
-
-    Most handlers of a busy pool never wait (a quick computation, a cache hit): for them a task of the loop
-    (created, registered, scheduled, stepped, unregistered) cost a third of the worker's own work per task.
-    Python 3.12's eager tasks do this; 3.11 has none."""
-    context = contextvars.copy_context()
-    try:
-        waiting_on = context.run(coro.send, None)
-    except StopIteration:
-        return None
-    return loop.create_task(_resumed(coro, waiting_on), context=context)
-
-
-async def _resumed(coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
-    await _Resumed(coro, waiting_on)
-
-
-class _Resumed:
-    """Awaitable that hands the loop what `coro` first yielded (the future it waits on), then drives `coro` to
-    the end, passing on what the loop sends and throws (a result, a cancellation)."""
-
-    __slots__ = ("_coro", "_waiting_on")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
-        self._coro, self._waiting_on = coro, waiting_on
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        coro, waiting_on = self._coro, self._waiting_on
-        self._coro = self._waiting_on = None
-        while True:
-            try:
-                sent = yield waiting_on
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: B036 - a cancellation or a future's error, for the coroutine
-                try:
-                    waiting_on = coro.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    waiting_on = coro.send(sent)
-                except StopIteration:
-                    return
 
 
 def _failure(assign: protocol.Assign, error_type: str, message: str, trace: str) -> protocol.Done:

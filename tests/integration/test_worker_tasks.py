@@ -60,20 +60,23 @@ def test_a_pool_whose_handler_is_replaced_runs_the_new_one_as_its_kind_says():
     assert not pool.is_async
 
 
-async def test_each_run_of_a_coroutine_handler_has_a_context_of_its_own_whether_or_not_it_waits(broker_factory):
-    """A worker runs a coroutine handler at once, up to its first wait, and only a handler that waits becomes a
-    task of the loop. Either way each run sees the context the worker had, as a task of its own would: what a
-    run sets in a ContextVar is not seen by the next, and a failure after a wait is the task's outcome."""
+async def test_each_run_of_a_coroutine_handler_is_a_task_of_its_own_from_its_first_line(broker_factory):
+    """Each run of a coroutine handler is a task of the loop with a context of its own, from its first line,
+    whether or not it ever waits: asyncio.timeout works there (it needs the current task), what a run sets in a
+    ContextVar is not seen by the next, and a failure after a wait is the task's outcome."""
     broker = broker_factory('[[pools]]\nname = "default"\n')
     seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="fresh")
+    tasks: set[asyncio.Task] = set()
 
     async def handler(payload):
+        tasks.add(asyncio.current_task())
         before = seen.get()
         seen.set(f"set by {payload}")
-        if payload.startswith("wait"):
-            await asyncio.sleep(0.01)
-            if payload == "wait and fail":
-                raise ValueError(f"{payload} saw {seen.get()}")
+        async with asyncio.timeout(WAIT):
+            if payload.startswith("wait"):
+                await asyncio.sleep(0.01)
+                if payload == "wait and fail":
+                    raise ValueError(f"{payload} saw {seen.get()}")
         return [before, seen.get()]
 
     worker = cronoq.Worker(broker.workers, cronoq.Pool("default", handler), concurrency=2, **BEATS)
@@ -92,6 +95,7 @@ async def test_each_run_of_a_coroutine_handler_has_a_context_of_its_own_whether_
                 raise AssertionError("the failing handler's task did not fail")
             assert worker.running == 0
             assert worker.finished == 5
+        assert None not in tasks and len(tasks) == 5, "each run in a task of its own"
     finally:
         await worker.stop()
         await serving
