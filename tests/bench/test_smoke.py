@@ -263,3 +263,17 @@ def test_close_to_wire_takes_each_figure_both_ways_and_judges_it_against_its_bou
         close_to_wire.main(["--only", "latency"])
     with pytest.raises(SystemExit, match="--probe-seconds must be at least 10"):
         close_to_wire.main(["--probe-seconds", "5"])
+
+
+def test_an_ab_run_takes_turns_and_runs_each_side_s_own_copy(capsys, tmp_path) -> None:
+    from bench import ab
+    from bench.common import ROOT
+
+    # Both sides the checkout itself (a folder holding `cronoq`), so no git history is needed.
+    assert ab.main([str(ROOT), str(ROOT), "--rounds", "2", "--tasks", "40", "--no-relay"]) == 0
+    out = capsys.readouterr().out
+    rounds = [line.split()[2] for line in out.splitlines() if line.strip().startswith("round")]
+    assert rounds == ["A", "B", "B", "A"], "the order turns round every round"
+    assert "B's p50 below A's in" in out and "of 2 rounds" in out
+    with pytest.raises(SystemExit, match="neither a folder holding a cronoq package nor a revision git knows"):
+        ab.main([str(tmp_path), str(ROOT), "--rounds", "1", "--tasks", "10", "--no-relay"])
