@@ -99,17 +99,18 @@ class Authenticator:
         }
         # The token of the last message, and who it was: most messages in a row carry the same token,
         # and a constant-time comparison is 8x cheaper than hashing it again. A connection keeps its own
-        # (`identify`'s `seen`): a client's and a worker's messages alternate, each with its token.
+        # (`identify`'s `conn`): a client's and a worker's messages alternate, each with its token.
         self._last: tuple[Authenticator, bytes, Principal] | None = None
 
     @property
     def enabled(self) -> bool:
         return bool(self._by_digest)
 
-    def identify(self, token: bytes, seen: Any = None) -> Principal:
-        """The principal for a token frame; Unauthenticated when it is missing or unknown. `seen`, if given,
-        is the connection the token came on: it remembers its last valid token (`last_token`), for the
-        authenticator that knew it (a reload makes another, so a revoked token is not taken again)."""
+    def identify(self, token: bytes, conn: Any = None) -> Principal:
+        """The principal for a token frame; Unauthenticated when it is missing or unknown. `conn`, if given,
+        is the connection (cronoq.broker.connections) the token came on: it remembers its last valid token
+        (`last_token`) with the authenticator that knew it (a reload makes another, so a revoked token is not
+        taken again)."""
         if not self._by_digest:
             return OPEN
         if not token:
@@ -117,14 +118,14 @@ class Authenticator:
                 "this broker requires a token and none was sent: pass token=... to cronoq.connect or "
                 "cronoq.Worker; the cronoq commands read it from the environment variable --token-env names"
             )
-        last = self._last if seen is None else seen.last_token
+        last = self._last if conn is None else conn.last_token
         if last is not None and last[0] is self and hmac.compare_digest(token, last[1]):
             return last[2]
         principal = self._by_digest.get(hashlib.sha256(token).digest())
         if principal is None:
             raise Unauthenticated("unknown token: check the token and the broker's [[auth.tokens]]")
-        if seen is None:
+        if conn is None:
             self._last = (self, token, principal)
         else:
-            seen.last_token = (self, token, principal)
+            conn.last_token = (self, token, principal)
         return principal

@@ -134,6 +134,7 @@ class Client:
 
     async def _routed(self, router: Router, pool: str, deadline: Any, delay: Any,
                       send: Callable[[Connection, Any, Any], Awaitable[T]]) -> T:
+        """`_at_owner` while the seed's broker may be a cluster member: its routes first, learnt if need be."""
         if await router.routing() is None:
             return await send(self._connection, deadline, delay)
         now = time.time()
