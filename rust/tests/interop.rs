@@ -350,9 +350,7 @@ async fn a_pinned_token_naming_another_tenant_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_resends_after_the_broker_restarts() {
     let dir = Scratch::new("e");
-    let data = dir.0.join("data");
-    let mut broker =
-        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let mut broker = Broker::durable(&dir.0, "work");
     let sched = cronoq::connect(&broker.clients).await.unwrap();
     let before = sched.submit(Task::new(Job { n: 1, text: "before".into() }).pool("work")).await.unwrap();
 
@@ -621,9 +619,7 @@ async fn explain_says_why_a_task_waits_and_how_its_attempts_ended() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_and_worker_follow_the_standby_that_takes_over() {
     let dir = Scratch::new("i");
-    let data = dir.0.join("data");
-    let mut primary =
-        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let mut primary = Broker::durable(&dir.0, "work");
     let mut standby = primary.standby();
 
     // No address at all is the caller's mistake, named.
@@ -1060,9 +1056,7 @@ async fn a_call_returns_the_value_the_failure_or_a_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_is_resent_to_a_broker_that_crashed_and_finds_its_first_task() {
     let dir = Scratch::new("call-restart");
-    let data = dir.0.join("data");
-    let mut broker =
-        Broker::start(&dir.0, "[[pools]]\nname = \"work\"\n", &format!("data_dir = \"{}\"", data.display()), &[]);
+    let mut broker = Broker::durable(&dir.0, "work");
     let sched = cronoq::connect(&broker.clients).await.unwrap();
     let pending = tokio::spawn({
         let sched = sched.clone();

@@ -159,6 +159,13 @@ impl Broker {
         Broker::start_from(&repo_root(), dir, body, broker_extra, env)
     }
 
+    /// A broker whose only pool is `pool`, keeping its journal in `dir/data`: what a restart or a
+    /// standby's takeover finds again.
+    pub fn durable(dir: &Path, pool: &str) -> Broker {
+        let data_dir = format!("data_dir = \"{}\"", dir.join("data").display());
+        Broker::start(dir, &format!("[[pools]]\nname = \"{pool}\"\n"), &data_dir, &[])
+    }
+
     /// [`start`](Self::start) with the `cronoq` package in `code` (see [`cronoq_before`]).
     pub fn start_from(code: &Path, dir: &Path, body: &str, broker_extra: &str, env: &[(&str, &str)]) -> Broker {
         let clients = format!("tcp://127.0.0.1:{}", free_port());
