@@ -519,8 +519,11 @@ class Connection:
         """Queue a task on this broker; returns its handle once the broker has accepted it (durably, with a
         data_dir). A payload over the broker's max_payload_bytes, or a pool, tenant or key longer than the
         broker takes, is refused here with InvalidArgument, and nothing is sent."""
-        message, body = await self._submission(payload, pool, tenant, priority, deadline, delay, key, max_retries,
-                                               cost, outcome_only=False)
+        body = self._body(payload, pool, tenant, key)
+        if not self._heard_hello:
+            await self._payload_limit()
+        message = self._submission(body, pool, tenant, priority, deadline, delay, key, max_retries, cost,
+                                   outcome_only=False)
         # Watch from the start: the outcome may arrive before this coroutine resumes after `accepted`.
         watch = self._watches[message.rid] = _Watch(self)
         try:
@@ -539,8 +542,11 @@ class Connection:
         message per task fewer than `submit` then `result`. Raises what both raise; TimeoutError after
         `timeout` seconds (the task goes on). Re-sent on a new connection like a submit (the broker finds the
         first task by its submission id), so request_timeout does not bound it: `timeout` does."""
-        message, body = await self._submission(payload, pool, tenant, priority, deadline, delay, key, max_retries,
-                                               cost, outcome_only=True)
+        body = self._body(payload, pool, tenant, key)
+        if not self._heard_hello:
+            await self._payload_limit()
+        message = self._submission(body, pool, tenant, priority, deadline, delay, key, max_retries, cost,
+                                   outcome_only=True)
         rid = message.rid
         watch = self._watches[rid] = _Watch(self)
         # Resolved by the outcome (`_end_watch`), failed by a refusal, or by an older broker's `accepted`.
@@ -569,28 +575,39 @@ class Connection:
             return await watch.result(reply.id, left)
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 
-    async def _submission(self, payload: Any, pool: str, tenant: str | None, priority: str, deadline: Any,
-                          delay: Any, key: str | None, max_retries: int, cost: float | None, *,
-                          outcome_only: bool) -> tuple[protocol.Submit, bytes]:
-        """A watched submit and its body, checked here first (sizes, names, cost): nothing is sent for a mistake."""
+    @staticmethod
+    def _body(payload: Any, pool: str, tenant: str | None, key: str | None) -> bytes:
+        """A submit's payload encoded, its names checked: what needs no word from the broker. Nothing is sent
+        for a mistake."""
         body = protocol.encode_body(payload)
         longest = protocol.MAX_NAME_CHARS  # one test of the three names, as submit is the hot path
         if ((type(pool) is str and len(pool) > longest) or (type(tenant) is str and len(tenant) > longest)
                 or (type(key) is str and len(key) > longest)):
             raise InvalidArgument(_long_name(pool=pool, tenant=tenant, key=key))
-        limit = self._max_payload_bytes if self._heard_hello else await self._payload_limit()
+        return body
+
+    def _submission(self, body: bytes, pool: str, tenant: str | None, priority: str, deadline: Any, delay: Any,
+                    key: str | None, max_retries: int, cost: float | None, *, outcome_only: bool) -> protocol.Submit:
+        """The watched submit of a `_body`, checked against the broker's max_payload_bytes (the caller has its
+        hello answer: `_payload_limit`) and for its cost and times. A plain function, not a coroutine, and no
+        call for what was not given: submit and call are the client's hot path."""
+        limit = self._max_payload_bytes
         if limit is not None and len(body) > limit:
             raise InvalidArgument(protocol.payload_too_large(len(body), limit))
-        protocol.check_cost(cost)
-        now = time.time()
-        message = protocol.Submit(
+        if cost is not None:
+            protocol.check_cost(cost)
+        if deadline is None and delay is None:
+            in_seconds = wait_seconds = None
+        else:
+            now = time.time()
+            in_seconds = seconds_from_now(deadline, "deadline", now)
+            wait_seconds = seconds_from_now(delay, "delay", now)
+        return protocol.Submit(
             protocol.PROTOCOL_VERSION, next(self._rids), pool=pool, tenant=tenant, priority=priority,
-            deadline=seconds_from_now(deadline, "deadline", now), delay=seconds_from_now(delay, "delay", now),
-            key=key, max_retries=max_retries,
+            deadline=in_seconds, delay=wait_seconds, key=key, max_retries=max_retries,
             submission=f"{self._submission_prefix}-{next(self._submissions):x}", watch=True,
             cost=None if cost is None else float(cost), outcome_only=outcome_only,
         )
-        return message, body
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's value by id; raises TaskFailed, DeadlineExceeded, Cancelled or TimeoutError."""

@@ -148,6 +148,12 @@ async def test_an_oversized_payload_is_refused_before_it_is_sent(broker_factory)
         await asyncio.sleep(0.5)  # a dropped connection would be made again within 0.1 s
         await client.ping()
         assert client.reconnects == 0, "the broker never saw the oversized payloads"
+    # Without routing, nothing but the call itself waits for the hello's answer (a cluster member's connection).
+    async with cronoq.Client(broker.clients, request_timeout=5, routing=False) as caller:
+        # A call at once, before its client heard the broker's hello, waits for the limit as a submit does.
+        with pytest.raises(cronoq.InvalidArgument, match=rf"{BIG + 5} bytes.*max_payload_bytes = {LIMIT}"):
+            await caller.call(b"x" * BIG, timeout=5)
+        assert caller.reconnects == 0
 
 
 def test_the_blocking_client_refuses_an_oversized_payload_too(broker_factory):
