@@ -448,7 +448,7 @@ class Runner:
         self._leases[assign.id] = [assign.attempt]
         key = next(self._jobs)
         # A task of the loop, not a first step taken here: a handler may need to be inside a task from its first
-        # line (asyncio.timeout, current_task()), and Python 3.11 has no eager tasks to give it one at once.
+        # line (asyncio.timeout, current_task()), and before Python 3.12 no eager task gives it one at once.
         self._running[key] = self._loop.create_task(self._run_task(key, assign, body))  # type: ignore[union-attr]
 
     async def _run_task(self, key: int, assign: protocol.Assign, body: bytes) -> None:
