@@ -202,9 +202,10 @@ def rust_table(files: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     dispatch = next(((p, d) for p, d in reversed(files) if d.get("dispatch")), None)
     if clients:
         path, data = clients
-        rows = [[row["name"].replace(" client, call", ", `call`").removesuffix(" client"), _n(row["in_flight"]), _n(row.get("tasks_per_s")),
-                 _n(row.get("p50_ms"), ".2f"), _n(row.get("cpu_us_per_task_client"), ",.1f"),
-                 _n(row.get("cpu_us_per_task_broker"), ",.1f")] for row in data["clients"]]
+        rows = [[row["name"].replace(" client, call", ", `call`").removesuffix(" client"), _n(row["in_flight"]),
+                 _n(row.get("tasks_per_s")), _n(row.get("p50_ms"), ".2f"),
+                 _n(row.get("cpu_us_per_task_client"), ",.1f"), _n(row.get("cpu_us_per_task_broker"), ",.1f")]
+                for row in data["clients"]]
         lines += [f"Clients: {_source(path, _when(STAMP.search(path.name).group(1)), data.get('machine', {}))}", "",
                   *_table(["client", "in flight", "tasks/s", "p50 ms", "client CPU µs/task", "broker CPU µs/task"],
                           rows, right=range(1, 6)), ""]

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--client-gc", choices=("on", "off"), default="on",
                         help="off: disable the client's garbage collector during the run, to see what it costs")
-    parser.add_argument("--call", action="store_true", help="cronoq's client waits with `call` (default: submit, result)")
+    parser.add_argument("--call", action="store_true",
+                        help="cronoq's client waits with `call` (default: submit, then result)")
     parser.add_argument("--relay", action="store_true", help="the bare relay (bench/relay.py) instead of cronoq")
     args = parser.parse_args(argv)
     import uvloop

@@ -552,9 +552,11 @@ class Connection:
         # Resolved by the outcome (`_end_watch`), failed by a refusal, or by an older broker's `accepted`.
         future = self._send(message, body, expires=False)
         loop = asyncio.get_running_loop()
-        started = loop.time()
         # A timer that fails the future, rather than asyncio.wait_for's extra future and callbacks per call.
-        timer = None if timeout is None else loop.call_later(timeout, _time_out, future)
+        ends_at = timer = None
+        if timeout is not None:
+            ends_at = loop.time() + timeout
+            timer = loop.call_at(ends_at, _time_out, future)
         try:
             reply, body = await future  # the future is ours alone: a cancelled caller cancels only it
         except BaseException as exc:
@@ -571,7 +573,7 @@ class Connection:
             if timer is not None:
                 timer.cancel()
         if isinstance(reply, protocol.Accepted):  # an older broker: the outcome follows under the same rid
-            left = None if timeout is None else max(0.0, timeout - (loop.time() - started))
+            left = None if ends_at is None else max(0.0, ends_at - loop.time())
             return await watch.result(reply.id, left)
         return outcome_value(reply.id, reply.state, body, reply.error_type, reply.error_message, reply.traceback)
 

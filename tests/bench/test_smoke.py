@@ -237,8 +237,6 @@ def test_the_shares_bench_counts_shares_rates_and_floors_as_the_rules_say() -> N
 
 
 def test_close_to_wire_takes_each_figure_both_ways_and_judges_it_against_its_bound(capsys) -> None:
-    import pytest
-
     from bench import close_to_wire
 
     assert close_to_wire.main(["--only", "sequential,throughput,memory", "--repeat", "1", "--tasks", "200",

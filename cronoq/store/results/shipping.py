@@ -187,9 +187,10 @@ class Archive:
     def exchange(self, book: TaskBook, *, listen: bool = False, ship: bool = True) -> None:
         """After a journal commit: ship what finished in `book`, and let the book drop what is stored. The
         archiver's replies are read here with `listen` (or, unwatched, while anything is outstanding); a watched
-        archive's replies wake the loop, which listens then, so a pass costs no read that finds nothing. A new archiver gets all the book's
-        finished records again. With `ship` False (some of the book's changes are not in the journal's file
-        yet) only the replies are read: the store must never hold an outcome the journal may lack."""
+        archive's replies wake the loop, which listens then, so a pass costs no read that finds nothing. A new
+        archiver gets all the book's finished records again. With `ship` False (some of the book's changes are
+        not in the journal's file yet) only the replies are read: the store must never hold an outcome the
+        journal may lack."""
         if ship:
             self.ship(book.take_finished())
         if not (listen or self.needs_resend or self._sock is None) and (self._on_reply is not None or not self.waiting):
