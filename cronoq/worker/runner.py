@@ -190,11 +190,18 @@ class Runner:
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         """One heartbeat period: beat, and reconnect when the broker has been silent too long."""
+        began = loop.time()
         try:
             await asyncio.wait_for(self._stopped.wait(), self.heartbeat_interval)
             return
         except asyncio.TimeoutError:
             pass
+        if loop.time() - began > 2 * self.heartbeat_interval:
+            # This worker stalled (SIGSTOP, a paused VM, a long pause of its own): the silence is partly its own,
+            # and what the broker sent meanwhile may not have reached the socket yet. It gives the broker a fresh
+            # window, as the broker does its workers when it stalls, rather than hang up and drop the results
+            # its handlers finish now.
+            self._last_heard = loop.time()
         silent_for = loop.time() - self._last_heard
         if silent_for > self.heartbeat_interval * self.liveness:
             # Said once per outage: the reconnects that follow, until the broker is heard again, are its course.

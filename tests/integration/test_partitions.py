@@ -149,3 +149,37 @@ async def test_a_result_that_comes_after_its_worker_was_lost_but_before_the_task
     finally:
         worker.terminate()
         worker.wait(10)
+
+
+async def test_a_paused_host_costs_a_worker_neither_its_connection_nor_the_result_it_finished(
+        broker_factory, tmp_path):
+    """Broker and worker frozen together (a paused VM, a laptop asleep), the worker thawed a moment first: its
+    first heartbeat tick finds the broker silent for longer than its liveness window, but it was the one that
+    stalled. It gives the broker a fresh window rather than hang up, so the result its handler finished during
+    the pause reaches the broker on the same connection and the task runs once."""
+    # The worker waits 10 beats (2 s) before it calls the broker silent; the broker waits 50 (10 s) for a worker.
+    broker = broker_factory('[[pools]]\nname = "counted"\n', broker_extra="liveness = 50")
+    runs = tmp_path / "runs"
+    log = tmp_path / "worker.log"
+    worker = start_worker_process(broker.workers, "tests.apps.counted:pools", log, extra=["--liveness", "10"])
+    try:
+        async with cronoq.connect(broker.clients) as client:
+            handle = await client.submit({"n": 3, "sleep": 0.5, "runs": str(runs)}, pool="counted")
+            await started(client, handle)
+            os.kill(broker.proc.pid, signal.SIGSTOP)
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(4.0)  # the handler's sleep ends and the worker's window passes meanwhile
+                os.kill(worker.pid, signal.SIGCONT)
+                await asyncio.sleep(0.5)  # the worker's first ticks find a broker that is still frozen
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+                os.kill(broker.proc.pid, signal.SIGCONT)
+            assert await handle.result(timeout=30) == 3
+            info = await client.status(handle.id)
+            assert (info.state, info.attempts) == ("succeeded", 1)
+            assert runs.read_text().split() == ["3"], "the task ran once"
+        assert "broker silent" not in log.read_text(), "the worker kept its connection"
+    finally:
+        worker.terminate()
+        worker.wait(10)
