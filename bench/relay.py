@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import uvloop
 
+    from bench.hop_trace import trace_relay
+
+    trace_relay(globals())  # bench/hops.py: timestamps at each receive and send; nothing otherwise
     if args.role == "broker":
         uvloop.run(serve_broker(args.clients_port, args.workers_port))
     else:

@@ -275,3 +275,35 @@ def test_an_ab_run_takes_turns_and_runs_each_side_s_own_copy(capsys, tmp_path) -
     assert "B's p50 below A's in" in out and "of 2 rounds" in out
     with pytest.raises(SystemExit, match="neither a folder holding a cronoq package nor a revision git knows"):
         ab.main([str(tmp_path), str(ROOT), "--rounds", "1", "--tasks", "10", "--no-relay"])
+
+
+def test_hops_splits_every_round_trip_of_both_sides() -> None:
+    import re
+    import subprocess
+    import sys
+
+    from bench.common import ROOT
+
+    # A process of its own: the tracer wraps cronoq's socket calls for the rest of the process it runs in.
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "hops.py"), "--tasks", "30", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # The round trips are found in every process's events (the tracer reached the client, the broker and the
+    # workers) on both sides; a heartbeat in the middle of one may leave it out.
+    traced = re.findall(r"round 1 (relay|cronoq): p50 [0-9.]+ ms, (\d+) of 30 round trips traced", done.stderr)
+    assert sorted(side for side, _ in traced) == ["cronoq", "relay"], done.stderr
+    assert all(int(count) >= 27 for _, count in traced), done.stderr
+    tables = [[[cell.strip() for cell in line.split("|")[1:-1]] for line in block.splitlines()[2:]]
+              for block in done.stdout.split("\n\n") if block.startswith("| ")]
+    assert len(tables) == 3, done.stdout  # the parts of both sides, cronoq's transits, its broker's steps
+    parts, transits, steps = ({row[0]: row[1:] for row in table} for table in tables)
+
+    def number(cell: str) -> bool:
+        return cell.replace(",", "").isdigit()
+
+    for part in ("client → broker", "broker holds the request", "broker → worker", "worker holds the task",
+                 "worker → broker", "broker holds the result", "broker → client", "client sent → client received"):
+        assert all(number(cell) for cell in parts[part]), (part, parts[part])
+    assert len(transits) == 4 and all(number(cell) for row in transits.values() for cell in row), transits
+    # cronoq's broker notes each step of its pass; a step renamed in the broker would leave a dash here.
+    assert len(steps) == 8 and all(number(row[0]) for row in steps.values()), steps
