@@ -376,8 +376,14 @@ class Connection:
         self._check_sendable()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending[message.rid] = _Outstanding(future, message, body, resend)
-        self._channel.post(message, body)  # leaves at the end of this loop turn, batched with the others
+        pending = self._pending
+        pending[message.rid] = _Outstanding(future, message, body, resend)
+        self._channel.post(message, body)  # leaves at the end of this loop turn, batched with the others...
+        if len(pending) == 1:
+            # ...unless no other request is outstanding (Nagle's rule the other way round): then none is likely
+            # to join it this turn, and a lone caller (an API handler awaiting one task) gets its request out
+            # a loop turn sooner. Under load requests are outstanding, and each turn's still go as one batch.
+            self._channel.flush_now()
         if expires:
             self._expiries.append((loop.time() + self.request_timeout, message.rid))
             if self._sweeper is None:

@@ -212,6 +212,11 @@ class Channel:
             self._flush_queued = True
             self._loop.call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Send what was posted at once rather than at the end of this loop turn (the flush queued for then
+        finds nothing left): for a message nothing else is likely to share a batch with."""
+        self._flush()
+
     def _flush(self) -> None:
         """Send what was posted, then read what the sends or the last receive may have hidden (the FD's
         signal) at once rather than in another turn of the loop."""
