@@ -8,11 +8,13 @@ or authenticated is refused with one error, which the client applies to every re
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+import cronoq
 from cronoq.broker.config import parse_config
 from cronoq.broker.server import Broker
 from cronoq.wire import protocol
@@ -123,3 +125,50 @@ async def test_a_big_batch_is_answered_whole_and_in_order_before_what_came_after
         assert rids == list(range(1, count + 2))
     finally:
         sock.close(linger=0)
+
+
+async def test_a_lone_request_leaves_at_once_and_requests_made_together_share_one_message():
+    """What the client sends, seen by a bare ROUTER in the broker's place: a request made while no other is
+    outstanding is handed to libzmq before the loop turn that made it ends; requests made together go as
+    one batch at the end of their turn."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def receive() -> tuple[bytes, Any]:
+        assert router.poll(5000), "nothing came from the client"
+        identity, _token, header, *_ = router.recv_multipart()
+        return identity, protocol.decode_client_request(header)
+
+    async def arrival() -> tuple[bytes, Any]:
+        """What comes next, letting the client's loop run meanwhile."""
+        for _ in range(500):
+            if router.poll(0):
+                return receive()
+            await asyncio.sleep(0.01)
+        raise AssertionError("nothing came from the client")
+
+    try:
+        async with cronoq.Client(f"tcp://127.0.0.1:{port}", request_timeout=30, routing=False) as client:
+            identity, hello = await arrival()  # every new connection asks for the broker's rules first
+            router.send_multipart([identity, protocol.encode(protocol.Ok(V, hello.rid, protocol.hello_value(1 << 20)))])
+            for _ in range(100):
+                if client._connection._heard_hello:
+                    break
+                await asyncio.sleep(0.01)
+
+            lone = asyncio.create_task(client.ping())
+            await asyncio.sleep(0)  # the ping's first step runs; this one resumes in the same turn
+            # A blocking look: the loop cannot run another turn meanwhile, so only a send made in the ping's
+            # own step can be found.
+            _, first = receive()
+            assert isinstance(first, protocol.Ping)
+
+            together = [asyncio.create_task(client.ping()) for _ in range(2)]  # the first ping is outstanding
+            _, batch = await arrival()
+            assert isinstance(batch, protocol.RequestBatch) and [type(m) for m, _ in batch.items] == [protocol.Ping] * 2
+            for request in (first, *(m for m, _ in batch.items)):
+                router.send_multipart([identity, protocol.encode(protocol.Ok(V, request.rid, None))])
+            await asyncio.wait_for(asyncio.gather(lone, *together), 10)
+    finally:
+        router.close(linger=0)
