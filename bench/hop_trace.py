@@ -14,6 +14,7 @@ its globals to `trace_relay`.
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import sys
@@ -21,8 +22,11 @@ import time
 from typing import Any, Callable
 
 TRACE_ENV = "CRONOQ_BENCH_TRACE"
+TIMED_ENV = "CRONOQ_BENCH_TIMED"
+"""Functions to time as well, `module:Class.method` or `module:function`, comma-separated (hops.py --time)."""
 
 _events: list[tuple[str, int]] = []
+_timed: dict[str, list[int]] = {}
 _clock = time.perf_counter_ns
 _installed = False
 
@@ -32,9 +36,19 @@ def enabled() -> bool:
 
 
 def take_events() -> list[tuple[str, int]]:
-    """This process's events so far, which are then forgotten here."""
+    """This process's events so far, which are then forgotten here (the timed calls too)."""
     taken = _events[:]
     _events.clear()
+    for durations in _timed.values():
+        durations.clear()
+    return taken
+
+
+def take_timed() -> dict[str, list[int]]:
+    """The nanoseconds each call of each timed function took so far, which are then forgotten here."""
+    taken = {name: durations[:] for name, durations in _timed.items()}
+    for durations in _timed.values():
+        durations.clear()
     return taken
 
 
@@ -46,7 +60,7 @@ def _save() -> None:
     if _events:
         folder = os.environ[TRACE_ENV]
         with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as out:
-            json.dump({"argv": sys.argv, "events": _events}, out)
+            json.dump({"argv": sys.argv, "events": _events, "timed": _timed}, out)
 
 
 def _before(kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,7 +80,7 @@ def _after(kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 def install(*, save: bool = True) -> None:
     """Wrap cronoq's receives, sends and the broker's pass steps (once; only with CRONOQ_BENCH_TRACE set).
-    With `save`, the events are written out at exit; without, the caller reads `events()` itself."""
+    With `save`, the events are written out at exit; without, the caller takes them (`take_events`)."""
     global _installed
     if _installed or not enabled():
         return
@@ -91,6 +105,30 @@ def install(*, save: bool = True) -> None:
     clients.ClientRequests.on_message = _after("handled", clients.ClientRequests.on_message)
     broker._dispatch = _after("dispatched", broker._dispatch)
     broker._commit = _after("committed", broker._commit)
+    for name in filter(None, os.environ.get(TIMED_ENV, "").split(",")):
+        _time_calls(name.strip())
+
+
+def _time_calls(name: str) -> None:
+    """Time every call of `module:Class.method` or `module:function` (what this process never imports is
+    imported here, harmlessly). A method is timed wherever it is called from; a module's function only where
+    it is called through its module, not where a module imported it by name before."""
+    module_name, _, path = name.partition(":")
+    owner: Any = importlib.import_module(module_name)
+    *outer, attribute = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    function = getattr(owner, attribute)
+    durations = _timed.setdefault(name, [])
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = _clock()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            durations.append(_clock() - started)
+
+    setattr(owner, attribute, timed)
 
 
 def trace_relay(namespace: dict[str, Any], *, save: bool = True) -> None:

@@ -2,6 +2,7 @@
 
     python bench/hops.py                      # 2 rounds of 2,000 one-at-a-time tasks each side, about 1 minute
     python bench/hops.py --tasks 5000 --rounds 3
+    python bench/hops.py --time cronoq.store.journal.fence:Fence.check,cronoq.book.taskbook:TaskBook.submit
 
 One task at a time, the relay (bench/relay.py) and cronoq (durable, tokens, `call`) taking turns, two
 workers of 64 slots each, as in close_to_wire.py's sequential figure. Every process notes when it receives
@@ -11,7 +12,8 @@ events of the processes follow one another, so each round trip splits into the t
 (libzmq's I/O threads, TCP over loopback, the receiver's wake-up and whatever it runs before its receive)
 and the time each process holds it (from its receive to its send). It prints the median of each part over
 all round trips of each side. The notes cost a few µs a round trip; the round trip it reports beside them is
-the traced one.
+the traced one. `--time` also times each call of the functions named, in every cronoq process that calls
+them (the warm-up's calls included in the children's).
 """
 
 from __future__ import annotations
@@ -128,14 +130,32 @@ def _split(sent: int, next_sent: int | None, client: Timeline, broker: Timeline,
     return {name: t for name, t in at.items() if t is not None}
 
 
-def _read(folder: Path, pid: int) -> Timeline:
+def _read(folder: Path, pid: int) -> tuple[Timeline, dict[str, list[int]]]:
     path = folder / f"{pid}.json"
-    return Timeline([tuple(e) for e in json.loads(path.read_text())["events"]] if path.exists() else [])
+    if not path.exists():
+        return Timeline([]), {}
+    saved = json.loads(path.read_text())
+    return Timeline([tuple(event) for event in saved["events"]]), saved.get("timed", {})
 
 
-def run_side(side: str, tasks: int) -> tuple[list[dict[str, int]], float]:
-    """One run of `tasks` one-at-a-time tasks through `side` ("relay" or "cronoq"), traced; returns each round
-    trip's events and the p50 latency (ms) the driver saw."""
+class Side:
+    """What the runs of one side found: each round trip's events, the driver's p50s, and the timed calls
+    by process ("client", "broker", "worker") with how many tasks their counts cover."""
+
+    def __init__(self) -> None:
+        self.trips: list[dict[str, int]] = []
+        self.p50s: list[float] = []
+        self.timed: dict[tuple[str, str], list[int]] = {}
+        self.tasks_timed: dict[str, int] = {}
+
+    def add_timed(self, process: str, timed: dict[str, list[int]], tasks: int) -> None:
+        for name, durations in timed.items():
+            self.timed.setdefault((name, process), []).extend(durations)
+        self.tasks_timed[process] = self.tasks_timed.get(process, 0) + tasks
+
+
+def run_side(side: str, tasks: int, found: Side) -> None:
+    """One run of `tasks` one-at-a-time tasks through `side` ("relay" or "cronoq"), traced, added to `found`."""
     with tempfile.TemporaryDirectory(prefix="cronoq-hops-") as tmp:
         folder = Path(tmp)
         os.environ[hop_trace.TRACE_ENV] = str(folder)
@@ -150,7 +170,7 @@ def run_side(side: str, tasks: int) -> tuple[list[dict[str, int]], float]:
                     _run_async(relay.drive_relay(stack.address, WARM_UP, 1))
                     hop_trace.take_events()
                     run = _run_async(relay.drive_relay(stack.address, tasks, 1))
-                    client = Timeline(hop_trace.take_events())
+                    client, client_timed = Timeline(hop_trace.take_events()), {}
                     pids = stack.broker.pid, [w.pid for w in stack.workers]
             else:
                 hop_trace.install(save=False)
@@ -159,6 +179,7 @@ def run_side(side: str, tasks: int) -> tuple[list[dict[str, int]], float]:
                     _run_async(drive_cronoq(stack.address, WARM_UP, 1, token=token, call=True))
                     hop_trace.take_events()
                     run, _ = _run_async(drive_cronoq(stack.address, tasks, 1, token=token, call=True))
+                    client_timed = hop_trace.take_timed()
                     client = Timeline(hop_trace.take_events())
                     pids = stack.broker.pid, [w.pid for w in stack.workers]
         finally:
@@ -168,14 +189,23 @@ def run_side(side: str, tasks: int) -> tuple[list[dict[str, int]], float]:
             else:
                 os.environ["PYTHONPATH"] = path_before
         # The stack has stopped: every child wrote its events on the way out.
-        broker, workers = _read(folder, pids[0]), [_read(folder, pid) for pid in pids[1]]
+        broker, broker_timed = _read(folder, pids[0])
+        workers_read = [_read(folder, pid) for pid in pids[1]]
+    workers = [timeline for timeline, _ in workers_read]
+    found.add_timed("client", client_timed, tasks)
+    found.add_timed("broker", broker_timed, tasks + WARM_UP)
+    for _, timed in workers_read:
+        found.add_timed("worker", timed, 0)
+    found.tasks_timed["worker"] = found.tasks_timed.get("worker", 0) + tasks + WARM_UP  # the workers share them
     sends = client.times.get("send", [])
-    trips = []
+    before = len(found.trips)
     for index, sent in enumerate(sends):
         trip = _split(sent, sends[index + 1] if index + 1 < len(sends) else None, client, broker, workers)
         if trip is not None:
-            trips.append(trip)
-    return trips, run.summary()["p50_ms"]
+            found.trips.append(trip)
+    found.p50s.append(run.summary()["p50_ms"])
+    print(f"{side}: p50 {found.p50s[-1]:.3f} ms, {len(found.trips) - before:,} of {tasks:,} round trips traced",
+          file=sys.stderr)
 
 
 def _median_us(trips: list[dict[str, int]], start: str, end: str) -> float | None:
@@ -191,17 +221,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/hops.py", description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=2000, help="round trips per run (default 2,000)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, taking turns (default 2)")
+    parser.add_argument("--time", default="", metavar="NAMES",
+                        help="also time each call of these functions in cronoq's processes: module:Class.method "
+                             "or module:function, comma-separated (of a coroutine function, only the making of "
+                             "its coroutine is timed)")
     args = parser.parse_args(argv)
-    trips: dict[str, list[dict[str, int]]] = {"relay": [], "cronoq": []}
-    p50s: dict[str, list[float]] = {"relay": [], "cronoq": []}
+    if args.time:
+        os.environ[hop_trace.TIMED_ENV] = args.time
+    sides = {"relay": Side(), "cronoq": Side()}
     for round_number in range(args.rounds):
         order = ("relay", "cronoq") if round_number % 2 == 0 else ("cronoq", "relay")
         for side in order:
-            found, p50 = run_side(side, args.tasks)
-            trips[side] += found
-            p50s[side].append(p50)
-            print(f"  round {round_number + 1} {side}: p50 {p50:.3f} ms, {len(found):,} of {args.tasks:,} round trips "
-                  "traced", file=sys.stderr)
+            print(f"  round {round_number + 1} ", end="", file=sys.stderr)
+            run_side(side, args.tasks, sides[side])
+    trips = {name: side.trips for name, side in sides.items()}
+    p50s = {name: side.p50s for name, side in sides.items()}
     print(f"One task at a time, {args.rounds} × {args.tasks:,} round trips a side; median µs of each part.\n")
     print("| part | relay | cronoq, `call` |")
     print("| --- | ---: | ---: |")
@@ -221,6 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | ---: |")
     for label, start, end in BROKER_STEPS:
         print(f"| {label} | {_cell(_median_us(trips['cronoq'], start, end))} |")
+    cronoq_side = sides["cronoq"]
+    if cronoq_side.timed:
+        print("\nThe functions timed in cronoq's processes:\n")
+        print("| function | process | calls per task | median µs a call |")
+        print("| --- | --- | ---: | ---: |")
+        for (name, process), durations in sorted(cronoq_side.timed.items()):
+            if durations:
+                per_task = len(durations) / max(1, cronoq_side.tasks_timed.get(process, 0))
+                print(f"| `{name}` | {process} | {per_task:.2f} | {statistics.median(durations) / 1e3:.1f} |")
     return 0
 
 

@@ -285,8 +285,9 @@ def test_hops_splits_every_round_trip_of_both_sides() -> None:
     from bench.common import ROOT
 
     # A process of its own: the tracer wraps cronoq's socket calls for the rest of the process it runs in.
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "hops.py"), "--tasks", "30", "--rounds", "1"],
-                          capture_output=True, text=True, timeout=120)
+    timed = "cronoq.store.journal.fence:Fence.check"  # before each journal write: two a task
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "hops.py"), "--tasks", "30", "--rounds", "1",
+                           "--time", timed], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     # The round trips are found in every process's events (the tracer reached the client, the broker and the
     # workers) on both sides; a heartbeat in the middle of one may leave it out.
@@ -295,8 +296,11 @@ def test_hops_splits_every_round_trip_of_both_sides() -> None:
     assert all(int(count) >= 27 for _, count in traced), done.stderr
     tables = [[[cell.strip() for cell in line.split("|")[1:-1]] for line in block.splitlines()[2:]]
               for block in done.stdout.split("\n\n") if block.startswith("| ")]
-    assert len(tables) == 3, done.stdout  # the parts of both sides, cronoq's transits, its broker's steps
-    parts, transits, steps = ({row[0]: row[1:] for row in table} for table in tables)
+    assert len(tables) == 4, done.stdout  # the parts of both sides, cronoq's transits, its broker's steps, timed
+    parts, transits, steps = ({row[0]: row[1:] for row in table} for table in tables[:3])
+    [[function, process, per_task, _]] = tables[3]
+    assert (function, process) == (f"`{timed}`", "broker")
+    assert 1.8 <= float(per_task) <= 2.2, per_task  # (a retried write or a heartbeat's commit may add one)
 
     def number(cell: str) -> bool:
         return cell.replace(",", "").isdigit()
