@@ -118,7 +118,12 @@ def _time_calls(name: str) -> None:
     *outer, attribute = path.split(".")
     for part in outer:
         owner = getattr(owner, part)
-    function = getattr(owner, attribute)
+    # A class's staticmethod or classmethod is wrapped inside and stays one.
+    wrapper = vars(owner).get(attribute) if isinstance(owner, type) else None
+    if isinstance(wrapper, (staticmethod, classmethod)):
+        function = wrapper.__func__
+    else:
+        function, wrapper = getattr(owner, attribute), None
     durations = _timed.setdefault(name, [])
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -128,7 +133,7 @@ def _time_calls(name: str) -> None:
         finally:
             durations.append(_clock() - started)
 
-    setattr(owner, attribute, timed)
+    setattr(owner, attribute, timed if wrapper is None else type(wrapper)(timed))
 
 
 def trace_relay(namespace: dict[str, Any], *, save: bool = True) -> None:
