@@ -13,9 +13,11 @@ prometheus-client): the others start without paying for it.
 from __future__ import annotations
 
 import asyncio
+import copy
+import itertools
 import logging
 import socket
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -23,6 +25,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from cronoq.broker.metrics import DROP_REASONS, BrokerMetrics, Histogram
 
 log = logging.getLogger("cronoq.metrics")
+
+RENDER_CHUNK = 100
+"""Samples written per turn of the broker's loop when a scrape is answered (`render_in_steps`): about a millisecond.
+A pool of 1,000 tenants has some 7,000 samples, and writing them at once held the loop for 50 ms."""
+# Samples generate_latest sets apart from the rest of their family (each such group under headers of its own): a family
+# holding any is written whole.
+_GROUPED_SUFFIXES = ("_created", "_gsum", "_gcount")
 
 
 class BrokerCollector:
@@ -33,7 +42,16 @@ class BrokerCollector:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats()
+        for family in self.families():
+            if isinstance(family, _Lazy):
+                family.more()
+            yield family
+
+    def families(self, stats: dict[str, Any] | None = None) -> Iterator[Metric]:
+        """The families of a scrape of `stats` (a stats map; the broker's at this moment when None), those with a
+        sample per tenant or node still empty (`_Lazy`: their samples are made as they are written)."""
+        if stats is None:
+            stats = self._stats()
         pools = stats.get("pools", {})
         yield _gauge("cronoq_workers_connected", "Workers registered with the broker.", [], [([], stats.get("workers", 0))])
         yield _gauge("cronoq_pool_workers", "Registered workers serving the pool.", ["pool"],
@@ -49,63 +67,61 @@ class BrokerCollector:
                      [([name, cls], c["running"]) for name, p in pools.items() for cls, c in p["classes"].items()])
         tenants = [(name, tenant or "", t) for name, p in pools.items() for tenant, t in p["tenants"].items()]
         yield _gauge("cronoq_tenant_queued_tasks", "Tasks waiting, by pool and tenant ('' for none).",
-                     ["pool", "tenant"], [([pool, tenant], t["queued"]) for pool, tenant, t in tenants])
+                     ["pool", "tenant"], (([pool, tenant], t["queued"]) for pool, tenant, t in tenants))
         yield _gauge("cronoq_tenant_running_tasks", "Tasks running, by pool and tenant.", ["pool", "tenant"],
-                     [([pool, tenant], t["running"]) for pool, tenant, t in tenants])
+                     (([pool, tenant], t["running"]) for pool, tenant, t in tenants))
         yield _gauge("cronoq_tenant_weight", "The tenant's weight in the pool's fair share.", ["pool", "tenant"],
-                     [([pool, tenant], t["weight"]) for pool, tenant, t in tenants])
+                     (([pool, tenant], t["weight"]) for pool, tenant, t in tenants))
         unit = {name: p.get("share_unit", "dispatches") for name, p in pools.items()}
         yield _gauge("cronoq_tenant_lag_dispatches",
                      "Dispatches the tenant trails (+) or leads (-) its place in the fair order, w*(V-S) summed over "
                      "the classes: between -1 and 0 per class on a correct broker; see docs/scheduling.md. Pools that "
                      "share by cost or run time are in cronoq_tenant_lag only.",
-                     ["pool", "tenant"], [([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants
-                                          if unit[pool] == "dispatches"])
+                     ["pool", "tenant"], (([pool, tenant], t.get("lag", 0.0)) for pool, tenant, t in tenants
+                                          if unit[pool] == "dispatches"))
         yield _gauge("cronoq_tenant_lag",
                      "What the tenant trails (+) or leads (-) its place in the fair order, in the pool's share unit "
                      "(`unit`: dispatches, cost or seconds of worker time); see docs/scheduling.md.",
                      ["pool", "tenant", "unit"],
-                     [([pool, tenant, unit[pool]], t.get("lag", 0.0)) for pool, tenant, t in tenants])
+                     (([pool, tenant, unit[pool]], t.get("lag", 0.0)) for pool, tenant, t in tenants))
         yield _gauge("cronoq_pool_share_by", "1 for what the pool's fair share counts (share_by): dispatches, cost "
                      "or runtime.", ["pool", "share_by"],
                      [([name, p.get("share_by", "dispatches")], 1) for name, p in pools.items()])
         yield _gauge("cronoq_tenant_weighted_share",
                      "The fraction of the pool's fair dispatches the weights promise the tenant's own tasks now "
                      "(the tenant tree's share; compare with cronoq_dispatches_total).", ["pool", "tenant"],
-                     [([pool, tenant], t.get("own_weighted_share", 0.0)) for pool, tenant, t in tenants])
+                     (([pool, tenant], t.get("own_weighted_share", 0.0)) for pool, tenant, t in tenants))
         ceilings = [(name, node, c) for name, p in pools.items() for node, c in (p.get("ceilings") or {}).items()]
         yield _gauge("cronoq_tenant_ceiling", "The most tasks of the tenant's subtree that may run at once "
-                     "(tenant_limits).", ["pool", "tenant"], [([pool, node], c["limit"]) for pool, node, c in ceilings])
+                     "(tenant_limits).", ["pool", "tenant"], (([pool, node], c["limit"]) for pool, node, c in ceilings))
         yield _gauge("cronoq_tenant_ceiling_running_tasks", "Running tasks of the tenant's subtree, counted "
                      "against its ceiling.", ["pool", "tenant"],
-                     [([pool, node], c["running"]) for pool, node, c in ceilings])
+                     (([pool, node], c["running"]) for pool, node, c in ceilings))
         yield _gauge("cronoq_tenant_capped", "1 while the tenant is at its ceiling (none of its tasks starts).",
-                     ["pool", "tenant"], [([pool, node], int(c["capped"])) for pool, node, c in ceilings])
+                     ["pool", "tenant"], (([pool, node], int(c["capped"])) for pool, node, c in ceilings))
         yield _gauge("cronoq_tenant_capped_seconds", "How long the tenant has been at its ceiling (0 when it is "
                      "not).", ["pool", "tenant"],
-                     [([pool, node], c.get("capped_for") or 0.0) for pool, node, c in ceilings])
+                     (([pool, node], c.get("capped_for") or 0.0) for pool, node, c in ceilings))
         rates = [(name, node, r) for name, p in pools.items() for node, r in (p.get("rates") or {}).items()]
         yield _gauge("cronoq_tenant_rate", "The most tasks of the tenant's subtree started per second "
-                     "(tenant_rates).", ["pool", "tenant"], [([pool, node], r["rate"]) for pool, node, r in rates])
+                     "(tenant_rates).", ["pool", "tenant"], (([pool, node], r["rate"]) for pool, node, r in rates))
         yield _gauge("cronoq_tenant_rate_limited", "1 while the tenant is out of rate tokens (none of its tasks "
                      "starts until its next one).", ["pool", "tenant"],
-                     [([pool, node], int(bool(r["limited"]))) for pool, node, r in rates])
+                     (([pool, node], int(bool(r["limited"]))) for pool, node, r in rates))
         yield _gauge("cronoq_tenant_rate_next_start_seconds", "Seconds until a rate-limited tenant may start a task "
                      "again (0 when it may now).", ["pool", "tenant"],
-                     [([pool, node], r.get("next_start_in") or 0.0) for pool, node, r in rates])
+                     (([pool, node], r.get("next_start_in") or 0.0) for pool, node, r in rates))
         minimums = [(name, node, m) for name, p in pools.items() for node, m in (p.get("minimums") or {}).items()]
         yield _gauge("cronoq_tenant_minimum", "Running tasks the tenant's subtree is guaranteed while it has work "
                      "queued (tenant_minimums).", ["pool", "tenant"],
-                     [([pool, node], m["minimum"]) for pool, node, m in minimums])
+                     (([pool, node], m["minimum"]) for pool, node, m in minimums))
         yield _gauge("cronoq_tenant_minimum_running_tasks", "Running tasks of the tenant's subtree, counted against "
-                     "its minimum.", ["pool", "tenant"], [([pool, node], m["running"]) for pool, node, m in minimums])
+                     "its minimum.", ["pool", "tenant"], (([pool, node], m["running"]) for pool, node, m in minimums))
         yield _gauge("cronoq_tenant_under_minimum", "1 while the tenant runs fewer than its minimum (its tasks go "
                      "ahead of the fair order).", ["pool", "tenant"],
-                     [([pool, node], int(bool(m["under"]))) for pool, node, m in minimums])
-        dispatches = CounterMetricFamily("cronoq_dispatches", "Tasks handed to workers.", labels=["pool", "tenant"])
-        for pool, tenant, t in tenants:
-            dispatches.add_metric([pool, tenant], t["dispatched"])
-        yield dispatches
+                     (([pool, node], int(bool(m["under"]))) for pool, node, m in minimums))
+        yield _LazyCounter("cronoq_dispatches", "Tasks handed to workers.", ["pool", "tenant"],
+                           (([pool, tenant], t["dispatched"]) for pool, tenant, t in tenants))
         completions = CounterMetricFamily("cronoq_task_completions", "Tasks that reached a terminal state, by outcome.",
                                           labels=["pool", "outcome"])
         for (pool, outcome), count in sorted(self._metrics.completions.items()):
@@ -165,11 +181,41 @@ class BrokerCollector:
                                 {str(g): h for g, h in enumerate(self._metrics.gc_seconds)}, label="generation")
 
 
-def _gauge(name: str, documentation: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=labels)
-    for values, value in samples:
-        family.add_metric(values, value)
-    return family
+class _Lazy(Metric):
+    """A family whose samples are made only as they are asked for (`more`): one with a sample per tenant of every
+    pool is built a piece at a time while a scrape is written (render_in_steps), not at once."""
+
+    _source: Iterator[tuple[list[str], float]]
+    _also: dict[str, str]
+
+    def more(self, count: int | None = None) -> int:
+        """Add up to `count` more samples (all that are left when None); returns how many were added."""
+        added = 0
+        for values, value in itertools.islice(self._source, count):
+            self.add_metric(values, value)  # type: ignore[attr-defined]
+            added += 1
+        if self._also and added:
+            self.samples[-added:] = [sample._replace(labels={**sample.labels, **self._also})
+                                     for sample in self.samples[-added:]]
+        return added
+
+
+class _LazyGauge(_Lazy, GaugeMetricFamily):
+    def __init__(self, name: str, documentation: str, labels: list[str],
+                 samples: Iterable[tuple[list[str], float]]) -> None:
+        GaugeMetricFamily.__init__(self, name, documentation, labels=labels)
+        self._source, self._also = iter(samples), {}
+
+
+class _LazyCounter(_Lazy, CounterMetricFamily):
+    def __init__(self, name: str, documentation: str, labels: list[str],
+                 samples: Iterable[tuple[list[str], float]]) -> None:
+        CounterMetricFamily.__init__(self, name, documentation, labels=labels)
+        self._source, self._also = iter(samples), {}
+
+
+def _gauge(name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], float]]) -> _LazyGauge:
+    return _LazyGauge(name, documentation, labels, samples)
 
 
 def _histogram_family(name: str, documentation: str, by_pool: dict[str, Histogram],
@@ -189,25 +235,89 @@ class MemberLabel:
         self._member = member
 
     def collect(self) -> Iterator[Metric]:
-        for family in self._inner.collect():
+        for family in self.families():
+            if isinstance(family, _Lazy):
+                family.more()
+            yield family
+
+    def families(self, stats: dict[str, Any] | None = None) -> Iterator[Metric]:
+        for family in self._inner.families(stats):
+            if isinstance(family, _Lazy):
+                family._also = {"member": self._member}  # on each sample as it is made
             family.samples = [sample._replace(labels={**sample.labels, "member": self._member})
                               for sample in family.samples]
             yield family
 
 
+def collector_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics,
+                  member: str | None = None) -> BrokerCollector | MemberLabel:
+    """The collector /metrics serves; a cluster member's labels every sample with its `member` name."""
+    collector = BrokerCollector(stats, metrics)
+    return collector if member is None else MemberLabel(collector, member)
+
+
 def registry_for(stats: Callable[[], dict[str, Any]], metrics: BrokerMetrics,
                  member: str | None = None) -> CollectorRegistry:
-    """The registry /metrics serves; a cluster member's labels every sample with its `member` name."""
+    """A registry of `collector_for`'s collector, for generate_latest (the whole scrape at once)."""
     registry = CollectorRegistry(auto_describe=False)
-    collector = BrokerCollector(stats, metrics)
-    registry.register(collector if member is None else MemberLabel(collector, member))  # type: ignore[arg-type]
+    registry.register(collector_for(stats, metrics, member))  # type: ignore[arg-type]
     return registry
 
 
-async def serve_metrics(address: str, registry: CollectorRegistry,
+class _OneFamily:
+    """A collector of one metric family, for generate_latest to write it alone."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return (self._family,)
+
+
+async def render_in_steps(collector: BrokerCollector | MemberLabel, stats: dict[str, Any],
+                          chunk: int = RENDER_CHUNK) -> bytes:
+    """What generate_latest writes for `collector` over the stats map `stats`, byte for byte, made and written at
+    most `chunk` samples per turn of the loop.
+
+    Each family is written in pieces of `chunk` samples: a piece after the first leaves out the family's HELP and
+    TYPE lines, so the pieces join into the family as generate_latest writes it. A family with a sample per tenant
+    makes its samples piece by piece too (`_Lazy`). Between pieces the loop serves everything else."""
+    pieces: list[bytes] = []
+    for family in collector.families(stats):
+        if isinstance(family, _Lazy):
+            written = False
+            while True:
+                family.samples = []
+                added = family.more(chunk)
+                if added or not written:  # (a family without samples is still written: its HELP and TYPE)
+                    text = generate_latest(_OneFamily(family))  # type: ignore[arg-type]
+                    pieces.append(text.split(b"\n", 2)[2] if written else text)  # after its HELP and TYPE
+                    written = True
+                await asyncio.sleep(0)
+                if added < chunk:
+                    break
+            continue
+        samples = family.samples
+        grouped = tuple(family.name + suffix for suffix in _GROUPED_SUFFIXES)
+        if len(samples) <= chunk or any(sample.name in grouped for sample in samples):
+            pieces.append(generate_latest(_OneFamily(family)))  # type: ignore[arg-type]
+            await asyncio.sleep(0)
+        else:
+            for start in range(0, len(samples), chunk):
+                piece = copy.copy(family)
+                piece.samples = samples[start:start + chunk]
+                text = generate_latest(_OneFamily(piece))  # type: ignore[arg-type]
+                pieces.append(text if start == 0 else text.split(b"\n", 2)[2])
+                await asyncio.sleep(0)
+    return b"".join(pieces)
+
+
+async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
+                        stats_in_steps: Callable[[], Awaitable[dict[str, Any]]],
                         sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
     """Serve GET /metrics at "host:port" on the running loop (on `sockets` when given: listening at it already);
-    returns the asyncio servers."""
+    returns the asyncio servers. A scrape takes the stats a pool per turn of the loop (`stats_in_steps`) and
+    writes them a piece per turn (`render_in_steps`): it never holds the loop for long, however many tenants."""
     host, _, port = address.rpartition(":")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -217,7 +327,7 @@ async def serve_metrics(address: str, registry: CollectorRegistry,
                 pass  # headers: nothing in them changes the answer
             parts = request.split()
             if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] in (b"/metrics", b"/"):
-                body, status = generate_latest(registry), b"200 OK"
+                body, status = await render_in_steps(collector, await stats_in_steps()), b"200 OK"
                 content_type = b"text/plain; version=0.0.4; charset=utf-8"
             else:
                 body, status, content_type = b"only GET /metrics is served here\n", b"404 Not Found", b"text/plain"

@@ -249,10 +249,10 @@ class Broker:
         """Serve /metrics when the config asks for it (on `sockets`, when a standby held its address). Raises OSError
         when the address cannot be bound."""
         if self.config.metrics is not None:
-            from cronoq.broker.exposition import registry_for, serve_metrics  # prometheus-client: only when asked
+            from cronoq.broker.exposition import collector_for, serve_metrics  # prometheus-client: only when asked
 
-            registry = registry_for(self.stats, self.metrics, self.config.member)
-            self._metrics_servers = await serve_metrics(self.config.metrics, registry, sockets)
+            collector = collector_for(self.stats, self.metrics, self.config.member)
+            self._metrics_servers = await serve_metrics(self.config.metrics, collector, self.stats_in_steps, sockets)
 
     async def start_dashboard(self, sockets: list[socket.socket] | None = None) -> None:
         """Serve the web dashboard when the config asks for it (on `sockets`, when a standby held its address).
@@ -261,8 +261,8 @@ class Broker:
             from cronoq.broker.dashboard import BrokerParts, Dashboard  # only a broker that serves it loads it
 
             self._dashboard = Dashboard(BrokerParts(
-                stats=self.stats, identify=self._identify, pools=lambda: self.config.pools, core=self._core,
-                book=self._book, workers=self._workers.describe, failures=self.failures, act=self.act,
+                stats=self.stats, stats_in_steps=self.stats_in_steps, identify=self._identify,
+                pools=lambda: self.config.pools, core=self._core, book=self._book, workers=self._workers.describe, failures=self.failures, act=self.act,
                 clock=self._clock, explain=self.explain, hosts=lambda: self.config.dashboard_hosts,
                 connections=self.metrics.dashboard,
             ))
@@ -761,14 +761,34 @@ class Broker:
         asks this way); a pool with more than STATS_TENANTS tenants lists those the last search found busiest."""
         return self._stats_replies.now()
 
+    async def stats_in_steps(self) -> dict[str, Any]:
+        """What `stats()` answers, each pool's part made in a turn of the loop of its own (a scrape, the dashboard's
+        sampling): a pool's part lists at most STATS_TENANTS tenants, so no turn holds the loop for more than
+        about 2.5 ms, however many pools and tenants there are. Each pool's figures are of the moment its turn came."""
+        chosen = self._stats_replies.latest()
+        pools: dict[str, Any] = {}
+        for name in self._core.all_pool_names():
+            pools.update(self._pool_stats(chosen, (name,)))
+            await asyncio.sleep(0)
+        return self._stats_map(pools)
+
     def _stats_of(self, chosen: dict[str, list[str | None]]) -> dict[str, Any]:
         """The stats, listing for each pool in `chosen` those tenants, and for any other at most STATS_TENANTS."""
+        return self._stats_map(self._pool_stats(chosen))
+
+    def _pool_stats(self, chosen: dict[str, list[str | None]], only: tuple[str, ...] | None = None
+                    ) -> dict[str, Any]:
+        """The stats of every pool (or of those in `only`), with the workers serving each and its dispatch rate."""
         now = self._clock()
-        pools = self._core.stats(chosen, limit=STATS_TENANTS, now=now)
+        pools = self._core.stats(chosen, limit=STATS_TENANTS, now=now, pools=only)
         rates = self._rates.rates(now)
         for name, pool_stats in pools.items():
             pool_stats["workers"] = self._workers.serving(name)
             pool_stats["dispatch_rate"] = rates.get(name, 0.0)
+        return pools
+
+    def _stats_map(self, pools: dict[str, Any]) -> dict[str, Any]:
+        """The stats map around the pools' stats: the broker's own counts."""
         extra = {} if self.config.member is None else {"member": self.config.member}
         return {**extra, "pools": pools, "workers": len(self._workers), "late_results": self._workers.late_results,
                 "schedules": {} if self._cron is None else self._cron.describe(),

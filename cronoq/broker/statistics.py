@@ -56,8 +56,13 @@ class StatsReplies:
 
     def now(self) -> dict[str, Any]:
         """The stats at once: large pools list the tenants the last search found (before the first: any)."""
+        return self._build(self.latest())
+
+    def latest(self) -> Chosen:
+        """The tenants the last search found busiest in each large pool (what `now()` lists), and a new search
+        started for the next time."""
         self._start()
-        return self._build(dict(self._latest))
+        return dict(self._latest)
 
     def step(self) -> None:
         """One step of the search (call once per pass); answers the waiting requests when it ends."""

@@ -189,6 +189,10 @@ class SchedulerCore:
         """Names of the pools that accept tasks (draining pools excluded)."""
         return [name for name, pool in self._pools.items() if not pool.draining]
 
+    def all_pool_names(self) -> list[str]:
+        """Names of every pool, draining ones too, in the order `stats` lists them."""
+        return list(self._pools)
+
     def draining_pools(self) -> list[str]:
         """Names of the pools a reload left out that still hold tasks (they accept none, and go once empty)."""
         return [name for name, pool in self._pools.items() if pool.draining]
@@ -792,7 +796,8 @@ class SchedulerCore:
         return self._pool(pool).lag(tenant)
 
     def stats(self, tenants: Mapping[str, Collection[str | None]] | None = None,
-              limit: int | None = None, now: float | None = None) -> dict[str, dict]:
+              limit: int | None = None, now: float | None = None,
+              pools: Collection[str] | None = None) -> dict[str, dict]:
         """A JSON-friendly picture of every pool: flags, counts per class and per tenant, lag.
 
         {pool: {"paused", "draining", "fair", "max_in_flight", "running",
@@ -817,10 +822,11 @@ class SchedulerCore:
         "ceiling_count" counts them all), with the running tasks of its
         subtree and, while it is capped, since when (on the caller's clock)
         and, given `now`, for how many seconds so far ("capped_for"; None
-        otherwise).
+        otherwise). With `pools`, only the pools named (a caller building the picture a pool at a time).
         """
         chosen = tenants or {}
-        return {name: pool.stats(chosen.get(name), limit, now) for name, pool in self._pools.items()}
+        return {name: pool.stats(chosen.get(name), limit, now) for name, pool in self._pools.items()
+                if pools is None or name in pools}
 
     def explain(self, task_id: str, now: float, dispatch_rate: float | None = None,
                 arrival_rates: Sequence[ClassRates] | None = None, scope: str | None = None) -> Waiting | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cronoq.broker.exposition import registry_for
+from cronoq.broker.exposition import collector_for, registry_for, render_in_steps
 from cronoq.broker.metrics import BrokerMetrics, Histogram
 from cronoq.core import PoolSettings, SchedulerCore, Task
 
@@ -105,3 +107,76 @@ def test_rates_minimums_and_lag_in_the_pool_s_unit_are_exposed():
     assert got[("cronoq_pool_share_by", (("pool", "gpu"), ("share_by", "cost")))] == 1
     assert ("cronoq_tenant_lag", (*acme, ("unit", "cost"))) in got
     assert ("cronoq_tenant_lag_dispatches", acme) not in got  # its lag is not in dispatches
+
+
+def _busy_core() -> SchedulerCore:
+    """Two pools with more tenants than a piece holds, ceilings, rates and minimums, some of it dispatched."""
+    core = SchedulerCore([
+        PoolSettings("llm", {"acme": 3}, tenant_limits={"acme": 2}, tenant_rates={"t1": 5.0},
+                     tenant_minimums={"t2": 1}),
+        PoolSettings("batch"),
+    ])
+    for pool in ("llm", "batch"):
+        for i in range(40):
+            core.submit(Task(f"{pool}-{i}", pool, tenant=f"t{i % 25}" if i % 7 else f"acme/t{i}"), 0.0)
+    core.add_worker("w", ["llm", "batch"], 6)
+    core.dispatch(1.0)
+    return core
+
+
+async def test_a_scrape_written_in_pieces_is_what_generate_latest_writes_and_lets_the_loop_run():
+    core, metrics = _busy_core(), BrokerMetrics()
+    metrics.task_finished("llm", "succeeded", submitted_at=0.0, started_at=0.02, finished_at=0.5)
+    metrics.pass_took(0.003, 0.0015)
+    stats = {"pools": core.stats(now=2.0), "workers": 1, "late_results": 2}
+    for member in (None, "b1"):  # a cluster member's samples carry its name: those made piece by piece too
+        whole = generate_latest(registry_for(lambda: stats, metrics, member))
+        turns = 0
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        counting = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        pieces = await render_in_steps(collector_for(lambda: stats, metrics, member), stats, chunk=7)
+        counting.cancel()
+        assert pieces == whole  # the same bytes: no HELP or TYPE repeated, no sample lost or moved
+        tenant_samples = sum(1 for line in whole.decode().splitlines() if 'tenant="' in line)
+        # Between the pieces the loop ran: a piece holds 7 samples at most.
+        assert turns >= tenant_samples // 7, (turns, tenant_samples)
+        assert (member is None) == (b'member="b1"' not in pieces)
+
+
+async def test_the_stats_a_scrape_reads_are_taken_a_pool_per_turn_and_match_the_stats_at_once(tmp_path):
+    from cronoq.book.submission import SubmitRequest
+    from cronoq.broker.config import parse_config
+    from cronoq.broker.server import Broker
+
+    names = ["a", "b", "c"]
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}, "pools": [{"name": n} for n in names]},
+                          source="test", base_dir=tmp_path, environ={})
+    broker = Broker(config, clock=lambda: 100.0)
+    broker.open()
+    try:
+        for n in names:
+            for t in range(5):
+                broker._book.submit(SubmitRequest(b"\xc0", n, f"t{t}", "normal", None, None, None, 0, None), 100.0)
+        turns = 0
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        counting = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        stepped = await broker.stats_in_steps()
+        counting.cancel()
+        assert stepped == broker.stats()
+        assert sorted(stepped["pools"]) == names and turns >= len(names) - 1
+    finally:
+        broker.close()
