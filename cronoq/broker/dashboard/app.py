@@ -29,7 +29,7 @@ import socket
 import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Generator, Iterable
 
 import msgspec
 
@@ -100,6 +100,8 @@ class BrokerParts:
     running config has them)."""
     connections: DashboardConnections = dataclasses.field(default_factory=DashboardConnections)
     """Where the HTTP server counts the connections it ends early (the broker's metrics)."""
+    stats_in_steps: Callable[[], Awaitable[dict[str, Any]]] | None = None
+    """The same map, taken a pool per turn of the loop (Broker.stats_in_steps), for the periodic sample; None: at once."""
 
 
 def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
@@ -138,7 +140,10 @@ class Dashboard:
         self._history = DispatchHistory()
         self._shares = ShareHistory()
         self._sampler: asyncio.TimerHandle | None = None
+        self._sampling: asyncio.Future[None] | None = None  # a sample under way, a pool per turn of the loop
         self._snapshot: tuple[float, _Reading, bytes] | None = None
+        self._rebuilding: asyncio.Future[None] | None = None  # a new snapshot under way, a pool per turn of the loop
+        self._snapshots_forgotten = 0  # admin actions so far: a rebuild begun before one is not kept
         self._static = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
         self._served_host: str | None = None
         self.server = HttpServer(self.handle, counts=parts.connections)
@@ -156,20 +161,39 @@ class Dashboard:
         if self._sampler is not None:
             self._sampler.cancel()
             self._sampler = None
+        for running in (self._sampling, self._rebuilding):
+            if running is not None:
+                running.cancel()
+        self._sampling = self._rebuilding = None
         self.server.close()
 
     def sample(self) -> None:
         """Take a sample of the stats for the shares over time and the recent shares, and again in SAMPLE_INTERVAL:
-        on a timer, so the chart covers the last minutes whether or not anyone was looking."""
+        on a timer, so the chart covers the last minutes whether or not anyone was looking. The sample is taken a
+        pool per turn of the loop (a pool's part walks up to 1,000 tenants): it never holds the loop for all pools."""
+        if self._sampling is None or self._sampling.done():
+            self._sampling = asyncio.ensure_future(self._sample())
+        self._sampler = asyncio.get_running_loop().call_later(SAMPLE_INTERVAL, self.sample)
+
+    async def _sample(self) -> None:
         try:
             now = self._parts.clock()
-            stats = self._parts.stats()
+            in_steps = self._parts.stats_in_steps
+            stats = self._parts.stats() if in_steps is None else await in_steps()
             weights = {pool.name: pool for pool in self._parts.pools()}
-            self._shares.sample(now, stats, lambda pool, node: weights.get(pool, PoolSettings(pool)).weight(node))
+
+            def weight_of(pool: str, node: str) -> float:
+                # Asked for every node of every pool: a pool's settings are made only for one not in the config.
+                settings = weights.get(pool)
+                return (PoolSettings(pool) if settings is None else settings).weight(node)
+
+            pools = stats.get("pools", {})
+            for name in self._shares.followed(pools):
+                self._shares.sample_pool(now, name, pools[name], weight_of)
+                await asyncio.sleep(0)
             self._history.recent(now, dispatch_counts(stats))
         except Exception:  # a bug: it must cost a point of the chart, never the broker
             log.exception("the dashboard failed to sample the broker's stats")
-        self._sampler = asyncio.get_running_loop().call_later(SAMPLE_INTERVAL, self.sample)
 
     # ----------------------------------------------------------------- routing
 
@@ -249,19 +273,55 @@ class Dashboard:
     # ----------------------------------------------------------------- reading
 
     def _overview(self, principal: Principal) -> bytes:
-        """The shared snapshot, encoded; built anew when it is older than SNAPSHOT_INTERVAL. A token pinned to a
-        tenant gets a view of its own built from the same reading (see `_view`)."""
+        """The shared snapshot, encoded. Once it is SNAPSHOT_INTERVAL old a new one is built in the background, a
+        pool per turn of the loop (`_rebuild`), and this one is served meanwhile: a broker with many large pools
+        is never held for all of them at once. Only the first (and the first after an admin's action, so that the
+        page shows it) is built here and now. A token pinned to a tenant gets a view of its own built from the
+        same reading (see `_view`)."""
         now = self._monotonic()
-        if self._snapshot is None or now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
-            reading = self._read()
-            self._snapshot = (now, reading, _json(self._view(reading, OPEN)))
+        if self._snapshot is None:
+            self._snapshot = self._built_at_once(now)
+        elif now - self._snapshot[0] >= SNAPSHOT_INTERVAL and (self._rebuilding is None or self._rebuilding.done()):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # (called outside a loop, as a test may: built here and now)
+                self._snapshot = self._built_at_once(now)
+            else:
+                self._rebuilding = asyncio.ensure_future(self._rebuild(now))
         _, reading, encoded = self._snapshot
         return encoded if principal.tenant is None else _json(self._view(reading, principal))
 
-    def _read(self) -> _Reading:
+    def _built_at_once(self, now: float) -> tuple[float, _Reading, bytes]:
+        reading = self._read(self._parts.stats())
+        return now, reading, _json(self._view(reading, OPEN))
+
+    def _forget_snapshot(self) -> None:
+        """The next poll builds the overview anew, here and now: an admin's action shows at once. A rebuild under
+        way then keeps what it read before the action to itself."""
+        self._snapshot = None
+        self._snapshots_forgotten += 1
+
+    async def _rebuild(self, started: float) -> None:
+        """A new shared snapshot, read and built a pool per turn of the loop."""
+        forgotten = self._snapshots_forgotten
+        try:
+            in_steps = self._parts.stats_in_steps
+            reading = self._read(self._parts.stats() if in_steps is None else await in_steps())
+            steps = self._view_steps(reading, OPEN)
+            try:
+                while True:
+                    next(steps)
+                    await asyncio.sleep(0)
+            except StopIteration as done:
+                view = done.value
+            if forgotten == self._snapshots_forgotten:
+                self._snapshot = (started, reading, _json(view))
+        except Exception:  # a bug: it must cost the page a refresh, never the broker
+            log.exception("the dashboard failed to build its overview")
+
+    def _read(self, stats: dict[str, Any]) -> _Reading:
         parts = self._parts
         now = parts.clock()
-        stats = parts.stats()
         recent, covers = self._history.recent(now, dispatch_counts(stats))
         return _Reading(now, stats, recent, covers, parts.workers())
 
@@ -270,6 +330,16 @@ class Dashboard:
         tenant existed: the rows of its subtree (shares and weighted shares among them), the pools' counts summed
         over them, their failures, the workers without their busy slots (which count other tenants' tasks), and, for
         a pool's dispatch rate, its subtree's over the share window."""
+        steps = self._view_steps(reading, principal)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _view_steps(self, reading: _Reading, principal: Principal) -> Generator[None, None, dict[str, Any]]:
+        """`_view`, pausing after each pool (a pool's rows walk up to 1,000 tenants): what it yields is nothing,
+        what it returns the view."""
         parts = self._parts
         settings = {pool.name: pool for pool in parts.pools()}
         pools = []
@@ -281,6 +351,7 @@ class Dashboard:
                                        lambda node, pool_name=name: parts.core.lag(pool_name, node)))
             else:
                 pools.append(self._pinned_pool_view(name, pool, recent, weight_of, principal.tenant, reading.covers))
+            yield
         workers = worker_rows(reading.workers, reading.now)
         if principal.tenant is not None:
             workers = [{**w, "busy": None} for w in workers]
@@ -333,7 +404,7 @@ class Dashboard:
         if pool not in book.core.pool_names():
             raise NotFound(f"no pool named {pool!r}; declared pools: {', '.join(sorted(book.core.pool_names()))}")
         self._parts.act(lambda now: book.pause(pool) if action == "pause" else book.resume(pool))
-        self._snapshot = None  # the next poll shows it
+        self._forget_snapshot()  # the next poll shows it
         log.info("dashboard: pool %s %s by %s", pool, "paused" if action == "pause" else "resumed", principal.name)
         return Response(200, _json({"pool": pool, "paused": action == "pause"}))
 
@@ -343,7 +414,7 @@ class Dashboard:
         if not principal.may_see_tenant(record.tenant):
             raise unknown_task(task_id)
         cancelled = self._parts.act(lambda now: self._parts.book.cancel(task_id, now))
-        self._snapshot = None
+        self._forget_snapshot()
         return Response(200, _json({"id": task_id, "cancelled": bool(cancelled)}))
 
 

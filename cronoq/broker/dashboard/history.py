@@ -1,7 +1,7 @@
 """Each pool's shares over the last minutes, for the tenants view's chart: a bounded ring of periodic samples.
 
 The dashboard samples the broker's stats every SAMPLE_INTERVAL seconds (on a
-timer of the loop, never on a dispatch) and keeps, per pool, the last
+timer of the loop, never on a dispatch; a pool per turn of the loop) and keeps, per pool, the last
 HISTORY_SAMPLES samples (ten minutes). A sample holds the pool's dispatch
 count and, for at most HISTORY_TENANTS top-level nodes of its tenant tree
 (the most active), the dispatch count of the node's subtree and the
@@ -26,7 +26,8 @@ from typing import Any, Callable
 from cronoq.broker.dashboard.tables import tenant_rows
 
 SAMPLE_INTERVAL = 5.0
-"""Seconds between samples: a sample walks the tenants the stats list (up to 1,000 a pool), so not every second."""
+"""Seconds between samples: a sample walks the tenants the stats list (up to 1,000 a pool, a few ms of the loop each
+pool, in a turn of its own), so not every second."""
 HISTORY_SECONDS = 600.0
 """How far back the chart reaches."""
 HISTORY_SAMPLES = int(HISTORY_SECONDS / SAMPLE_INTERVAL) + 1
@@ -64,21 +65,29 @@ class ShareHistory:
         """Add a sample of each pool of `stats` (a stats map) taken at `now`; `weight_of(pool, node)` is the configured
         weight of a node the stats do not list."""
         pools = stats.get("pools", {})
+        for name in self.followed(pools):
+            self.sample_pool(now, name, pools[name], weight_of)
+
+    def followed(self, pools: dict[str, Any]) -> list[str]:
+        """Which pools of a stats map's `pools` to sample, and forget those no longer in it (they left the config).
+        A caller sampling a pool at a time (Dashboard) calls `sample_pool` for each."""
         for name in [name for name in self._rings if name not in pools]:
-            del self._rings[name], self._fair[name], self._last_counts[name]  # the pool left the config
-        for name in sorted(pools)[:HISTORY_POOLS]:
-            pool = pools[name]
-            counts = {tenant: t["dispatched"] for tenant, t in pool.get("tenants", {}).items()}
-            before = self._last_counts.get(name, {})
-            recent = {tenant: n - before[tenant] if before.get(tenant, n + 1) <= n else n
-                      for tenant, n in counts.items()}
-            top, top_recent = _top_level(pool, recent, lambda node, pool_name=name: weight_of(pool_name, node))
-            rows = tenant_rows(top, top_recent, lambda node: 1.0, lambda node: 0.0, self.tenants)
-            nodes = {row["tenant"]: (row["dispatched"], row["weighted_share"]) for row in rows}
-            ring = self._rings.setdefault(name, deque(maxlen=self.size))
-            ring.append(Sample(now, pool["dispatched"], nodes))
-            self._fair[name] = bool(pool.get("fair"))
-            self._last_counts[name] = counts
+            del self._rings[name], self._fair[name], self._last_counts[name]
+        return sorted(pools)[:HISTORY_POOLS]
+
+    def sample_pool(self, now: float, name: str, pool: dict[str, Any], weight_of: Callable[[str, str], float]) -> None:
+        """Add a sample of one pool (its part of a stats map) taken at `now`."""
+        counts = {tenant: t["dispatched"] for tenant, t in pool.get("tenants", {}).items()}
+        before = self._last_counts.get(name, {})
+        recent = {tenant: n - before[tenant] if before.get(tenant, n + 1) <= n else n
+                  for tenant, n in counts.items()}
+        top, top_recent = _top_level(pool, recent, lambda node: weight_of(name, node))
+        rows = tenant_rows(top, top_recent, lambda node: 1.0, lambda node: 0.0, self.tenants)
+        nodes = {row["tenant"]: (row["dispatched"], row["weighted_share"]) for row in rows}
+        ring = self._rings.setdefault(name, deque(maxlen=self.size))
+        ring.append(Sample(now, pool["dispatched"], nodes))
+        self._fair[name] = bool(pool.get("fair"))
+        self._last_counts[name] = counts
 
     def pools(self) -> list[str]:
         return sorted(self._rings)
