@@ -311,3 +311,16 @@ def test_hops_splits_every_round_trip_of_both_sides() -> None:
     assert len(transits) == 4 and all(number(cell) for row in transits.values() for cell in row), transits
     # cronoq's broker notes each step of its pass; a step renamed in the broker would leave a dash here.
     assert len(steps) == 8 and all(number(row[0]) for row in steps.values()), steps
+
+
+def test_scrapes_pings_through_each_kind_of_reading() -> None:
+    from bench import scrapes
+
+    lines: list[str] = []
+    rows = scrapes.measure(pools=1, tenants=50, seconds=0.5, every=0.1, out=lines.append)
+    assert [row["phase"] for row in rows] == ["quiet (dashboard sampling)", "/metrics scraped",
+                                              "dashboard overview read"]
+    assert rows[0]["reads"] == 0 and all(row["reads"] > 0 for row in rows[1:])
+    for row in rows:
+        assert row["pings"] > 10 and 0 < row["p50_ms"] <= row["p99_ms"] <= row["worst_ms"]
+    assert lines[0] == "1 pools × 50 tenants queued; pings for 0.5 s a phase" and len(lines) == 4
