@@ -132,7 +132,7 @@ class Broker:
         self._workers = WorkerRegistry(self._core, self._book)
         self._to_clients = Outbox(protocol.ReplyBatch)
         self._to_workers = Outbox(protocol.CommandBatch)
-        self._stats_replies = StatsReplies(self._core, self._stats_of)
+        self._stats_replies = StatsReplies(self._core, self._pool_stats, self._stats_map)
         self._membership = Membership(config, self._core)
         self._requests = ClientRequests(self._book, self._to_clients, identify=self._identify,
                                         authenticate=authenticate, refusal_allowed=refusal_allowed,
@@ -772,13 +772,10 @@ class Broker:
             await asyncio.sleep(0)
         return self._stats_map(pools)
 
-    def _stats_of(self, chosen: dict[str, list[str | None]]) -> dict[str, Any]:
-        """The stats, listing for each pool in `chosen` those tenants, and for any other at most STATS_TENANTS."""
-        return self._stats_map(self._pool_stats(chosen))
-
     def _pool_stats(self, chosen: dict[str, list[str | None]], only: tuple[str, ...] | None = None
                     ) -> dict[str, Any]:
-        """The stats of every pool (or of those in `only`), with the workers serving each and its dispatch rate."""
+        """The stats of every pool (or of those in `only`), with the workers serving each and its dispatch rate;
+        each pool in `chosen` lists those tenants, any other at most STATS_TENANTS."""
         now = self._clock()
         pools = self._core.stats(chosen, limit=STATS_TENANTS, now=now, pools=only)
         rates = self._rates.rates(now)

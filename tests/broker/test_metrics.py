@@ -180,3 +180,37 @@ async def test_the_stats_a_scrape_reads_are_taken_a_pool_per_turn_and_match_the_
         assert sorted(stepped["pools"]) == names and turns >= len(names) - 1
     finally:
         broker.close()
+
+
+def test_a_stats_answer_of_many_tenants_is_built_a_pool_per_pass_and_shared(tmp_path):
+    from cronoq.book.submission import SubmitRequest
+    from cronoq.broker.config import parse_config
+    from cronoq.broker.server import Broker
+    from cronoq.broker.statistics import STATS_TENANTS
+
+    names = ["a", "b", "c"]
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}, "pools": [{"name": n} for n in names]},
+                          source="test", base_dir=tmp_path, environ={})
+    broker = Broker(config, clock=lambda: 100.0)
+    broker.open()
+    try:
+        small: list[dict] = []
+        broker._stats_replies.request(small.append)
+        assert len(small) == 1  # a few tenants: answered at once, as always
+        per_pool = STATS_TENANTS // 2  # more than one step's worth in all, no pool a large one
+        for n in names:
+            for t in range(per_pool):
+                broker._book.submit(SubmitRequest(b"\xc0", n, f"t{t}", "normal", None, None, None, 0, None), 100.0)
+        answers: list[dict] = []
+        broker._stats_replies.request(answers.append)
+        broker._stats_replies.request(answers.append)  # a second asker meanwhile shares the answer
+        passes = 0
+        while broker._stats_replies.searching:
+            broker._stats_replies.step()
+            passes += 1
+        assert passes >= len(names)
+        assert len(answers) == 2 and answers[0] is answers[1]
+        assert answers[0] == broker.stats()
+        assert [len(answers[0]["pools"][n]["tenants"]) for n in names] == [per_pool] * len(names)
+    finally:
+        broker.close()
