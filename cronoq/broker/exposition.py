@@ -312,29 +312,52 @@ async def render_in_steps(collector: BrokerCollector | MemberLabel, stats: dict[
     return b"".join(pieces)
 
 
+MAX_HEADER_LINES = 100
+"""Header lines a scrape's request may carry (Prometheus sends a handful); past them the connection is closed."""
+REQUEST_SECONDS = 10.0
+"""How long a scraper may take to send its whole request."""
+
+
 async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
                         stats_in_steps: Callable[[], Awaitable[dict[str, Any]]],
                         sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
     """Serve GET /metrics at "host:port" on the running loop (on `sockets` when given: listening at it already);
     returns the asyncio servers. A scrape takes the stats a pool per turn of the loop (`stats_in_steps`) and
-    writes them a piece per turn (`render_in_steps`): it never holds the loop for long, however many tenants."""
+    writes them a piece per turn (`render_in_steps`): it never holds the loop for long, however many tenants.
+    Scrapes that come while one is being written get that one's text: however many scrapers there are (or
+    however hostile), one scrape's work is under way at a time."""
     host, _, port = address.rpartition(":")
+    under_way: asyncio.Future[bytes] | None = None
+
+    async def scrape() -> bytes:
+        return await render_in_steps(collector, await stats_in_steps())
+
+    async def text() -> bytes:
+        nonlocal under_way
+        if under_way is None or under_way.done():
+            under_way = asyncio.ensure_future(scrape())
+        # Shielded: a scraper that goes away takes its wait with it, not the others' scrape.
+        return await asyncio.shield(under_way)
+
+    async def request_line(reader: asyncio.StreamReader) -> bytes:
+        line = await reader.readline()
+        for _ in range(MAX_HEADER_LINES):
+            if await reader.readline() in (b"\r\n", b"\n", b""):
+                return line
+        raise ValueError(f"more than {MAX_HEADER_LINES} header lines")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass  # headers: nothing in them changes the answer
-            parts = request.split()
+            parts = (await asyncio.wait_for(request_line(reader), REQUEST_SECONDS)).split()
             if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] in (b"/metrics", b"/"):
-                body, status = await render_in_steps(collector, await stats_in_steps()), b"200 OK"
+                body, status = await text(), b"200 OK"
                 content_type = b"text/plain; version=0.0.4; charset=utf-8"
             else:
                 body, status, content_type = b"only GET /metrics is served here\n", b"404 Not Found", b"text/plain"
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type +
                          b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError) as exc:
+        except (asyncio.TimeoutError, ConnectionError, ValueError) as exc:  # ValueError: a line past the limit
             log.debug("metrics request dropped: %s", exc)
         finally:
             writer.close()

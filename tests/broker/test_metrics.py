@@ -214,3 +214,42 @@ def test_a_stats_answer_of_many_tenants_is_built_a_pool_per_pass_and_shared(tmp_
         assert [len(answers[0]["pools"][n]["tenants"]) for n in names] == [per_pool] * len(names)
     finally:
         broker.close()
+
+
+async def _http(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+async def test_scrapes_that_come_together_share_one_and_a_garbage_request_costs_only_its_connection():
+    from cronoq.broker.exposition import MAX_HEADER_LINES, serve_metrics
+
+    core, metrics = _busy_core(), BrokerMetrics()
+    stats = {"pools": core.stats(now=2.0), "workers": 1, "late_results": 2}
+    taken = 0
+
+    async def stats_in_steps() -> dict:
+        nonlocal taken
+        taken += 1
+        await asyncio.sleep(0)
+        return stats
+
+    servers = await serve_metrics("127.0.0.1:0", collector_for(lambda: stats, metrics), stats_in_steps)
+    port = servers[0].sockets[0].getsockname()[1]
+    try:
+        answers = await asyncio.gather(*(_http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") for _ in range(5)))
+        whole = generate_latest(registry_for(lambda: stats, metrics))
+        assert all(answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(whole) for answer in answers)
+        assert taken < 5  # the scrapes that came while one was written got its text
+        # Endless headers, or a line past the reader's limit: the connection is closed, nothing else happens.
+        endless = b"GET /metrics HTTP/1.1\r\n" + b"X-Pad: 1\r\n" * (MAX_HEADER_LINES + 5) + b"\r\n"
+        assert await _http(port, endless) == b""
+        assert await _http(port, b"GET /" + b"x" * 100_000 + b"\r\n\r\n") == b""
+        assert (await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n")).endswith(whole)
+    finally:
+        for server in servers:
+            server.close()
