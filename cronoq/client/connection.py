@@ -292,8 +292,10 @@ class Connection:
             for rid, watch in self._watches.items():
                 if watch.task_id is not None:
                     self._channel.post(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))
-        # The broker on the other end may have restarted with another config.
-        self._ask_rules()
+        # The broker on the other end may have restarted with another config. (The first connection's `hello` was
+        # sent at the start, and its answer may be in already: a lone request leaves at once.)
+        if self._connections > 1 or not self._heard_hello:
+            self._ask_rules()
 
     def _give_up_if_hopeless(self) -> None:
         """Fail every request now, naming the cause, once the link says waiting cannot help; remake the socket
