@@ -60,6 +60,8 @@ class ShareHistory:
         self._fair: dict[str, bool] = {}
         # Each pool's per-tenant dispatch counts at the last sample: which tenants dispatched since (they want work).
         self._last_counts: dict[str, dict[str, int]] = {}
+        self.version = 0
+        """Samples taken so far: the series change only when it does (a reader may keep what it made of them)."""
 
     def sample(self, now: float, stats: dict[str, Any], weight_of: Callable[[str, str], float]) -> None:
         """Add a sample of each pool of `stats` (a stats map) taken at `now`; `weight_of(pool, node)` is the configured
@@ -73,6 +75,7 @@ class ShareHistory:
         A caller sampling a pool at a time (Dashboard) calls `sample_pool` for each."""
         for name in [name for name in self._rings if name not in pools]:
             del self._rings[name], self._fair[name], self._last_counts[name]
+            self.version += 1
         return sorted(pools)[:HISTORY_POOLS]
 
     def sample_pool(self, now: float, name: str, pool: dict[str, Any], weight_of: Callable[[str, str], float]) -> None:
@@ -88,6 +91,7 @@ class ShareHistory:
         ring.append(Sample(now, pool["dispatched"], nodes))
         self._fair[name] = bool(pool.get("fair"))
         self._last_counts[name] = counts
+        self.version += 1
 
     def pools(self) -> list[str]:
         return sorted(self._rings)

@@ -251,6 +251,8 @@ class HttpServer:
             conn.waiting = False
             try:
                 response = self._handler(request)
+                if not isinstance(response, Response):  # an answer made over turns of the loop
+                    response = await response
             except Exception:  # a bug: it must cost this one request, never the broker
                 log.exception("the dashboard failed to answer %s %s", request.method, request.path)
                 response = plain(500, "the dashboard failed to answer (see the broker's log)")

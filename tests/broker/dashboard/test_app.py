@@ -19,7 +19,7 @@ from cronoq.book.taskbook import TaskBook
 from cronoq.broker.auth import Authenticator
 from cronoq.broker.config import TokenSpec
 from cronoq.broker.dashboard import BrokerParts, Dashboard
-from cronoq.broker.dashboard.http import Request
+from cronoq.broker.dashboard.http import Request, Response
 from cronoq.broker.failures import RecentFailures
 from cronoq.core import FAILED, PoolSettings, SchedulerCore, Task
 
@@ -176,4 +176,42 @@ async def test_on_the_loop_a_stale_snapshot_is_served_while_the_next_is_built_a_
     assert turns >= len(pools)  # a pool a turn: the loop served everything else in between
     fresh = get(dashboard, "/api/overview")[1]
     assert fresh["now"] == 1002.0 and [p["queued"] for p in fresh["pools"] if p["name"] == "batch"] == [1]
+    dashboard.close()
+
+
+async def test_all_pools_shares_over_time_are_made_a_pool_per_turn_once_per_sample():
+    parts, book, clock = broker_parts()
+    pools = [PoolSettings("llm", {"acme": 3}), PoolSettings("batch"), PoolSettings("etl")]
+    core = SchedulerCore(pools)
+    parts = dataclasses.replace(parts, stats=lambda: {"pools": core.stats(), "workers": 0}, pools=lambda: pools,
+                                core=core)
+    dashboard = Dashboard(parts)
+    for _ in range(3):
+        await dashboard._sample()
+        clock.now += 5
+    request = Request("GET", "/api/history", {"authorization": "Bearer admin-secret"})
+    pending = dashboard.handle(request)
+    assert not isinstance(pending, Response)  # made over turns of the loop
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counting = asyncio.create_task(count_turns())
+    first = await pending
+    counting.cancel()
+    assert turns >= len(pools) - 1 and first.status == 200 and first.authenticated
+    assert sorted(json.loads(first.body)["pools"]) == ["batch", "etl", "llm"]
+    again = dashboard.handle(request)  # the same sample: the answer made already, at once
+    assert isinstance(again, Response) and again.body == first.body
+    await dashboard._sample()
+    anew = dashboard.handle(request)
+    assert not isinstance(anew, Response)  # a new sample: made anew
+    assert (await anew).body != first.body
+    # A pinned token's answer is its own, and tells nothing of the other tenants.
+    pinned = await dashboard.handle(Request("GET", "/api/history", {"authorization": "Bearer acme-admin"}))
+    assert pinned.body != first.body and b"globex" not in pinned.body
     dashboard.close()
