@@ -24,7 +24,7 @@ from cronoq.broker.failures import RecentFailures
 from cronoq.core import FAILED, PoolSettings, SchedulerCore, Task
 
 TOKENS = (TokenSpec(b"admin-secret", "admin", None, "T_ADMIN"), TokenSpec(b"viewer-secret", "viewer", None, "T_VIEWER"),
-          TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"))
+          TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"), TokenSpec(b"globex-viewer", "viewer", "globex", "T_GLOBEX"))
 
 
 class Clock:
@@ -215,3 +215,14 @@ async def test_all_pools_shares_over_time_are_made_a_pool_per_turn_once_per_samp
     pinned = await dashboard.handle(Request("GET", "/api/history", {"authorization": "Bearer acme-admin"}))
     assert pinned.body != first.body and b"globex" not in pinned.body
     dashboard.close()
+
+
+def test_each_pinned_tenant_gets_its_own_view_of_the_shared_snapshot():
+    parts, book, clock = broker_parts()
+    mine, theirs = fail(book, "acme/search", clock()), fail(book, "globex", clock())
+    dashboard = Dashboard(parts, monotonic=lambda: 0.0)  # one snapshot throughout
+    acme = get(dashboard, "/api/overview", "acme-admin")[1]
+    globex = get(dashboard, "/api/overview", "globex-viewer")[1]
+    assert [f["id"] for f in acme["failures"]] == [mine] and [f["id"] for f in globex["failures"]] == [theirs]
+    assert "globex" not in json.dumps(acme) and "acme" not in json.dumps(globex)
+    assert get(dashboard, "/api/overview", "acme-admin")[1] == acme  # asked again: the view made for it
