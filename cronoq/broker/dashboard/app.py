@@ -143,6 +143,7 @@ class Dashboard:
         self._sampling: asyncio.Future[None] | None = None  # a sample under way, a pool per turn of the loop
         self._snapshot: tuple[float, _Reading, bytes] | None = None
         self._rebuilding: asyncio.Future[None] | None = None  # a new snapshot under way, a pool per turn of the loop
+        self._rebuilding_since = 0  # the admin actions there had been when it began
         self._snapshots_forgotten = 0  # admin actions so far: a rebuild begun before one is not kept
         # Pinned tenants' views of the snapshot `_pinned_of` (one per token's tenant), made anew with each snapshot.
         self._pinned_of: tuple[float, _Reading, bytes] | None = None
@@ -254,7 +255,7 @@ class Dashboard:
                 return self._cancel(principal, _task_id(match["id"]))
         elif request.method in ("GET", "HEAD"):
             if path == "/api/overview":
-                return Response(200, self._overview(principal))
+                return self._overview(principal)
             if path == "/api/session":
                 return Response(200, _json({"role": principal.role, "auth": principal is not OPEN,
                                             "may_act": principal.allows("pause"), "interval": SNAPSHOT_INTERVAL,
@@ -290,23 +291,44 @@ class Dashboard:
 
     # ----------------------------------------------------------------- reading
 
-    def _overview(self, principal: Principal) -> bytes:
-        """The shared snapshot, encoded. Once it is SNAPSHOT_INTERVAL old a new one is built in the background, a
-        pool per turn of the loop (`_rebuild`), and this one is served meanwhile: a broker with many large pools
-        is never held for all of them at once. Only the first (and the first after an admin's action, so that the
-        page shows it) is built here and now. A token pinned to a tenant gets a view of its own built from the
-        same reading (see `_view`)."""
+    def _overview(self, principal: Principal) -> Response | Awaitable[Response]:
+        """The shared snapshot, encoded, built a pool per turn of the loop (`_rebuild`): a broker with many large
+        pools is never held for all of them at once. Once it is SNAPSHOT_INTERVAL old a new one is begun behind
+        it, and it is served meanwhile; when there is none (the first request, and the first after an admin's
+        action, which must show it) the request waits for the new one. A token pinned to a tenant gets a view of
+        its own built from the same reading (see `_view`)."""
         now = self._monotonic()
-        if self._snapshot is None:
-            self._snapshot = self._built_at_once(now)
-        elif now - self._snapshot[0] >= SNAPSHOT_INTERVAL and (self._rebuilding is None or self._rebuilding.done()):
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # (called outside a loop, as a test may: built here and now)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # (called outside a loop, as a test may: built here and now)
+            if self._snapshot is None or now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
                 self._snapshot = self._built_at_once(now)
-            else:
-                self._rebuilding = asyncio.ensure_future(self._rebuild(now))
+            return Response(200, self._seen_by(principal))
+        if self._snapshot is None:
+            return self._overview_once_built(principal, self._rebuild_begun(now))
+        if now - self._snapshot[0] >= SNAPSHOT_INTERVAL:
+            self._rebuild_begun(now)
+        return Response(200, self._seen_by(principal))
+
+    def _rebuild_begun(self, now: float) -> asyncio.Future[None]:
+        """The rebuild under way, or a new one: one begun before the last admin action is not kept, so it does
+        not count."""
+        running = self._rebuilding
+        if running is None or running.done() or self._rebuilding_since != self._snapshots_forgotten:
+            running = self._rebuilding = asyncio.ensure_future(self._rebuild(now))
+            self._rebuilding_since = self._snapshots_forgotten
+        return running
+
+    async def _overview_once_built(self, principal: Principal, rebuilding: asyncio.Future[None]) -> Response:
+        await asyncio.shield(rebuilding)  # shared by every request waiting: one's going away is not all's
+        if self._snapshot is None:  # the rebuild failed (it logged why), or an action came meanwhile
+            self._snapshot = self._built_at_once(self._monotonic())
+        return Response(200, self._seen_by(principal))
+
+    def _seen_by(self, principal: Principal) -> bytes:
+        """The snapshot as `principal` may see it, encoded."""
         snapshot = self._snapshot
+        assert snapshot is not None
         _, reading, encoded = snapshot
         if principal.tenant is None:
             return encoded

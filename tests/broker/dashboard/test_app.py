@@ -35,10 +35,11 @@ class Clock:
         return self.now
 
 
-def broker_parts(explain=None) -> tuple[BrokerParts, TaskBook, Clock]:
-    """A book and core as the broker keeps them, and the parts the dashboard reads of them."""
+def broker_parts(explain=None, pools=None) -> tuple[BrokerParts, TaskBook, Clock]:
+    """A book and core as the broker keeps them (of `pools`; by default one, llm), and the parts the dashboard
+    reads of them."""
     clock = Clock()
-    pools = [PoolSettings("llm", {"acme": 3})]
+    pools = pools or [PoolSettings("llm", {"acme": 3})]
     core = SchedulerCore(pools)
     failures = RecentFailures()
     ids = (f"task{n}" for n in itertools.count())
@@ -156,35 +157,52 @@ def test_static_files_are_served_and_nothing_else():
     assert dashboard.handle(Request("POST", "/", {})).status == 405
 
 
-async def test_on_the_loop_a_stale_snapshot_is_served_while_the_next_is_built_a_pool_per_turn():
-    parts, book, clock = broker_parts()
+async def test_on_the_loop_the_overview_is_built_a_pool_per_turn_and_a_stale_one_served_meanwhile():
     pools = [PoolSettings("llm", {"acme": 3}), PoolSettings("batch"), PoolSettings("etl")]
-    core = SchedulerCore(pools)
-    parts = dataclasses.replace(parts, stats=lambda: {"pools": core.stats(), "workers": 0}, pools=lambda: pools,
-                                core=core)
-    moments = iter([0.0, 1.5, 1.6, 1.7])
+    parts, book, clock = broker_parts(pools=pools)
+    core = book.core
+    moments = iter([0.0, 1.5, 1.6, 1.7, 1.8])
     dashboard = Dashboard(parts, monotonic=lambda: next(moments))
-    assert get(dashboard, "/api/overview")[1]["now"] == 1000.0  # the first: built at once
+    turns = 0
+
+    async def overview(token: str = "admin-secret") -> dict:
+        nonlocal turns
+        answer = dashboard.handle(Request("GET", "/api/overview", {"authorization": f"Bearer {token}"}))
+        if not isinstance(answer, Response):  # being built: this request waits for it
+            counting = asyncio.create_task(count_turns())
+            answer = await answer
+            counting.cancel()
+        return json.loads(answer.body)
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    assert (await overview())["now"] == 1000.0  # the first: the request waits while it is built
+    assert turns >= len(pools) - 1  # a pool a turn: the loop served everything else in between
     clock.now = 1002.0
     core.submit(Task("t1", "batch", tenant="globex"), clock())
     turns = 0
-    # 1.5 s on: the snapshot is stale. This request still gets it; the next one is begun behind it.
-    assert get(dashboard, "/api/overview")[1]["now"] == 1000.0
+    # 1.5 s on: the snapshot is stale. This request still gets it at once; the next one is begun behind it.
+    assert (await overview())["now"] == 1000.0 and turns == 0
     while dashboard._rebuilding is not None and not dashboard._rebuilding.done():
         await asyncio.sleep(0)
         turns += 1
-    assert turns >= len(pools)  # a pool a turn: the loop served everything else in between
-    fresh = get(dashboard, "/api/overview")[1]
+    assert turns >= len(pools) - 1
+    fresh = await overview()
     assert fresh["now"] == 1002.0 and [p["queued"] for p in fresh["pools"] if p["name"] == "batch"] == [1]
+    # After an admin's action the next request waits for a snapshot that shows it.
+    assert get(dashboard, "/api/pools/batch/pause", method="POST")[0] == 200
+    assert [p["paused"] for p in (await overview())["pools"] if p["name"] == "batch"] == [True]
     dashboard.close()
 
 
 async def test_all_pools_shares_over_time_are_made_a_pool_per_turn_once_per_sample():
-    parts, book, clock = broker_parts()
     pools = [PoolSettings("llm", {"acme": 3}), PoolSettings("batch"), PoolSettings("etl")]
-    core = SchedulerCore(pools)
-    parts = dataclasses.replace(parts, stats=lambda: {"pools": core.stats(), "workers": 0}, pools=lambda: pools,
-                                core=core)
+    parts, book, clock = broker_parts(pools=pools)
+    core = book.core
     dashboard = Dashboard(parts)
     for _ in range(3):
         await dashboard._sample()
