@@ -1,13 +1,13 @@
 """What reading a big broker's figures costs its other clients: a scrape of /metrics, the dashboard's sampling.
 
-    python bench/scrapes.py                                  # 4 pools of 1,000 tenants, about 40 s
+    python bench/scrapes.py                                  # 4 pools of 1,000 tenants, about a minute
     python bench/scrapes.py --pools 1 --tenants 1000 --seconds 5
 
 A real broker (durable, no tokens) with `--pools` pools, each holding one queued task for each of `--tenants`
 tenants (no worker: they stay queued, so every tenant is listed), `metrics` and `dashboard` on. A client pings
-it one request at a time (a 2 ms pause between requests) for `--seconds`, three times: with nothing else going
-on; while another thread scrapes /metrics every `--scrape-every` seconds; and while it asks the dashboard's
-overview (/api/overview) as often. The dashboard samples the stats every 5 s in all three. It prints each
+it one request at a time (a 2 ms pause between requests) for `--seconds`, four times: with nothing else going
+on; while another thread scrapes /metrics every `--scrape-every` seconds; while it asks the dashboard's
+overview (/api/overview) as often; and while it asks all pools' shares over time (/api/history). The dashboard samples the stats every 5 s in all three. It prints each
 phase's ping p50, p99 and worst, how long a scrape or an overview took, and how many of the broker's garbage
 collections meanwhile took over 5 ms (its own histogram). What the loop is held for shows in the worst pings.
 """
@@ -123,6 +123,8 @@ def measure(pools: int, tenants: int, seconds: float, every: float, out: Callabl
                 _phase("quiet (dashboard sampling)", clients, seconds, None, every, metrics, out),
                 _phase("/metrics scraped", clients, seconds, f"http://{metrics}/metrics", every, metrics, out),
                 _phase("dashboard overview read", clients, seconds, f"http://{dashboard}/api/overview", every,
+                       metrics, out),
+                _phase("all pools' history read", clients, seconds, f"http://{dashboard}/api/history", every,
                        metrics, out),
             ]
         finally:

@@ -319,8 +319,8 @@ def test_scrapes_pings_through_each_kind_of_reading() -> None:
     lines: list[str] = []
     rows = scrapes.measure(pools=1, tenants=50, seconds=0.5, every=0.1, out=lines.append)
     assert [row["phase"] for row in rows] == ["quiet (dashboard sampling)", "/metrics scraped",
-                                              "dashboard overview read"]
+                                              "dashboard overview read", "all pools' history read"]
     assert rows[0]["reads"] == 0 and all(row["reads"] > 0 for row in rows[1:])
     for row in rows:
         assert row["pings"] > 10 and 0 < row["p50_ms"] <= row["p99_ms"] <= row["worst_ms"]
-    assert lines[0] == "1 pools × 50 tenants queued; pings for 0.5 s a phase" and len(lines) == 4
+    assert lines[0] == "1 pools × 50 tenants queued; pings for 0.5 s a phase" and len(lines) == 5
