@@ -284,3 +284,25 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+class LoopTurns:
+    """Counts the turns the running loop takes while the block runs: `with LoopTurns() as loop: await ...`, then
+    `loop.turns` says how often the awaited work let the loop serve something else (a task yielding each turn)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self._counting: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> "LoopTurns":
+        self._counting = asyncio.get_running_loop().create_task(self._count())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._counting is not None
+        self._counting.cancel()
+
+    async def _count(self) -> None:
+        while True:
+            await asyncio.sleep(0)
+            self.turns += 1

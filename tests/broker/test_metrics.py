@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cronoq.broker.exposition import collector_for, registry_for, render_in_steps
 from cronoq.broker.metrics import BrokerMetrics, Histogram
 from cronoq.core import PoolSettings, SchedulerCore, Task
+from tests.support import LoopTurns
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -131,87 +132,71 @@ async def test_a_scrape_written_in_pieces_is_what_generate_latest_writes_and_let
     stats = {"pools": core.stats(now=2.0), "workers": 1, "late_results": 2}
     for member in (None, "b1"):  # a cluster member's samples carry its name: those made piece by piece too
         whole = generate_latest(registry_for(lambda: stats, metrics, member))
-        turns = 0
-
-        async def count_turns() -> None:
-            nonlocal turns
-            while True:
-                await asyncio.sleep(0)
-                turns += 1
-
-        counting = asyncio.create_task(count_turns())
-        await asyncio.sleep(0)
-        pieces = await render_in_steps(collector_for(lambda: stats, metrics, member), stats, chunk=7)
-        counting.cancel()
+        with LoopTurns() as loop:
+            pieces = await render_in_steps(collector_for(lambda: stats, metrics, member), stats, chunk=7)
         assert pieces == whole  # the same bytes: no HELP or TYPE repeated, no sample lost or moved
         tenant_samples = sum(1 for line in whole.decode().splitlines() if 'tenant="' in line)
         # Between the pieces the loop ran: a piece holds 7 samples at most.
-        assert turns >= tenant_samples // 7, (turns, tenant_samples)
+        assert loop.turns >= tenant_samples // 7 - 1, (loop.turns, tenant_samples)
         assert (member is None) == (b'member="b1"' not in pieces)
 
 
-async def test_the_stats_a_scrape_reads_are_taken_a_pool_per_turn_and_match_the_stats_at_once(tmp_path):
+POOLS = ["a", "b", "c"]
+
+
+def _broker_of_three_pools(tmp_path, tenants_each: int):
+    """A real Broker object (its journal in tmp_path, no sockets) with pools a, b and c, each with a queued task of
+    `tenants_each` tenants."""
     from cronoq.book.submission import SubmitRequest
     from cronoq.broker.config import parse_config
     from cronoq.broker.server import Broker
 
-    names = ["a", "b", "c"]
-    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}, "pools": [{"name": n} for n in names]},
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}, "pools": [{"name": n} for n in POOLS]},
                           source="test", base_dir=tmp_path, environ={})
     broker = Broker(config, clock=lambda: 100.0)
     broker.open()
+    for n in POOLS:
+        for t in range(tenants_each):
+            broker._book.submit(SubmitRequest(b"\xc0", n, f"t{t}", "normal", None, None, None, 0, None), 100.0)
+    return broker
+
+
+async def test_the_stats_a_scrape_reads_are_taken_a_pool_per_turn_and_match_the_stats_at_once(tmp_path):
+    broker = _broker_of_three_pools(tmp_path, 5)
     try:
-        for n in names:
-            for t in range(5):
-                broker._book.submit(SubmitRequest(b"\xc0", n, f"t{t}", "normal", None, None, None, 0, None), 100.0)
-        turns = 0
-
-        async def count_turns() -> None:
-            nonlocal turns
-            while True:
-                await asyncio.sleep(0)
-                turns += 1
-
-        counting = asyncio.create_task(count_turns())
-        await asyncio.sleep(0)
-        stepped = await broker.stats_in_steps()
-        counting.cancel()
+        with LoopTurns() as loop:
+            stepped = await broker.stats_in_steps()
         assert stepped == broker.stats()
-        assert sorted(stepped["pools"]) == names and turns >= len(names) - 1
+        assert sorted(stepped["pools"]) == POOLS and loop.turns >= len(POOLS) - 1
     finally:
         broker.close()
 
 
 def test_a_stats_answer_of_many_tenants_is_built_a_pool_per_pass_and_shared(tmp_path):
-    from cronoq.book.submission import SubmitRequest
-    from cronoq.broker.config import parse_config
-    from cronoq.broker.server import Broker
     from cronoq.broker.statistics import STATS_TENANTS
 
-    names = ["a", "b", "c"]
-    config = parse_config({"broker": {"data_dir": str(tmp_path / "data")}, "pools": [{"name": n} for n in names]},
-                          source="test", base_dir=tmp_path, environ={})
-    broker = Broker(config, clock=lambda: 100.0)
-    broker.open()
+    small = _broker_of_three_pools(tmp_path / "small", 5)
     try:
-        small: list[dict] = []
-        broker._stats_replies.request(small.append)
-        assert len(small) == 1  # a few tenants: answered at once, as always
-        per_pool = STATS_TENANTS // 2  # more than one step's worth in all, no pool a large one
-        for n in names:
-            for t in range(per_pool):
-                broker._book.submit(SubmitRequest(b"\xc0", n, f"t{t}", "normal", None, None, None, 0, None), 100.0)
         answers: list[dict] = []
+        small._stats_replies.request(answers.append)
+        assert len(answers) == 1  # a few tenants: answered at once, as always
+    finally:
+        small.close()
+    per_pool = STATS_TENANTS // 2  # more than one step's worth in all, no pool a large one
+    broker = _broker_of_three_pools(tmp_path / "large", per_pool)
+    try:
+        answers = []
         broker._stats_replies.request(answers.append)
         broker._stats_replies.request(answers.append)  # a second asker meanwhile shares the answer
         passes = 0
         while broker._stats_replies.searching:
             broker._stats_replies.step()
             passes += 1
-        assert passes >= len(names)
+        assert passes >= len(POOLS)
         assert len(answers) == 2 and answers[0] is answers[1]
         assert answers[0] == broker.stats()
-        assert [len(answers[0]["pools"][n]["tenants"]) for n in names] == [per_pool] * len(names)
+        assert [len(answers[0]["pools"][n]["tenants"]) for n in POOLS] == [per_pool] * len(POOLS)
     finally:
         broker.close()
 

@@ -22,6 +22,7 @@ from cronoq.broker.dashboard import BrokerParts, Dashboard
 from cronoq.broker.dashboard.http import Request, Response
 from cronoq.broker.failures import RecentFailures
 from cronoq.core import FAILED, PoolSettings, SchedulerCore, Task
+from tests.support import LoopTurns
 
 TOKENS = (TokenSpec(b"admin-secret", "admin", None, "T_ADMIN"), TokenSpec(b"viewer-secret", "viewer", None, "T_VIEWER"),
           TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"), TokenSpec(b"globex-viewer", "viewer", "globex", "T_GLOBEX"))
@@ -163,39 +164,31 @@ async def test_on_the_loop_the_overview_is_built_a_pool_per_turn_and_a_stale_one
     core = book.core
     moments = iter([0.0, 1.5, 1.6, 1.7, 1.8])
     dashboard = Dashboard(parts, monotonic=lambda: next(moments))
-    turns = 0
 
-    async def overview(token: str = "admin-secret") -> dict:
-        nonlocal turns
-        answer = dashboard.handle(Request("GET", "/api/overview", {"authorization": f"Bearer {token}"}))
-        if not isinstance(answer, Response):  # being built: this request waits for it
-            counting = asyncio.create_task(count_turns())
-            answer = await answer
-            counting.cancel()
-        return json.loads(answer.body)
+    async def overview() -> tuple[dict, int]:
+        """The overview, and the turns the loop took while it waited for it (0: answered at once)."""
+        answer = dashboard.handle(Request("GET", "/api/overview", {"authorization": "Bearer admin-secret"}))
+        with LoopTurns() as loop:
+            if not isinstance(answer, Response):  # being built: this request waits for it
+                answer = await answer
+        return json.loads(answer.body), loop.turns
 
-    async def count_turns() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
-    assert (await overview())["now"] == 1000.0  # the first: the request waits while it is built
-    assert turns >= len(pools) - 1  # a pool a turn: the loop served everything else in between
+    first, turns = await overview()  # the first: the request waits while it is built
+    assert first["now"] == 1000.0 and turns >= len(pools) - 1  # a pool a turn: the loop served others between
     clock.now = 1002.0
     core.submit(Task("t1", "batch", tenant="globex"), clock())
-    turns = 0
     # 1.5 s on: the snapshot is stale. This request still gets it at once; the next one is begun behind it.
-    assert (await overview())["now"] == 1000.0 and turns == 0
-    while dashboard._rebuilding is not None and not dashboard._rebuilding.done():
-        await asyncio.sleep(0)
-        turns += 1
-    assert turns >= len(pools) - 1
-    fresh = await overview()
+    stale, turns = await overview()
+    assert stale["now"] == 1000.0 and turns == 0
+    with LoopTurns() as loop:
+        while dashboard._rebuilding is not None and not dashboard._rebuilding.done():
+            await asyncio.sleep(0)
+    assert loop.turns >= len(pools) - 1
+    fresh, _ = await overview()
     assert fresh["now"] == 1002.0 and [p["queued"] for p in fresh["pools"] if p["name"] == "batch"] == [1]
     # After an admin's action the next request waits for a snapshot that shows it.
     assert get(dashboard, "/api/pools/batch/pause", method="POST")[0] == 200
-    assert [p["paused"] for p in (await overview())["pools"] if p["name"] == "batch"] == [True]
+    assert [p["paused"] for p in (await overview())[0]["pools"] if p["name"] == "batch"] == [True]
     dashboard.close()
 
 
@@ -210,18 +203,9 @@ async def test_all_pools_shares_over_time_are_made_a_pool_per_turn_once_per_samp
     request = Request("GET", "/api/history", {"authorization": "Bearer admin-secret"})
     pending = dashboard.handle(request)
     assert not isinstance(pending, Response)  # made over turns of the loop
-    turns = 0
-
-    async def count_turns() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
-    counting = asyncio.create_task(count_turns())
-    first = await pending
-    counting.cancel()
-    assert turns >= len(pools) - 1 and first.status == 200 and first.authenticated
+    with LoopTurns() as loop:
+        first = await pending
+    assert loop.turns >= len(pools) - 1 and first.status == 200 and first.authenticated
     assert sorted(json.loads(first.body)["pools"]) == ["batch", "etl", "llm"]
     again = dashboard.handle(request)  # the same sample: the answer made already, at once
     assert isinstance(again, Response) and again.body == first.body
