@@ -293,3 +293,22 @@ async def test_a_name_longer_than_the_broker_takes_is_refused_before_it_is_sent(
             await client.submit(1, tenant="t" * 201)
         await client.submit(1, tenant="t" * 200, key="k" * 200)
         assert client.reconnects == 0
+
+
+async def test_a_hello_answered_in_this_turn_of_the_loop_is_not_asked_again():
+    """The answer to the `hello` can be read in the very turn a first submit starts, before the callback that
+    keeps it has run: the submit must take that answer, not send a second `hello` (an older broker saw two)."""
+    router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        async with cronoq.Client(f"tcp://127.0.0.1:{port}", request_timeout=5, routing=False) as client:
+            connection = client._connection
+            answered = asyncio.get_running_loop().create_future()
+            # An older broker's refusal, just read: the future is done, its done-callback not yet run.
+            answered.set_exception(cronoq.InvalidArgument("malformed client request: unknown tag 'hello'"))
+            connection._hello, connection._heard_hello = answered, False
+            assert await connection._payload_limit() is None  # the broker checks sizes itself
+            assert connection._hello is answered, "a second hello was sent"
+    finally:
+        router.close()
