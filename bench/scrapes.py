@@ -7,9 +7,10 @@ A real broker (durable, no tokens) with `--pools` pools, each holding one queued
 tenants (no worker: they stay queued, so every tenant is listed), `metrics` and `dashboard` on. A client pings
 it one request at a time (a 2 ms pause between requests) for `--seconds`, four times: with nothing else going
 on; while another thread scrapes /metrics every `--scrape-every` seconds; while it asks the dashboard's
-overview (/api/overview) as often; and while it asks all pools' shares over time (/api/history). The dashboard samples the stats every 5 s in all three. It prints each
-phase's ping p50, p99 and worst, how long a scrape or an overview took, and how many of the broker's garbage
-collections meanwhile took over 5 ms (its own histogram). What the loop is held for shows in the worst pings.
+overview (/api/overview) as often; and while it asks all pools' shares over time (/api/history). The
+dashboard samples the stats every 5 s in all four. It prints each phase's ping p50, p99 and worst, how long a
+read took, and how many of the broker's garbage collections meanwhile took over 5 ms (its own histogram).
+What the loop is held for shows in the worst pings.
 """
 
 from __future__ import annotations

@@ -262,8 +262,9 @@ class Broker:
 
             self._dashboard = Dashboard(BrokerParts(
                 stats=self.stats, stats_in_steps=self.stats_in_steps, identify=self._identify,
-                pools=lambda: self.config.pools, core=self._core, book=self._book, workers=self._workers.describe, failures=self.failures, act=self.act,
-                clock=self._clock, explain=self.explain, hosts=lambda: self.config.dashboard_hosts,
+                pools=lambda: self.config.pools, core=self._core, book=self._book, workers=self._workers.describe,
+                failures=self.failures, act=self.act, clock=self._clock, explain=self.explain,
+                hosts=lambda: self.config.dashboard_hosts,
                 connections=self.metrics.dashboard,
             ))
             await self._dashboard.start(self.config.dashboard, sockets)

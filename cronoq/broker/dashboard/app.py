@@ -101,7 +101,8 @@ class BrokerParts:
     connections: DashboardConnections = dataclasses.field(default_factory=DashboardConnections)
     """Where the HTTP server counts the connections it ends early (the broker's metrics)."""
     stats_in_steps: Callable[[], Awaitable[dict[str, Any]]] | None = None
-    """The same map, taken a pool per turn of the loop (Broker.stats_in_steps), for the periodic sample; None: at once."""
+    """The same map, taken a pool per turn of the loop (Broker.stats_in_steps), for the sample and the overview;
+    None: at once."""
 
 
 def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
@@ -345,8 +346,8 @@ class Dashboard:
         return now, reading, _json(self._view(reading, OPEN))
 
     def _forget_snapshot(self) -> None:
-        """The next poll builds the overview anew, here and now: an admin's action shows at once. A rebuild under
-        way then keeps what it read before the action to itself."""
+        """The next poll waits for a new overview (an admin's action shows at once). A rebuild under way then keeps
+        what it read before the action to itself."""
         self._snapshot = None
         self._snapshots_forgotten += 1
 
