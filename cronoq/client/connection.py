@@ -294,9 +294,7 @@ class Connection:
                     self._channel.post(protocol.Wait(protocol.PROTOCOL_VERSION, rid, watch.task_id))
         # The broker on the other end may have restarted with another config. (The first connection's `hello` was
         # sent at the start, and its answer may be in already: a lone request leaves at once.)
-        self._answered_hello()
-        if self._connections > 1 or not self._heard_hello:
-            self._ask_rules()
+        self._ask_rules(again=self._connections > 1)
 
     def _give_up_if_hopeless(self) -> None:
         """Fail every request now, naming the cause, once the link says waiting cannot help; remake the socket
@@ -312,22 +310,21 @@ class Connection:
         self._disconnect()
         self._connect()
 
-    def _ask_rules(self) -> None:
-        """Send a `hello`, unless one is still waiting for its answer (a new connection re-sends that one)."""
+    def _ask_rules(self, *, again: bool = False) -> None:
+        """Send a `hello`, unless one is still waiting for its answer (a new connection re-sends that one), or
+        (without `again`: not a new broker, perhaps) the last one's answer came. That answer may have been read
+        in this very turn of the loop, before the callback that keeps it ran: it is kept here then."""
         if self._unreachable is not None or self._refusal is not None:
             return  # no request leaves now; the next connection asks
-        if self._hello is None or self._hello.done():
-            self._hello = self._send(protocol.Hello(protocol.PROTOCOL_VERSION, next(self._rids)))
-            self._hello.add_done_callback(self._take_rules)
-
-    def _answered_hello(self) -> asyncio.Future[tuple[Any, bytes | None]] | None:
-        """The last `hello`, if its answer came (None while it waits, or before the first): what the answer says
-        is kept now, as its callback may not have run yet (a reply read in this very turn of the loop)."""
         hello = self._hello
-        if hello is None or not hello.done():
-            return None
-        self._take_rules(hello)
-        return hello
+        if hello is not None and not hello.done():
+            return
+        if hello is not None and not again:
+            self._take_rules(hello)
+            if self._heard_hello:
+                return
+        self._hello = self._send(protocol.Hello(protocol.PROTOCOL_VERSION, next(self._rids)))
+        self._hello.add_done_callback(self._take_rules)
 
     def _take_rules(self, hello: asyncio.Future[tuple[Any, bytes | None]]) -> None:
         """Keep what the broker's answer to a `hello` says. No answer in time leaves what is known as it is."""
@@ -361,8 +358,7 @@ class Connection:
         """Wait for the answer to a `hello` (asking again if none waits: the last went unanswered), raising the
         errors in `fatal`; any other refusal is an older broker's, which has no rules to tell."""
         self._check_sendable()  # not the stale failure of an earlier `hello`
-        if self._answered_hello() is None or not self._heard_hello:  # none answered yet, or no answer came in time
-            self._ask_rules()
+        self._ask_rules()
         hello = self._hello
         assert hello is not None
         try:
