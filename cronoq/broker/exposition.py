@@ -42,10 +42,7 @@ class BrokerCollector:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.families():
-            if isinstance(family, _Lazy):
-                family.more()
-            yield family
+        return _made_whole(self.families())
 
     def families(self, stats: dict[str, Any] | None = None) -> Iterator[Metric]:
         """The families of a scrape of `stats` (a stats map; the broker's at this moment when None), those with a
@@ -214,6 +211,14 @@ class _LazyCounter(_Lazy, CounterMetricFamily):
         self._source, self._also = iter(samples), {}
 
 
+def _made_whole(families: Iterator[Metric]) -> Iterator[Metric]:
+    """`families` with every sample made: what prometheus-client's collect() must give (generate_latest at once)."""
+    for family in families:
+        if isinstance(family, _Lazy):
+            family.more()
+        yield family
+
+
 def _gauge(name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], float]]) -> _LazyGauge:
     return _LazyGauge(name, documentation, labels, samples)
 
@@ -235,10 +240,7 @@ class MemberLabel:
         self._member = member
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.families():
-            if isinstance(family, _Lazy):
-                family.more()
-            yield family
+        return _made_whole(self.families())
 
     def families(self, stats: dict[str, Any] | None = None) -> Iterator[Metric]:
         for family in self._inner.families(stats):
