@@ -265,6 +265,7 @@ class Broker:
                 pools=lambda: self.config.pools, core=self._core, book=self._book, workers=self._workers.describe,
                 failures=self.failures, act=self.act, clock=self._clock, explain=self.explain,
                 hosts=lambda: self.config.dashboard_hosts,
+                pinned_tenants=lambda: {token.tenant for token in self.config.tokens if token.tenant is not None},
                 connections=self.metrics.dashboard,
             ))
             await self._dashboard.start(self.config.dashboard, sockets)

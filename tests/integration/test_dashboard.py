@@ -271,11 +271,12 @@ def test_a_dashboard_address_in_use_stops_the_broker_before_it_starts(broker_fac
 PINNED_POOLS = ('[[pools]]\nname = "llm"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n"acme/search" = 2\n\n'
                 '[[pools]]\nname = "failing"\n')
 PINNED = {"T_ADMIN": "admin-secret", "T_ACME_VIEWER": "acme-viewer", "T_ACME_ADMIN": "acme-admin",
-          "T_WORKER": "worker-secret"}
+          "T_SEARCH_VIEWER": "search-viewer", "T_WORKER": "worker-secret"}
 PINNED_TOML = "".join(f'\n[[auth.tokens]]\ntoken_env = "{env}"\nrole = "{role}"\n'
                       + (f'tenant = "{tenant}"\n' if tenant else "")
                       for env, role, tenant in (("T_ADMIN", "admin", None), ("T_ACME_VIEWER", "viewer", "acme"),
-                                                ("T_ACME_ADMIN", "admin", "acme"), ("T_WORKER", "worker", None)))
+                                                ("T_ACME_ADMIN", "admin", "acme"),
+                                                ("T_SEARCH_VIEWER", "viewer", "acme/search"), ("T_WORKER", "worker", None)))
 
 
 def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker_factory):
@@ -317,6 +318,14 @@ def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker
         assert stats["memory"] == {} and stats["store"] == {} and "globex" not in json.dumps(stats)
         text = status_text(stats)  # what `cronoq status` prints for it: no rate or class counts it was not given
         assert "pinned to acme" in text and "/s over" not in text and "queued by class: not shown" in text
+
+    # Pinned below the top level, the shares over time follow its own node: from the sample 5 s after the first on.
+    def search_points():
+        return get_json(port, "/api/history/llm", "search-viewer")["pools"]["llm"]["points"]
+
+    points = until(search_points, "a point of acme/search's chart", timeout=30)
+    assert all(set(point["tenants"]) == {"acme/search"} for point in points)
+    assert points[-1]["rate"] == 0.0 and "globex" not in json.dumps(points)  # its pool is paused: nothing dispatched
 
     # Unpinned, everything as before.
     overview = get_json(port, "/api/overview", "admin-secret")

@@ -103,6 +103,9 @@ class BrokerParts:
     stats_in_steps: Callable[[], Awaitable[dict[str, Any]]] | None = None
     """The same map, taken a pool per turn of the loop (Broker.stats_in_steps), for the sample and the overview;
     None: at once."""
+    pinned_tenants: Callable[[], Iterable[str]] = lambda: ()
+    """The tenants the broker's current tokens are pinned to: the shares over time follow their nodes, for the
+    charts of those tokens."""
 
 
 def task_view(parts: BrokerParts, principal: Principal, task_id: str) -> dict[str, Any]:
@@ -197,8 +200,9 @@ class Dashboard:
                 return (PoolSettings(pool) if settings is None else settings).weight(node)
 
             pools = stats.get("pools", {})
+            pins = set(self._parts.pinned_tenants())
             for name in self._shares.followed(pools):
-                self._shares.sample_pool(now, name, pools[name], weight_of)
+                self._shares.sample_pool(now, name, pools[name], weight_of, pins)
                 await asyncio.sleep(0)
             self._history.recent(now, dispatch_counts(stats))
         except Exception:  # a bug: it must cost a point of the chart, never the broker
@@ -441,7 +445,7 @@ class Dashboard:
         """GET /api/history/POOL, encoded: one pool's shares over the last minutes (cronoq.broker.dashboard.history)."""
         made = self._series_made_for(principal, pool)
         if made is None:
-            series = self._shares.series(pool, None if principal.tenant is None else principal.may_see_tenant)
+            series = self._shares.series(pool, principal.tenant)
             if series is None:
                 followed = ", ".join(self._shares.pools()) or "none yet"
                 raise NotFound(f"no pool named {pool!r} is followed; pools: {followed}")
@@ -453,10 +457,9 @@ class Dashboard:
         """GET /api/history, made a pool per turn of the loop (a pool's ten minutes take about 2 ms to make: all 64
         at once would hold the loop for 140)."""
         version = self._shares.version
-        visible = None if principal.tenant is None else principal.may_see_tenant
         series = {}
         for name in self._shares.pools():
-            one = self._shares.series(name, visible)
+            one = self._shares.series(name, principal.tenant)
             if one is not None:  # (None: a pool the config dropped meanwhile)
                 series[name] = one
             await asyncio.sleep(0)

@@ -6,8 +6,13 @@ HISTORY_SAMPLES samples (ten minutes). A sample holds the pool's dispatch
 count and, for at most HISTORY_TENANTS top-level nodes of its tenant tree
 (the most active), the dispatch count of the node's subtree and the
 weighted share its weights promised it at that moment (`tenant_rows`, the
-rule of the tenants table). So the memory is bounded by pools × samples ×
-tenants however long the broker runs and however many tenants it meets.
+rule of the tenants table). A token pinned to a tenant is shown its own node
+only, which need be neither top-level nor among the busiest, so a sample
+also follows, for at most HISTORY_PINNED of the nodes tokens are pinned to
+(the most active), the dispatch count of the node's subtree and its
+weighted share. So the memory is bounded by pools × samples × (tenants +
+pinned nodes) however long the broker runs and however many tenants it
+meets.
 
 A point of the served series gives, over the SMOOTHING_SAMPLES samples
 before it (about 10 s), the pool's dispatches per second and each node's
@@ -19,9 +24,10 @@ wrong one. No I/O and no clock here: the time is an argument.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection
 
 from cronoq.broker.dashboard.tables import tenant_rows
 
@@ -36,6 +42,8 @@ HISTORY_TENANTS = 8
 SMOOTHING_SAMPLES = 2
 """Sample intervals a point's share and rate are measured over (10 s): over less, a few dispatches swing a share by
 tens of percent."""
+HISTORY_PINNED = 32
+"""Nodes a sample follows per pool for the tokens pinned to them (the most active, when tokens pin more)."""
 HISTORY_POOLS = 64
 """Pools followed (by name): pools come from the config, this only bounds a config of thousands."""
 
@@ -48,6 +56,8 @@ class Sample:
     at: float
     dispatched: int
     nodes: dict[str, tuple[int, float | None]]
+    pinned: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    """The same for the nodes tokens are pinned to, each with its whole subtree: what such a token is shown."""
 
 
 class ShareHistory:
@@ -63,12 +73,13 @@ class ShareHistory:
         self.version = 0
         """Samples taken so far: the series change only when it does (a reader may keep what it made of them)."""
 
-    def sample(self, now: float, stats: dict[str, Any], weight_of: Callable[[str, str], float]) -> None:
+    def sample(self, now: float, stats: dict[str, Any], weight_of: Callable[[str, str], float],
+               pins: Collection[str] = ()) -> None:
         """Add a sample of each pool of `stats` (a stats map) taken at `now`; `weight_of(pool, node)` is the configured
-        weight of a node the stats do not list."""
+        weight of a node the stats do not list; `pins`: the tenants tokens are pinned to."""
         pools = stats.get("pools", {})
         for name in self.followed(pools):
-            self.sample_pool(now, name, pools[name], weight_of)
+            self.sample_pool(now, name, pools[name], weight_of, pins)
 
     def followed(self, pools: dict[str, Any]) -> list[str]:
         """Which pools of a stats map's `pools` to sample, and forget those no longer in it (they left the config).
@@ -78,8 +89,10 @@ class ShareHistory:
             self.version += 1
         return sorted(pools)[:HISTORY_POOLS]
 
-    def sample_pool(self, now: float, name: str, pool: dict[str, Any], weight_of: Callable[[str, str], float]) -> None:
-        """Add a sample of one pool (its part of a stats map) taken at `now`."""
+    def sample_pool(self, now: float, name: str, pool: dict[str, Any], weight_of: Callable[[str, str], float],
+                    pins: Collection[str] = ()) -> None:
+        """Add a sample of one pool (its part of a stats map) taken at `now`; `pins`: the tenants tokens are pinned
+        to, whose nodes are followed for those tokens' charts."""
         counts = {tenant: t["dispatched"] for tenant, t in pool.get("tenants", {}).items()}
         before = self._last_counts.get(name, {})
         recent = {tenant: n - before[tenant] if before.get(tenant, n + 1) <= n else n
@@ -87,8 +100,9 @@ class ShareHistory:
         top, top_recent = _top_level(pool, recent, lambda node: weight_of(name, node))
         rows = tenant_rows(top, top_recent, lambda node: 1.0, lambda node: 0.0, self.tenants)
         nodes = {row["tenant"]: (row["dispatched"], row["weighted_share"]) for row in rows}
+        pinned = _pinned_nodes(pool, counts, recent, set(pins), HISTORY_PINNED) if pins else {}
         ring = self._rings.setdefault(name, deque(maxlen=self.size))
-        ring.append(Sample(now, pool["dispatched"], nodes))
+        ring.append(Sample(now, pool["dispatched"], nodes, pinned))
         self._fair[name] = bool(pool.get("fair"))
         self._last_counts[name] = counts
         self.version += 1
@@ -96,11 +110,12 @@ class ShareHistory:
     def pools(self) -> list[str]:
         return sorted(self._rings)
 
-    def series(self, pool: str, visible: Callable[[str], bool] | None = None) -> dict[str, Any] | None:
+    def series(self, pool: str, pinned: str | None = None) -> dict[str, Any] | None:
         """The chart's data for `pool` (None: not followed): `points`, oldest first, each with `at`, `rate`
         (dispatches per second over the point's span), `dispatches` (in that span) and per node `share` and
-        `weighted_share`. With `visible`, only the nodes it accepts, and the rate, the shares and the weighted
-        shares are of those nodes' dispatches alone: nothing of the others is told."""
+        `weighted_share`. With `pinned` (the tenant the viewer's token is pinned to), the one node is the pinned
+        one, its whole subtree counted, and the rate, share and weighted share are of its dispatches alone: nothing
+        of the others is told. A span at either end of which it was not followed has no point for it."""
         ring = self._rings.get(pool)
         if ring is None:
             return None
@@ -111,14 +126,19 @@ class ShareHistory:
             span = new.at - old.at
             if span <= 0:
                 continue
-            names = [n for n in new.nodes if visible is None or visible(n)]
-            deltas = {n: _delta(new.nodes[n][0], old.nodes.get(n)) for n in names}
-            if visible is None:
+            if pinned is None:
+                names = list(new.nodes)
+                deltas = {n: _delta(new.nodes[n][0], old.nodes.get(n)) for n in names}
                 total = _delta(new.dispatched, (old.dispatched, None))
                 promised = {n: new.nodes[n][1] for n in names}
             else:
-                total = sum(d for d in deltas.values() if d is not None)
-                promised = _rescaled({n: new.nodes[n][1] for n in names})
+                ours, before = new.pinned.get(pinned), old.pinned.get(pinned)
+                if ours is None or before is None:
+                    continue  # not among the nodes followed then: no figure rather than a wrong one
+                names = [pinned]
+                deltas = {pinned: _delta(ours[0], before)}
+                total = deltas[pinned]
+                promised = _rescaled({pinned: ours[1]})
             nodes = {n: {"share": None if deltas[n] is None or not total else round(deltas[n] / total, 4),
                          "weighted_share": None if promised[n] is None else round(promised[n], 4)} for n in names}
             points.append({"at": new.at, "rate": round(max(total or 0, 0) / span, 3), "dispatches": total,
@@ -152,6 +172,39 @@ def _top_level(pool: dict[str, Any], recent: dict[str, int],
     return {**pool, "tenants": top, "ceilings": {}}, top_recent
 
 
+def _pinned_nodes(pool: dict[str, Any], counts: dict[str, int], recent: dict[str, int], pins: set[str],
+                  most: int) -> dict[str, tuple[int, float | None]]:
+    """For the `most` most active of `pins` (tenants' nodes): the dispatch count of the node's subtree and the node's
+    weighted share (None in a pool without fair sharing, or for a node the stats do not list). Each listed tenant is
+    walked up its own path, so the cost is the tenants times their depth, not times the pins. A pin no listed tenant
+    falls under counts 0 when the stats list all the pool's tenants, and is left out when they list only the busiest
+    (its tenants may be among those left out)."""
+    listed, ancestors = pool.get("tenants", {}), pool.get("tree_nodes", {})
+    dispatched: dict[str, int] = {}
+    active: dict[str, int] = {}
+    if pool.get("tenant_count", len(listed)) <= len(listed):
+        dispatched = dict.fromkeys(pins, 0)
+        active = dict.fromkeys(pins, 0)
+    for tenant, count in counts.items():
+        node = tenant
+        while True:
+            if node in pins:
+                dispatched[node] = dispatched.get(node, 0) + count
+                active[node] = active.get(node, 0) + recent.get(tenant, 0)
+            cut = node.rfind("/")
+            if cut < 0:
+                break
+            node = node[:cut]
+    chosen = heapq.nsmallest(most, dispatched, key=lambda node: (-active[node], node))
+    fair = bool(pool.get("fair"))
+    shares = {}
+    for node in chosen:
+        entry = listed.get(node) or ancestors.get(node) or {}
+        share = entry.get("weighted_share") if fair else None
+        shares[node] = (dispatched[node], share)
+    return shares
+
+
 def _delta(now_count: int, before: tuple[int, float | None] | None) -> int | None:
     """Dispatches between two cumulative counts; None when the older sample did not follow the node. A count that
     went down was started again (the core forgets a tenant idle long enough): all of it is recent."""
@@ -166,4 +219,4 @@ def _rescaled(promised: dict[str, float | None]) -> dict[str, float | None]:
     return {n: (share / total if share and total else share) for n, share in promised.items()}
 
 
-__all__ = ["HISTORY_SAMPLES", "HISTORY_SECONDS", "HISTORY_TENANTS", "SAMPLE_INTERVAL", "ShareHistory"]
+__all__ = ["HISTORY_PINNED", "HISTORY_SAMPLES", "HISTORY_SECONDS", "HISTORY_TENANTS", "SAMPLE_INTERVAL", "ShareHistory"]

@@ -25,7 +25,8 @@ from cronoq.core import FAILED, PoolSettings, SchedulerCore, Task
 from tests.support import LoopTurns
 
 TOKENS = (TokenSpec(b"admin-secret", "admin", None, "T_ADMIN"), TokenSpec(b"viewer-secret", "viewer", None, "T_VIEWER"),
-          TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"), TokenSpec(b"globex-viewer", "viewer", "globex", "T_GLOBEX"))
+          TokenSpec(b"acme-admin", "admin", "acme", "T_ACME"), TokenSpec(b"globex-viewer", "viewer", "globex", "T_GLOBEX"),
+          TokenSpec(b"search-viewer", "viewer", "acme/search", "T_SEARCH"))
 
 
 class Clock:
@@ -56,7 +57,7 @@ def broker_parts(explain=None, pools=None) -> tuple[BrokerParts, TaskBook, Clock
     parts = BrokerParts(
         stats=lambda: {"pools": core.stats(), "workers": 0}, identify=auth.identify, pools=lambda: pools,
         core=core, book=book, workers=lambda: [], failures=failures, act=lambda action: action(clock()),
-        clock=clock, explain=explain,
+        clock=clock, explain=explain, pinned_tenants=lambda: {t.tenant for t in TOKENS if t.tenant is not None},
     )
     return parts, book, clock
 
@@ -221,6 +222,41 @@ async def test_all_pools_shares_over_time_are_made_a_pool_per_turn_once_per_samp
     # A pinned token's answer is its own, and tells nothing of the other tenants.
     pinned = await dashboard.handle(Request("GET", "/api/history", {"authorization": "Bearer acme-admin"}))
     assert pinned.body != first.body and b"globex" not in pinned.body
+    dashboard.close()
+
+
+def run(book: TaskBook, tenant: str, tasks: int, now: float) -> None:
+    """`tasks` tasks of `tenant` submitted, dispatched and succeeded at `now`."""
+    book.core.add_worker("w", ["llm"], tasks)
+    records = [book.submit(SubmitRequest(b"\xc0", pool="llm", tenant=tenant), now)[0] for _ in range(tasks)]
+    book.dispatch(now)
+    for record in records:
+        book.complete("w", record.id, 1, now, ok=True)
+    book.core.remove_worker("w", now)
+
+
+async def test_a_token_pinned_below_the_top_level_sees_its_own_dispatch_rate_over_time():
+    parts, book, clock = broker_parts()
+    dashboard = Dashboard(parts)
+    for _ in range(3):
+        run(book, "acme/search/alice", 10, clock())
+        run(book, "acme/ads", 30, clock())
+        run(book, "globex", 60, clock())
+        await dashboard._sample()
+        clock.now += 5
+    status, search = get(dashboard, "/api/history/llm", "search-viewer")
+    points = search["pools"]["llm"]["points"]
+    assert status == 200 and len(points) == 2
+    for point in points:  # (nothing of it queued at the samples: no share was promised to it then)
+        assert point["tenants"] == {"acme/search": {"share": 1.0, "weighted_share": 0.0}}
+    assert points[-1]["dispatches"] == 20 and points[-1]["rate"] == 2.0  # alice's 10 a sample, over 10 s
+    assert "ads" not in json.dumps(search) and "globex" not in json.dumps(search)
+    # The same token's chart of every pool, made a pool per turn, says the same.
+    everything = await dashboard.handle(Request("GET", "/api/history", {"authorization": "Bearer search-viewer"}))
+    assert json.loads(everything.body)["pools"]["llm"]["points"] == points
+    # The admin's chart still has the top-level lines.
+    _, admin = get(dashboard, "/api/history/llm")
+    assert set(admin["pools"]["llm"]["points"][-1]["tenants"]) == {"acme", "globex"}
     dashboard.close()
 
 
