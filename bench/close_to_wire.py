@@ -12,6 +12,8 @@ that both see the same machine:
               alternated runs (relay, cronoq, relay, cronoq ...)
               Both are taken twice on cronoq's side: with `call` (submit and wait in one request, the
               way an interactive caller waits for a value) and with `submit` then `handle.result()`.
+              Throughput is also taken with `results_store = false` (and `call`), on a broker of its own in
+              each round: what the results store costs, beside the choice that gives it up.
   memory      a durable broker's RSS growth per queued task at --memory-tasks queued (the pool paused),
               payload aside; the relay queues nothing, so this one has no relay figure
   probe       bench/soak.py for --probe-seconds through the relay, then through cronoq: the p99 of a probe
@@ -53,7 +55,7 @@ def _speed_runs(s: BenchSettings, light_tasks: int, figures: set[str], log: Call
 
     token = TOKENS["BENCH_CLIENT_TOKEN"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        side: {"throughput": [], "sequential": []} for side in ("relay", "cronoq", "cronoq_submit")}
+        side: {"throughput": [], "sequential": []} for side in ("relay", "cronoq", "cronoq_submit", "cronoq_unstored")}
     for i in range(s.repeat):
         # The order flips each round: neither side always runs on a machine the other has just warmed.
         for side in (("relay", "cronoq") if i % 2 == 0 else ("cronoq", "relay")):
@@ -79,25 +81,38 @@ def _speed_runs(s: BenchSettings, light_tasks: int, figures: set[str], log: Call
                         if "sequential" in figures:
                             runs[way]["sequential"].append(_measured(stack, lambda: _checked(
                                 drive_cronoq(stack.address, light_tasks, 1, token=token, call=call))))
-            for way in ((side,) if side == "relay" else ("cronoq", "cronoq_submit")):
+                if "throughput" in figures:  # the choice that gives up the results store: what it costs
+                    with cronoq_stack(durable=True, tokens=True, workers=s.workers, concurrency=s.concurrency,
+                                      results_store=False) as stack:
+                        _run_async(_checked(drive_cronoq(stack.address, min(1_000, s.tasks), s.window, token=token,
+                                                         call=True)))
+                        runs["cronoq_unstored"]["throughput"].append(_measured(stack, lambda: _checked(
+                            drive_cronoq(stack.address, s.tasks, s.window, token=token, call=True))))
+            for way in ((side,) if side == "relay" else ("cronoq", "cronoq_submit", "cronoq_unstored")):
+                if not runs[way]["throughput"] and not runs[way]["sequential"]:
+                    continue
                 parts = []
-                if "throughput" in figures:
+                if runs[way]["throughput"]:
                     parts.append(f"{runs[way]['throughput'][-1]['tasks_per_s']:,.0f} tasks/s")
-                if "sequential" in figures:
+                if runs[way]["sequential"]:
                     parts.append(f"sequential p50 {runs[way]['sequential'][-1]['p50_ms']:.3f} ms")
-                log(f"  round {i + 1} {'cronoq, submit then result' if way == 'cronoq_submit' else way}: "
-                    + ", ".join(parts))
+                log(f"  round {i + 1} {_SIDE_NAMES.get(way, way)}: " + ", ".join(parts))
     return runs
 
 
+_SIDE_NAMES = {"cronoq_submit": "cronoq, submit then result", "cronoq_unstored": "cronoq, results_store = false"}
+
+
 def _ratio_figure(name: str, unit: str, key: str, relay_runs: list[dict], cronoq_runs: list[dict],
-                  way: str = "call") -> dict[str, Any]:
+                  way: str = "call", results_store: bool = True) -> dict[str, Any]:
     """A figure measured on both sides: the median of each, and cronoq's over the relay's. `way`: how cronoq's
-    client waited for each value (`call`, or `submit` then `result`)."""
+    client waited for each value (`call`, or `submit` then `result`); `results_store`: False for the broker that
+    keeps finished tasks in memory instead (a choice beside the figure, not the figure itself)."""
     relay = statistics.median(run[key] for run in relay_runs)
     cronoq = statistics.median(run[key] for run in cronoq_runs)
-    return {"figure": name, "way": way, "unit": unit, "relay": relay, "cronoq": cronoq, "ratio": cronoq / relay,
-            "target_ratio": TARGETS[name], "relay_runs": [run[key] for run in relay_runs],
+    extra = {} if results_store else {"results_store": False}
+    return {"figure": name, "way": way, **extra, "unit": unit, "relay": relay, "cronoq": cronoq,
+            "ratio": cronoq / relay, "target_ratio": TARGETS[name], "relay_runs": [run[key] for run in relay_runs],
             "cronoq_runs": [run[key] for run in cronoq_runs], "runs": {"relay": relay_runs, "cronoq": cronoq_runs}}
 
 
@@ -157,7 +172,8 @@ def table(figures: list[dict[str, Any]]) -> str:
             continue
         met = f["ratio"] >= f["target_ratio"] if f["figure"] == "throughput" else f["ratio"] <= f["target_ratio"]
         fmt = ",.0f" if f["figure"] == "throughput" else ".3f"
-        name = f["figure"] + ("" if f.get("way", "call") == "call" else " (submit, result)")
+        name = f["figure"] + ("" if f.get("way", "call") == "call" else " (submit, result)") + (
+            "" if f.get("results_store", True) else " (no store)")
         lines.append(f"{name:<30} relay {format(f['relay'], fmt):>8} {f['unit']:<7} cronoq "
                      f"{format(f['cronoq'], fmt):>8}  {f['ratio']:.2f}x  bound {f['target_ratio']}x: "
                      f"{'met' if met else 'NOT met'}")
@@ -195,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                 if name in chosen:
                     for way, side in (("call", "cronoq"), ("submit", "cronoq_submit")):
                         figures.append(_ratio_figure(name, unit, key, runs["relay"][name], runs[side][name], way))
+            if "throughput" in chosen:
+                figures.append(_ratio_figure("throughput", "tasks/s", "tasks_per_s", runs["relay"]["throughput"],
+                                             runs["cronoq_unstored"]["throughput"], "call", results_store=False))
         if "memory" in chosen:
             figures.append(_memory(s, log))
         if "probe" in chosen:

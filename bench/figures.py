@@ -331,7 +331,8 @@ def wire_table(path: Path, data: dict[str, Any]) -> list[str]:
         name = f["figure"]
         way = f.get("way")  # how cronoq's client waited (files before `call` existed have none)
         label = what.get(name, name) + (", `submit` then `result`" if way == "submit" else
-                                        ", `call`" if way == "call" else "")
+                                        ", `call`" if way == "call" else "") + (
+            "" if f.get("results_store", True) else ", `results_store = false` (the choice, not the bound's figure)")
         if name == "memory":
             met = f["cronoq"] <= f["target_bytes"]
             rows.append([what[name], "—", _n(f["cronoq"]), "—", f"≤ {_n(f['target_bytes'])} B",

@@ -59,17 +59,21 @@ def relay_stack(workers: int, credit: int, *, probe_worker: bool = False) -> Ite
 
 
 def broker_config(*, durable: bool | str, tokens: bool, data_dir: Path,
-                  pools: str = '[[pools]]\nname = "default"\n', heartbeat: float = 1.0) -> tuple[str, str, str]:
+                  pools: str = '[[pools]]\nname = "default"\n', heartbeat: float = 1.0,
+                  results_store: bool = True) -> tuple[str, str, str]:
     """A broker config on fresh loopback ports; returns (toml text, clients address, workers address).
 
     `durable`: False for durability "none", True for the default durability
     (only `data_dir` set), or a durability name to write out (e.g. "fsync").
+    `results_store`: False writes `results_store = false` (finished tasks stay in memory and the journal).
     """
     clients, workers = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     lines = ["[broker]", f'clients = "{clients}"', f'workers = "{workers}"', f"heartbeat_interval = {heartbeat}"]
     lines.append(f'data_dir = "{data_dir}"' if durable else 'durability = "none"')
     if isinstance(durable, str):
         lines.append(f'durability = "{durable}"')
+    if not results_store:
+        lines.append("results_store = false")
     text = "\n".join(lines) + "\n\n" + pools + "\n"
     if tokens:
         for env, role in (("BENCH_CLIENT_TOKEN", "client"), ("BENCH_WORKER_TOKEN", "worker"),
@@ -121,12 +125,12 @@ def start_cronoq_worker(workers_address: str, target: str, concurrency: int, log
 
 @contextlib.contextmanager
 def cronoq_stack(*, durable: bool | str, tokens: bool, workers: int, concurrency: int, target: str = "bench.apps:noop",
-                 pools: str = '[[pools]]\nname = "default"\n') -> Iterator[Stack]:
+                 pools: str = '[[pools]]\nname = "default"\n', results_store: bool = True) -> Iterator[Stack]:
     """A real broker (durable in a temp data_dir, or durability none) and `workers` worker processes."""
     with tempfile.TemporaryDirectory(prefix="cronoq-bench-") as tmp:
         folder = Path(tmp)
         text, clients, workers_address = broker_config(durable=durable, tokens=tokens, data_dir=folder / "data",
-                                                       pools=pools)
+                                                       pools=pools, results_store=results_store)
         broker = CronoqBroker(text, folder)
         procs: list[subprocess.Popen] = []
         try:

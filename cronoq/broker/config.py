@@ -120,6 +120,9 @@ class BrokerConfig:
     max_deliveries: int = 5
     result_ttl: float = 86400.0
     result_retention_bytes: int = DEFAULT_RETENTION_BYTES
+    results_store: bool = True
+    """With a data_dir: whether finished tasks move to the results store (and leave memory), or stay in memory and
+    the journal, within result_ttl and result_retention_bytes (docs/durability.md, "Without the results store")."""
     auth_timeout: float = 5.0
     max_connections: int | None = None
     """None: as many as the open-file limit leaves room for, at most DEFAULT_MAX_CONNECTIONS."""
@@ -229,8 +232,8 @@ def override(config: BrokerConfig, *, clients: str | None = None, workers: str |
 
 _BROKER_KEYS = (
     "clients", "workers", "data_dir", "durability", "metrics", "dashboard", "dashboard_hosts", "heartbeat_interval",
-    "liveness", "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "curve_secret_key_file",
-    "auth_timeout", "max_connections", "connection_buffer_bytes", "member",
+    "liveness", "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "results_store",
+    "curve_secret_key_file", "auth_timeout", "max_connections", "connection_buffer_bytes", "member",
 )  # fmt: skip
 _POOL_KEYS = (
     "name", "tenant_weights", "fair_share", "max_in_flight", "max_backlog", "max_tenant_backlog",
@@ -258,6 +261,7 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "max_deliveries": s.get("max_deliveries", _positive_int, 5),
         "result_ttl": s.get("result_ttl", _positive_number, 86400.0),
         "result_retention_bytes": s.get("result_retention_bytes", _positive_int, DEFAULT_RETENTION_BYTES),
+        "results_store": s.get("results_store", _bool, True),
         "auth_timeout": s.get("auth_timeout", _positive_number, 5.0),
         "max_connections": s.get("max_connections", _positive_int, None),
         "connection_buffer_bytes": s.get("connection_buffer_bytes", _positive_int, 4 * 1048576),

@@ -5,7 +5,9 @@ broker's use of it:
 
 - after each group commit, the tasks that finished in the pass go to the
   results store's archiver, and the finished records it has confirmed leave
-  memory (cronoq.store.results.shipping);
+  memory (cronoq.store.results.shipping); with `results_store = false` they
+  stay in memory and in the journal, within the retention limits, as without
+  a data_dir;
 - about once a second, a compaction is started when the journal has grown
   well past the records in memory: a child process writes the snapshot while
   the broker carries on (cronoq.store.journal.compaction), and the next ticks install
@@ -25,6 +27,7 @@ import gc
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from cronoq.book.taskbook import TaskBook
@@ -92,27 +95,33 @@ class DataDir:
         # (3x the time). Afterwards they go to the permanent generation, out of every later collection's way.
         gc.disable()
         try:
+            stored = self._config.results_store
             journal, replay = Journal.open(
                 data_dir, fsync_each_commit=self._config.durability == "fsync", compact_min_bytes=self._min_bytes,
-                compact_ratio=self._ratio, archived_through=lambda: database.peek_mark(data_dir / database.RESULTS),
-                held_lock=held_lock,
+                compact_ratio=self._ratio, held_lock=held_lock,
+                # Without the results store, every finished task the journal holds is kept: none is elsewhere.
+                archived_through=(lambda: database.peek_mark(data_dir / database.RESULTS)) if stored else (lambda: 0),
             )
             self.journal = self._book.journal = journal
             journal.housekeeper = self._housekeeper()
             try:
-                db, archived_through = open_store(data_dir)
-                if os.environ.get(UNARCHIVED_ENV):
-                    self._book.max_unarchived = int(os.environ[UNARCHIVED_ENV])
-                self.archive = self._book.archive = Archive(
-                    data_dir, db, archived_through, ttl=self._config.result_ttl,
-                    max_bytes=self._config.result_retention_bytes,
-                )
+                if stored:
+                    db, archived_through = open_store(data_dir)
+                    if os.environ.get(UNARCHIVED_ENV):
+                        self._book.max_unarchived = int(os.environ[UNARCHIVED_ENV])
+                    self.archive = self._book.archive = Archive(
+                        data_dir, db, archived_through, ttl=self._config.result_ttl,
+                        max_bytes=self._config.result_retention_bytes,
+                    )
+                else:
+                    archived_through = _unread_store(data_dir)
                 counts = self._book.recover(replay.ordered(), replay.paused, now, by_id=replay.by_id,
                                             seq_floor=max(replay.max_seq, archived_through))
                 journal.commit()  # what recovery decided (requeued, failed) before anything else happens
                 del replay
-                self.archive.start(now)
-                self.archive.exchange(self._book)
+                if self.archive is not None:
+                    self.archive.start(now)
+                    self.archive.exchange(self._book)
                 self.compact_if_worthwhile()
             except OSError as exc:
                 self.close(failed=False)
@@ -299,11 +308,13 @@ class DataDir:
         self._next_compaction = now + self._retry
 
     def stats(self) -> dict[str, Any]:
-        """What the results store holds and how compaction goes (empty without a data_dir)."""
-        if self.journal is None or self.archive is None:
+        """How compaction goes and what the results store holds (no `results` with `results_store = false`; empty
+        without a data_dir)."""
+        if self.journal is None:
             return {}
-        return {"results": self.archive.stats(), "journal_bytes": self.journal.bytes,
-                "compactions": self.compactions, "compacting": self.journal.compacting is not None}
+        journal = {"journal_bytes": self.journal.bytes, "compactions": self.compactions,
+                   "compacting": self.journal.compacting is not None}
+        return journal if self.archive is None else {"results": self.archive.stats(), **journal}
 
     def close(self, *, failed: bool) -> None:
         """Release data_dir: commit and fsync what is left, or, after a failure, nothing. Idempotent."""
@@ -342,3 +353,18 @@ def _compaction_settings() -> tuple[int, float, float, int]:
     defaults = (COMPACT_MIN_BYTES, COMPACT_RATIO, COMPACTION_RETRY, FORK_MAX_RSS)
     values = [part or default for part, default in zip(parts + [""] * 4, defaults)]
     return int(values[0]), float(values[1]), float(values[2]), int(values[3])
+
+
+def _unread_store(data_dir: Path) -> int:
+    """With `results_store = false`: the `archived_through` of a results store an earlier run left in data_dir
+    (0: none), so that the tasks finishing now are numbered after everything in it, and a later run with the store
+    on again neither mistakes one of them for a stored task nor leaves one out. Says, once, what goes unread."""
+    path = data_dir / database.RESULTS
+    if not path.exists():
+        return 0
+    db, archived_through = open_store(data_dir)  # (its write-ahead log too: peek_mark may be behind)
+    db.close()
+    log.warning("results_store = false: the results store in %s (%d bytes) is left unread; the results and "
+                "idempotency keys of the tasks it holds are not found until the store is turned on again",
+                path, path.stat().st_size)
+    return archived_through

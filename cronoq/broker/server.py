@@ -104,8 +104,9 @@ SPARE_DESCRIPTORS = 64
 DEFAULT_MAX_CONNECTIONS = 10_000
 # Config keys a reload cannot change in a running broker.
 # max_payload_bytes is among them: libzmq fixes the largest frame it accepts when the sockets bind.
-RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "metrics", "dashboard", "curve_secret_key_file",
-                "max_payload_bytes", "auth_timeout", "max_connections", "connection_buffer_bytes", "member")
+RESTART_KEYS = ("clients", "workers", "data_dir", "durability", "results_store", "metrics", "dashboard",
+                "curve_secret_key_file", "max_payload_bytes", "auth_timeout", "max_connections",
+                "connection_buffer_bytes", "member")
 
 
 class Broker:
@@ -708,8 +709,8 @@ class Broker:
         """Reread the config file and apply it; FailedPrecondition (the running config stays) if it is invalid.
 
         Pools, weights (applied to the queued backlog at once), limits, tokens, schedules, heartbeats and
-        retention change in place; pools left out drain and then go. Endpoints, data_dir, durability,
-        metrics and the CURVE key take a restart: they keep their running values, and the answer says so.
+        retention change in place; pools left out drain and then go. Endpoints, data_dir, durability, the results
+        store, metrics and the CURVE key take a restart: they keep their running values, and the answer says so.
         """
         if self.config.source == DEFAULTS_SOURCE:
             raise FailedPrecondition("this broker runs on built-in defaults: there is no config file to reload")

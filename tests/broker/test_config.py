@@ -84,6 +84,7 @@ def test_default_config_matches_the_contract(tmp_path: Path) -> None:
     assert c.metrics is None
     assert (c.heartbeat_interval, c.liveness, c.max_payload_bytes) == (1.0, 3, 1048576)
     assert (c.max_deliveries, c.result_ttl, c.result_retention_bytes) == (5, 86400.0, 128 << 20)
+    assert c.results_store is True
     assert c.pools == (PoolSettings("default"),)
     assert dict(c.limits) == {"default": PoolLimits(None, None)}
     assert c.tokens == () and not c.auth_enabled
@@ -139,6 +140,7 @@ def test_all_extensions(tmp_path: Path) -> None:
         max_deliveries = 2
         result_ttl = 60
         result_retention_bytes = 1000000
+        results_store = false
         heartbeat_interval = 2
         curve_secret_key_file = "keys/broker.key"
         [[pools]]
@@ -168,6 +170,7 @@ def test_all_extensions(tmp_path: Path) -> None:
     assert c.max_deliveries == 2
     assert c.result_ttl == 60.0 and isinstance(c.result_ttl, float)
     assert c.result_retention_bytes == 1000000
+    assert c.results_store is False
     assert c.heartbeat_interval == 2.0 and isinstance(c.heartbeat_interval, float)
     assert c.curve_secret_key_file == tmp_path / "keys" / "broker.key"
     assert c.pools == (PoolSettings("q.1-x_y"),)
@@ -293,6 +296,8 @@ CASES = [
     ("[broker]\nresult_ttl = false", ["[broker] result_ttl", "positive number"]),
     ("[broker]\nresult_retention_bytes = 0", ["[broker] result_retention_bytes", "positive integer"]),
     ("[broker]\nresult_retention_bytes = 1.5e8", ["[broker] result_retention_bytes", "positive integer"]),
+    ("[broker]\nresults_store = 'no'", ["[broker] results_store", "true or false"]),
+    ("[broker]\nresults_store = 0", ["[broker] results_store", "true or false"]),
     ("[broker]\nresult_retention_bytes = \"128MiB\"", ["[broker] result_retention_bytes", "positive integer"]),
     ("[broker]\ncurve_secret_key_file = 1", ["[broker] curve_secret_key_file", "string"]),
     ("[pools]\nname = 'x'", ["pools", "array of tables ([[pools]])"]),

@@ -231,6 +231,110 @@ async def test_a_reload_applies_new_retention_limits(broker_factory):
             await client.status(handles[0].id)
 
 
+# --------------------------------------------------------------------- without the results store
+
+NO_STORE = "results_store = false\n"
+
+
+async def test_without_the_results_store_results_stay_in_memory_and_the_journal_through_kill_9(
+        broker_factory, restarted):
+    # Compact at every chance (a journal of any size, of a record or two): the snapshots must carry the finished
+    # tasks too.
+    broker = broker_factory('[[pools]]\nname = "default"\n', broker_extra=NO_STORE,
+                            env={"CRONOQ_TEST_COMPACTION": "1,0.01"})
+    data_dir: Path = broker.config_path.parent / "cronoq-data"
+    async with cronoq.connect(broker.clients) as client:
+        async with _worker(broker):
+            first = await client.submit({"n": 1}, key="invoice-1", tenant="acme")
+            assert await first.result(timeout=WAIT) == {"n": 1}
+            later = [await client.submit(n) for n in range(50)]
+            for handle in later:
+                await handle.result(timeout=WAIT)
+        stats = await client.stats()
+        assert stats["memory"]["finished"] == 51 and "results" not in stats["store"]
+        assert not (data_dir / "results.sqlite3").exists(), "no results store is made"
+        assert not any("archiver" in line for _, line in _children(broker.proc.pid)), "and no archiver runs"
+
+        # Two compactions that start after every change above: the journals that held them are gone, the snapshot
+        # alone has them. Each needs a change to the journal after the last one: a submit (queued: no worker now).
+        first_compactions = stats["store"]["compactions"]
+
+        async def compacted() -> bool:
+            await client.submit("nudge")
+            return (await client.stats())["store"]["compactions"] >= first_compactions + 2
+
+        await until(compacted, "two more compactions")
+        assert (data_dir / "snapshot").exists()
+        broker.kill()
+        broker = restarted(broker)
+        assert await client.result(first.id, timeout=WAIT) == {"n": 1}
+        assert [(await client.status(h.id)).state for h in later] == ["succeeded"] * 50
+        again = await client.submit({"n": 2}, key="invoice-1", tenant="acme")
+        assert again.id == first.id and again.duplicate, "the key still dedupes, from the journal"
+        assert (await client.stats())["memory"]["finished"] == 51
+
+
+async def test_without_the_results_store_memory_keeps_within_result_retention_bytes(broker_factory):
+    broker = broker_factory('[[pools]]\nname = "default"\n',
+                            broker_extra=NO_STORE + "result_retention_bytes = 40000\n")
+    async with cronoq.connect(broker.clients) as client, _worker(broker, concurrency=1):
+        handles = []
+        for n in range(400):  # one at a time: they finish in this order
+            handle = await client.submit({"n": n, "pad": "x" * 100})
+            await handle.result(timeout=WAIT)
+            handles.append(handle)
+        kept = []
+        for handle in handles:
+            try:
+                kept.append((await client.status(handle.id)).state == "succeeded")
+            except cronoq.NotFound:
+                kept.append(False)
+        memory = (await client.stats())["memory"]
+    assert 0 < sum(kept) < 400 and memory["finished"] == sum(kept)
+    first_kept = kept.index(True)
+    assert kept == [False] * first_kept + [True] * (400 - first_kept), "the oldest go first, and only they"
+
+
+async def test_turning_the_results_store_off_and_on_again_loses_no_result(broker_factory, restarted):
+    # Nudges for the compactions go to a pool no worker serves: they never finish, so the task finished while the
+    # store is off is the first to finish then, and would take the store's first number without care.
+    broker = broker_factory('[[pools]]\nname = "default"\n[[pools]]\nname = "idle"\n',
+                            env={"CRONOQ_TEST_COMPACTION": "1,0.01"})
+    config = broker.config_path
+    async with cronoq.connect(broker.clients) as client:
+        async with _worker(broker):
+            stored = await client.submit("stored", key="k1")
+            assert await stored.result(timeout=WAIT) == "stored"
+            await until(lambda: _all_stored(client), "the task is in the results store")
+        # Two compactions after that: the task is in the store alone, no longer in the journal.
+        first_compactions = (await client.stats())["store"]["compactions"]
+
+        async def compacted() -> bool:
+            await client.submit("nudge", pool="idle")
+            return (await client.stats())["store"]["compactions"] >= first_compactions + 2
+
+        await until(compacted, "two more compactions")
+        broker.stop()
+        config.write_text(config.read_text().replace("[broker]\n", "[broker]\n" + NO_STORE, 1))
+        broker = restarted(broker)
+        assert "is left unread" in broker.log.read_text()
+        with pytest.raises(cronoq.NotFound):  # as the docs say: what only the store holds is not read meanwhile
+            await client.status(stored.id)
+        async with _worker(broker):
+            unstored = await client.submit("in memory", key="k2")
+            assert await unstored.result(timeout=WAIT) == "in memory"
+        broker.stop()
+        config.write_text(config.read_text().replace(NO_STORE, "", 1))
+        broker = restarted(broker)
+        # Both again: the first from the store, the second from the journal, on its way to the store. (Numbered
+        # within the store's range, the second would have been taken for a stored task and left out.)
+        assert await client.result(stored.id, timeout=WAIT) == "stored"
+        assert await client.result(unstored.id, timeout=WAIT) == "in memory"
+        await until(lambda: _all_stored(client), "the second task reached the store too")
+        again = await client.submit("x", key="k2")
+        assert again.id == unstored.id and again.duplicate
+
+
 # --------------------------------------------------------------------- crashes on the new paths
 
 
