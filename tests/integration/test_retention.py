@@ -22,6 +22,8 @@ import cronoq
 from tests.support import BEATS, ROOT, BrokerProcess, until
 
 WAIT = 60.0
+NO_STORE = "results_store = false\n"
+"""The config line that keeps finished tasks in the broker's memory and journal instead of the results store."""
 
 
 async def _echo(payload: Any) -> Any:
@@ -190,23 +192,30 @@ async def test_results_go_after_result_ttl(broker_factory):
         assert await fresh.result(timeout=WAIT) == "new"
 
 
-async def test_results_over_result_retention_bytes_go_oldest_first(broker_factory):
-    broker = broker_factory('[[pools]]\nname = "default"\n', broker_extra="result_retention_bytes = 40000\n")
+@pytest.mark.parametrize("stored", [True, False], ids=["in the results store", "in memory: results_store = false"])
+async def test_results_over_result_retention_bytes_go_oldest_first(broker_factory, stored):
+    broker = broker_factory('[[pools]]\nname = "default"\n',
+                            broker_extra="result_retention_bytes = 40000\n" + ("" if stored else NO_STORE))
     async with cronoq.connect(broker.clients) as client, _worker(broker, concurrency=1):
         handles = []
         for n in range(400):  # one at a time: they finish in this order
             handle = await client.submit({"n": n, "pad": "x" * 100})
             await handle.result(timeout=WAIT)
             handles.append(handle)
-        await until(lambda: _all_stored(client), "every finished task is in the results store")
+        if stored:
+            await until(lambda: _all_stored(client), "every finished task is in the results store")
         kept = []
         for handle in handles:
             try:
                 kept.append((await client.status(handle.id)).state == "succeeded")
             except cronoq.NotFound:
                 kept.append(False)
-        store = (await client.stats())["store"]["results"]
-    assert 0 < sum(kept) < 400 and store["bytes"] <= 40000
+        stats = await client.stats()
+    assert 0 < sum(kept) < 400
+    if stored:
+        assert stats["store"]["results"]["bytes"] <= 40000
+    else:  # the budget bounds memory instead, where every kept one is
+        assert stats["memory"]["finished"] == sum(kept) and stats["memory"]["finished_bytes"] <= 40000
     first_kept = kept.index(True)
     assert kept == [False] * first_kept + [True] * (400 - first_kept), "the oldest go first, and only they"
 
@@ -232,8 +241,6 @@ async def test_a_reload_applies_new_retention_limits(broker_factory):
 
 
 # --------------------------------------------------------------------- without the results store
-
-NO_STORE = "results_store = false\n"
 
 
 async def test_without_the_results_store_results_stay_in_memory_and_the_journal_through_kill_9(
@@ -272,27 +279,6 @@ async def test_without_the_results_store_results_stay_in_memory_and_the_journal_
         again = await client.submit({"n": 2}, key="invoice-1", tenant="acme")
         assert again.id == first.id and again.duplicate, "the key still dedupes, from the journal"
         assert (await client.stats())["memory"]["finished"] == 51
-
-
-async def test_without_the_results_store_memory_keeps_within_result_retention_bytes(broker_factory):
-    broker = broker_factory('[[pools]]\nname = "default"\n',
-                            broker_extra=NO_STORE + "result_retention_bytes = 40000\n")
-    async with cronoq.connect(broker.clients) as client, _worker(broker, concurrency=1):
-        handles = []
-        for n in range(400):  # one at a time: they finish in this order
-            handle = await client.submit({"n": n, "pad": "x" * 100})
-            await handle.result(timeout=WAIT)
-            handles.append(handle)
-        kept = []
-        for handle in handles:
-            try:
-                kept.append((await client.status(handle.id)).state == "succeeded")
-            except cronoq.NotFound:
-                kept.append(False)
-        memory = (await client.stats())["memory"]
-    assert 0 < sum(kept) < 400 and memory["finished"] == sum(kept)
-    first_kept = kept.index(True)
-    assert kept == [False] * first_kept + [True] * (400 - first_kept), "the oldest go first, and only they"
 
 
 async def test_turning_the_results_store_off_and_on_again_loses_no_result(broker_factory, restarted):
