@@ -1,6 +1,7 @@
 """Retention against the real broker: finished tasks leave its memory for the results store, answer from there
 (also after a restart), and go when they pass result_ttl or result_retention_bytes; compaction runs in a forked
-child that a kill -9 of the broker can interrupt anywhere.
+child that a kill -9 of the broker can interrupt anywhere. With `results_store = false` they stay in memory and in
+the journal instead, through kill -9 and compactions, and turning the store off and on again loses none.
 
 Counts, never times: each test waits on conditions with generous timeouts.
 """
