@@ -266,10 +266,15 @@ class Broker:
                 pools=lambda: self.config.pools, core=self._core, book=self._book, workers=self._workers.describe,
                 failures=self.failures, act=self.act, clock=self._clock, explain=self.explain,
                 hosts=lambda: self.config.dashboard_hosts,
-                pinned_tenants=lambda: {token.tenant for token in self.config.tokens if token.tenant is not None},
+                pinned_tenants=self._dashboard_pins,
                 connections=self.metrics.dashboard,
             ))
             await self._dashboard.start(self.config.dashboard, sockets)
+
+    def _dashboard_pins(self) -> set[str]:
+        """The tenants of the tokens pinned to one that may read the dashboard (the charts it follows for them)."""
+        return {token.tenant for token in self.config.tokens
+                if token.tenant is not None and Principal(token.role, token.tenant).allows("dashboard")}
 
     def act(self, action: Callable[[float], Any]) -> Any:
         """Do an admin action that did not come through a socket (the dashboard's), given the time, then one pass
