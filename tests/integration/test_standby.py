@@ -37,9 +37,11 @@ def standby_of(config: Path, tmp_path: Path, name: str = "standby") -> BrokerPro
     return standby
 
 
-def primary_and_standby(brokers: list[BrokerProcess], tmp_path: Path) -> tuple[Path, BrokerProcess, BrokerProcess]:
-    """A primary serving POOLS from tmp_path's config and data_dir, and a standby of it (both stopped at teardown)."""
-    config = write_config(tmp_path / "cronoq.toml", POOLS)
+def primary_and_standby(brokers: list[BrokerProcess], tmp_path: Path,
+                        broker_extra: str = "") -> tuple[Path, BrokerProcess, BrokerProcess]:
+    """A primary serving POOLS from tmp_path's config and data_dir, and a standby of it (both stopped at teardown);
+    `broker_extra`: more `[broker]` lines for both."""
+    config = write_config(tmp_path / "cronoq.toml", POOLS, broker_extra=broker_extra)
     primary = BrokerProcess(config).start()
     brokers.append(primary)
     standby = standby_of(config, tmp_path)
@@ -248,6 +250,27 @@ async def test_a_primary_stopped_with_sigterm_hands_over_to_the_standby(brokers,
         finally:
             stop(worker)
     assert runs_of(runs) == collections.Counter(range(60)), "each ran exactly once"
+
+
+async def test_without_the_results_store_the_standby_takes_over_finished_tasks_too(brokers, tmp_path):
+    # With results_store = false a finished task lives in the journal alone: the standby must read it back.
+    _, primary, standby = primary_and_standby(brokers, tmp_path, broker_extra="results_store = false\n")
+    runs = tmp_path / "runs"
+    worker = start_worker_process(f"{primary.workers},{standby.workers}", "tests.apps.counted:pools",
+                                  tmp_path / "worker.log", concurrency=CONCURRENCY)
+    try:
+        async with cronoq.connect(f"{primary.clients},{standby.clients}", request_timeout=WAIT) as client:
+            done = await client.submit({"n": 7, "runs": str(runs)}, pool="counted", key="once")
+            assert await done.result(timeout=WAIT) == 7
+            assert primary.stop() == 0
+            await asyncio.to_thread(standby.wait_ready)
+            assert await client.result(done.id, timeout=WAIT) == 7
+            again = await client.submit({"n": 7, "runs": str(runs)}, pool="counted", key="once")
+            assert again.id == done.id and again.duplicate, "its key still dedupes at the standby"
+            assert "results" not in (await client.stats())["store"]
+    finally:
+        stop(worker)
+    assert runs_of(runs) == collections.Counter([7]), "it ran once"
 
 
 def test_a_sync_client_and_the_admin_command_take_several_addresses(brokers, tmp_path):
