@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import AbstractSet, Any, Callable
 
 from cronoq.broker.dashboard.tables import tenant_rows
 
@@ -74,7 +74,7 @@ class ShareHistory:
         """Samples taken so far: the series change only when it does (a reader may keep what it made of them)."""
 
     def sample(self, now: float, stats: dict[str, Any], weight_of: Callable[[str, str], float],
-               pins: Collection[str] = ()) -> None:
+               pins: AbstractSet[str] = frozenset()) -> None:
         """Add a sample of each pool of `stats` (a stats map) taken at `now`; `weight_of(pool, node)` is the configured
         weight of a node the stats do not list; `pins`: the tenants tokens are pinned to."""
         pools = stats.get("pools", {})
@@ -90,7 +90,7 @@ class ShareHistory:
         return sorted(pools)[:HISTORY_POOLS]
 
     def sample_pool(self, now: float, name: str, pool: dict[str, Any], weight_of: Callable[[str, str], float],
-                    pins: Collection[str] = ()) -> None:
+                    pins: AbstractSet[str] = frozenset()) -> None:
         """Add a sample of one pool (its part of a stats map) taken at `now`; `pins`: the tenants tokens are pinned
         to, whose nodes are followed for those tokens' charts."""
         counts = {tenant: t["dispatched"] for tenant, t in pool.get("tenants", {}).items()}
@@ -100,7 +100,7 @@ class ShareHistory:
         top, top_recent = _top_level(pool, recent, lambda node: weight_of(name, node))
         rows = tenant_rows(top, top_recent, lambda node: 1.0, lambda node: 0.0, self.tenants)
         nodes = {row["tenant"]: (row["dispatched"], row["weighted_share"]) for row in rows}
-        pinned = _pinned_nodes(pool, counts, recent, set(pins), HISTORY_PINNED) if pins else {}
+        pinned = _pinned_nodes(pool, counts, recent, pins, HISTORY_PINNED) if pins else {}
         ring = self._rings.setdefault(name, deque(maxlen=self.size))
         ring.append(Sample(now, pool["dispatched"], nodes, pinned))
         self._fair[name] = bool(pool.get("fair"))
@@ -172,7 +172,7 @@ def _top_level(pool: dict[str, Any], recent: dict[str, int],
     return {**pool, "tenants": top, "ceilings": {}}, top_recent
 
 
-def _pinned_nodes(pool: dict[str, Any], counts: dict[str, int], recent: dict[str, int], pins: set[str],
+def _pinned_nodes(pool: dict[str, Any], counts: dict[str, int], recent: dict[str, int], pins: AbstractSet[str],
                   most: int) -> dict[str, tuple[int, float | None]]:
     """For the `most` most active of `pins` (tenants' nodes): the dispatch count of the node's subtree and the node's
     weighted share (None in a pool without fair sharing, or for a node the stats do not list). Each listed tenant is
