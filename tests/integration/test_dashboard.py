@@ -336,6 +336,7 @@ def test_a_token_pinned_to_a_tenant_sees_its_subtree_only(broker_factory, worker
         assert admin.stats()["pools"]["llm"]["classes"]["high"]["queued"] == 7
 
 
+@pytest.mark.long_running  # about 20-30 s: started first, so the run does not end waiting for it
 def test_the_shares_over_time_follow_a_3_to_1_pool(broker_factory, worker_factory):
     port = free_port()
     broker = broker_factory(POOLS, broker_extra=f'dashboard = "127.0.0.1:{port}"')

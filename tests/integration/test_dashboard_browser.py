@@ -148,6 +148,7 @@ def percent(text: str) -> float:
     return float(text.replace("%", "").strip())
 
 
+@pytest.mark.long_running  # about 20-30 s: started first, so the run does not end waiting for it
 def test_pools_tenants_workers_and_failures_appear_update_and_pause_works(broker_factory, workers, browser,
                                                                            tmp_path):
     port = free_port()
