@@ -45,6 +45,8 @@ fn pools_of(pools: &Json) -> Vec<PoolSettings> {
             tenant_limits: per_tenant(p, "tenant_limits", |n| n.as_u64().unwrap() as u32),
             tenant_rates: per_tenant(p, "tenant_rates", |r| r.as_f64().unwrap()),
             tenant_minimums: per_tenant(p, "tenant_minimums", |n| n.as_u64().unwrap() as u32),
+            default_weight: p.get("default_weight").and_then(Json::as_f64),
+            default_tenant_limit: p.get("default_tenant_limit").and_then(Json::as_u64).map(|n| n as u32),
         })
         .collect()
 }

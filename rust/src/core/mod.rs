@@ -147,21 +147,31 @@ pub struct PoolSettings {
     pub tenant_rates: Vec<(String, f64)>,
     /// Minimums: running tasks a tenant is guaranteed while it has work queued.
     pub tenant_minimums: Vec<(String, u32)>,
+    /// The weight of every tenant not in `tenant_weights` (positive, finite; None: 1); makes the
+    /// pool fair. Untenanted tasks weigh 1 whatever it is.
+    pub default_weight: Option<f64>,
+    /// The ceiling of every tenant not in `tenant_limits`, the untenanted tasks counting as one
+    /// more such tenant (at least 1); makes the pool fair.
+    pub default_tenant_limit: Option<u32>,
 }
 
 impl PoolSettings {
-    /// Whether tenants share the pool by SFQ: any weight, ceiling, rate or minimum, equal shares,
-    /// or a `share_by` other than dispatches.
+    /// Whether tenants share the pool by SFQ: any weight (a default one too), ceiling (a default
+    /// one too), rate or minimum, equal shares, or a `share_by` other than dispatches.
     pub fn fair(&self) -> bool {
         self.fair_share
             || !self.tenant_weights.is_empty()
+            || self.default_weight.is_some()
             || self.has_node_limits()
             || self.share_by != ShareBy::Dispatches
     }
 
-    /// Whether any tenant has a ceiling, a rate or a minimum.
+    /// Whether any tenant has a ceiling, a rate or a minimum (a default ceiling gives every tenant one).
     pub fn has_node_limits(&self) -> bool {
-        !(self.tenant_limits.is_empty() && self.tenant_rates.is_empty() && self.tenant_minimums.is_empty())
+        !(self.tenant_limits.is_empty()
+            && self.default_tenant_limit.is_none()
+            && self.tenant_rates.is_empty()
+            && self.tenant_minimums.is_empty())
     }
 
     fn listed<T: Copy>(list: &[(String, T)], tenant: &Tenant) -> Option<T> {
@@ -169,9 +179,16 @@ impl PoolSettings {
         list.iter().find(|(t, _)| t == name).map(|(_, v)| *v)
     }
 
+    /// The ceiling of `tenant`: listed, else the default one (tenants are flat here, so every
+    /// tenant is a top-level one, and the untenanted tasks count as one more, as in Python's
+    /// `PoolSettings.limit`).
+    fn limit(&self, tenant: &Tenant) -> Option<u32> {
+        Self::listed(&self.tenant_limits, tenant).or(self.default_tenant_limit)
+    }
+
     /// A new ceiling record for `tenant` if it has a ceiling, rate or minimum.
     fn ceiling(&self, tenant: &Tenant) -> Option<Ceiling> {
-        let limit = Self::listed(&self.tenant_limits, tenant);
+        let limit = self.limit(tenant);
         let rate = Self::listed(&self.tenant_rates, tenant);
         let minimum = Self::listed(&self.tenant_minimums, tenant);
         (limit.is_some() || rate.is_some() || minimum.is_some()).then(|| Ceiling::new(limit, rate, minimum))
@@ -206,6 +223,9 @@ struct Pool {
     /// The pool's recent average run time (share_by runtime).
     average: Option<f64>,
     ceilings: HashMap<Tenant, Ceiling>,
+    /// With a default ceiling every tenant met gets one: the table is swept of those nobody needs
+    /// once it has doubled past KEEP_IDLE_TENANTS, as the Python core sweeps its own.
+    ceilings_sweep_at: usize,
     /// (when, tenant) of the tenants out of tokens; stale entries allowed (an early wake-up).
     refills: BinaryHeap<Reverse<(Time, Tenant)>>,
     /// The tenants with a minimum.
@@ -250,6 +270,7 @@ impl Pool {
             tenants_sweep_at: KEEP_IDLE_TENANTS,
             average: None,
             ceilings: HashMap::new(),
+            ceilings_sweep_at: KEEP_IDLE_TENANTS,
             refills: BinaryHeap::new(),
             minimums: Vec::new(),
             dispatched: 0,
@@ -264,6 +285,7 @@ impl Pool {
     fn weights_for(settings: &PoolSettings, previous: Option<&Weights>) -> Weights {
         Weights::new(
             settings.tenant_weights.iter().map(|(t, w)| (t.as_str(), *w)),
+            settings.default_weight,
             previous,
             settings.share_by != ShareBy::Dispatches,
         )
@@ -294,6 +316,37 @@ impl Pool {
         for cls in self.classes.iter_mut() {
             cls.set_blocked(tenant, blocked);
         }
+    }
+
+    /// `tenant` has a task in this pool: give it its default ceiling if it has none yet (as the
+    /// Python core makes a ceiling for a tenant first seen). Every live task's tenant keeps its
+    /// ceiling: enqueue, dispatch and release look it up.
+    fn meet(&mut self, tenant: &Tenant, tasks: &[Option<Slot>]) {
+        if self.settings.default_tenant_limit.is_none() || self.ceilings.contains_key(tenant) {
+            return;
+        }
+        if self.ceilings.len() >= self.ceilings_sweep_at {
+            self.sweep_ceilings(tasks);
+        }
+        if let Some(c) = self.settings.ceiling(tenant) {
+            self.ceilings.insert(tenant.clone(), c);
+        }
+    }
+
+    /// Forget the default ceilings of tenants with no task left in this pool: nothing runs
+    /// against them, so they are not capped, and one made afresh when the tenant comes back is
+    /// the same. Listed ones stay (a rate bucket remembers its spent tokens).
+    fn sweep_ceilings(&mut self, tasks: &[Option<Slot>]) {
+        let index = self.index;
+        let live: HashSet<&Tenant> = tasks.iter().flatten().filter(|t| t.pool == index).map(|t| &t.tenant).collect();
+        let settings = &self.settings;
+        let listed = |tenant: &Tenant| {
+            PoolSettings::listed(&settings.tenant_limits, tenant).is_some()
+                || PoolSettings::listed(&settings.tenant_rates, tenant).is_some()
+                || PoolSettings::listed(&settings.tenant_minimums, tenant).is_some()
+        };
+        self.ceilings.retain(|tenant, c| c.running > 0 || live.contains(tenant) || listed(tenant));
+        self.ceilings_sweep_at = KEEP_IDLE_TENANTS.max(2 * self.ceilings.len());
     }
 
     /// A task of `tenant` started: cap it at its ceiling, take a token, hold it back if need be.
@@ -366,6 +419,17 @@ impl Pool {
                 self.ceilings.insert(tenant, c);
             }
         }
+        if settings.default_tenant_limit.is_some() {
+            // Every tenant with a task here has a ceiling now, not only the listed ones.
+            for t in tasks.iter().flatten().filter(|t| t.pool == self.index) {
+                if !self.ceilings.contains_key(&t.tenant) {
+                    if let Some(c) = settings.ceiling(&t.tenant) {
+                        self.ceilings.insert(t.tenant.clone(), c);
+                    }
+                }
+            }
+        }
+        self.ceilings_sweep_at = KEEP_IDLE_TENANTS.max(2 * self.ceilings.len());
         // Recount what runs (a reload is rare; a dispatch keeps no per-tenant count for it).
         for t in tasks.iter().flatten() {
             if t.pool == self.index && t.state == State::Running {
@@ -566,6 +630,20 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
         if p.max_in_flight == Some(0) {
             return Err(Error::InvalidArgument(format!("pool {:?}: max_in_flight must be at least 1", p.name)));
         }
+        if let Some(w) = p.default_weight {
+            if !(w.is_finite() && w > 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {:?}: default_weight must be a positive number, got {w}",
+                    p.name
+                )));
+            }
+        }
+        if p.default_tenant_limit == Some(0) {
+            return Err(Error::InvalidArgument(format!(
+                "pool {:?}: default_tenant_limit must be an int >= 1, got 0",
+                p.name
+            )));
+        }
         for (tenant, limit) in &p.tenant_limits {
             node("tenant_limits", tenant)?;
             if *limit < 1 {
@@ -593,8 +671,9 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
                     p.name
                 )));
             }
-            if let Some((_, ceiling)) = p.tenant_limits.iter().find(|(t, _)| t == tenant) {
-                if ceiling < minimum {
+            // Its ceiling, listed or the default one, as the Python core checks it.
+            if let Some(ceiling) = p.limit(&Some(Arc::from(tenant.as_str()))) {
+                if ceiling < *minimum {
                     return Err(Error::InvalidArgument(format!(
                         "pool {:?}: tenant {tenant:?} is guaranteed {minimum} running tasks but its own ceiling is \
                          {ceiling}; lower the minimum or raise the ceiling",
@@ -773,6 +852,7 @@ impl Core {
             }
         };
         self.ids.insert(id, at);
+        self.pools[pool].meet(&tenant, &self.tasks);
         match task.not_before {
             Some(nb) if nb > now => self.delay(at),
             _ => self.enqueue(at),
@@ -1333,5 +1413,97 @@ mod tests {
         assert!(matches!(core.configure(&[bad], None), Err(Error::InvalidArgument(_))));
         core.submit(task("t", "a"), 0.0).unwrap();
         assert_eq!(core.counts("a").unwrap(), (1, 0, 0));
+    }
+
+    fn of(tenant: Option<&str>, id: &str) -> NewTask {
+        NewTask { tenant: tenant.map(String::from), ..task(id, "p") }
+    }
+
+    fn dispatched(core: &mut Core, now: f64) -> Vec<String> {
+        core.dispatch(now, None).iter().map(|a| a.task.to_string()).collect()
+    }
+
+    #[test]
+    fn a_default_ceiling_caps_each_unlisted_tenant_and_the_untenanted_tasks_as_one() {
+        let mut p = settings("p");
+        p.default_tenant_limit = Some(1);
+        p.tenant_limits = vec![("big".into(), 3)];
+        assert!(p.fair(), "a default ceiling makes the pool fair");
+        let mut core = Core::new(&[p]).unwrap();
+        for n in 0..3 {
+            for tenant in [Some("a"), Some("big"), None] {
+                core.submit(of(tenant, &format!("{}{n}", tenant.unwrap_or("none"))), 0.0).unwrap();
+            }
+        }
+        core.add_worker("w", &["p"], 9).unwrap();
+        // One of a, one untenanted, three of big (its listed ceiling overrides the default).
+        assert_eq!(dispatched(&mut core, 0.0), ["a0", "big0", "none0", "big1", "big2"]);
+        // a's task ends: a runs its next one, and no more.
+        core.finish("a0", "w", 1, 1.0, None).unwrap().unwrap();
+        assert_eq!(dispatched(&mut core, 1.0), ["a1"]);
+    }
+
+    #[test]
+    fn default_ceilings_of_tenants_gone_are_swept_and_made_again() {
+        let mut p = settings("p");
+        p.default_tenant_limit = Some(1);
+        let mut core = Core::new(&[p]).unwrap();
+        core.add_worker("w", &["p"], 1).unwrap();
+        let many = 3 * KEEP_IDLE_TENANTS;
+        for n in 0..many {
+            let id = format!("t{n}");
+            core.submit(of(Some(&format!("tenant-{n}")), &id), n as f64).unwrap();
+            assert_eq!(dispatched(&mut core, n as f64), [id.clone()]);
+            core.finish(&id, "w", 1, n as f64, None).unwrap().unwrap();
+            core.grant("w", 1);
+        }
+        assert!(core.pools[0].ceilings.len() <= 2 * KEEP_IDLE_TENANTS, "{}", core.pools[0].ceilings.len());
+        // A tenant met again gets its ceiling back.
+        core.submit(of(Some("tenant-0"), "x"), 1e6).unwrap();
+        core.submit(of(Some("tenant-0"), "y"), 1e6).unwrap();
+        core.grant("w", 1);
+        assert_eq!(dispatched(&mut core, 1e6), ["x"]);
+    }
+
+    #[test]
+    fn a_reload_gives_every_tenant_with_tasks_the_default_ceiling() {
+        let mut core = Core::new(&[settings("p")]).unwrap();
+        for n in 0..3 {
+            core.submit(of(Some("a"), &format!("a{n}")), 0.0).unwrap();
+        }
+        core.add_worker("w", &["p"], 2).unwrap();
+        assert_eq!(dispatched(&mut core, 0.0), ["a0", "a1"]);
+        let mut capped = settings("p");
+        capped.default_tenant_limit = Some(2);
+        core.configure(&[capped], Some(1.0)).unwrap();
+        core.finish("a0", "w", 1, 1.0, None).unwrap().unwrap();
+        core.grant("w", 2);
+        // Two running counted against the new ceiling: one ends, one more starts, not two.
+        assert_eq!(dispatched(&mut core, 1.0), ["a2"]);
+    }
+
+    #[test]
+    fn bad_defaults_are_refused_naming_the_pool_and_the_setting() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let mut p = settings("p");
+            p.default_weight = Some(bad);
+            let refused = Core::new(&[p]);
+            assert!(
+                matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("\"p\"") && m.contains("default_weight")),
+                "{refused:?}"
+            );
+        }
+        let mut p = settings("p");
+        p.default_tenant_limit = Some(0);
+        let refused = Core::new(&[p]);
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("\"p\"") && m.contains("default_tenant_limit")),
+            "{refused:?}"
+        );
+        // A minimum above the default ceiling can never be met.
+        let mut p = settings("p");
+        p.default_tenant_limit = Some(2);
+        p.tenant_minimums = vec![("a".into(), 3)];
+        assert!(matches!(Core::new(&[p]), Err(Error::InvalidArgument(m)) if m.contains("ceiling")));
     }
 }

@@ -104,8 +104,13 @@ impl Ord for Tag {
 #[derive(Debug, Clone)]
 pub struct Weights {
     weights: HashMap<String, f64>,
+    /// The weight of a tenant not listed (`default_weight`, 1 when unset).
+    default: f64,
     steps: HashMap<String, Tag>,
+    /// The step of a tenant not listed.
     default_step: Tag,
+    /// The step of weight 1: of untenanted tasks, which weigh 1 whatever the default.
+    unit_step: Tag,
     /// Tag units per dispatch of a weight-1 tenant; None when tags are floats.
     scale: Option<u128>,
 }
@@ -139,28 +144,36 @@ fn as_fraction(weight: f64) -> Option<(u128, u128)> {
 }
 
 impl Weights {
-    /// Weights for `tenant_weights` (each positive and finite: checked by the caller), in tags that
-    /// count dispatches (`charged` false) or thousandths of a unit (`charged` true), at a scale that
-    /// is a multiple of `previous`'s (a reload's previous weights).
+    /// Weights for `tenant_weights` and `default` (the weight of unlisted tenants, 1 when None;
+    /// each positive and finite: checked by the caller), in tags that count dispatches (`charged`
+    /// false) or thousandths of a unit (`charged` true), at a scale that is a multiple of
+    /// `previous`'s (a reload's previous weights).
     pub fn new<'a>(
         tenant_weights: impl IntoIterator<Item = (&'a str, f64)>,
+        default: Option<f64>,
         previous: Option<&Weights>,
         charged: bool,
     ) -> Weights {
         let weights: HashMap<String, f64> = tenant_weights.into_iter().map(|(t, w)| (t.to_string(), w)).collect();
+        let default = default.unwrap_or(1.0);
         let fractions: Option<Vec<(&String, (u128, u128))>> =
             weights.iter().map(|(t, w)| as_fraction(*w).map(|f| (t, f))).collect();
+        let default_fraction = as_fraction(default);
         // Charged: every step must hold whole thousandths, so each numerator counts a thousand times over.
         let per_unit: u128 = if charged { QUANTA_PER_UNIT as u128 } else { 1 };
         let mut scale: Option<u128> = previous.map_or(Some(1), |p| p.scale);
-        match &fractions {
-            None => scale = None,
-            Some(fractions) => {
-                // The default weight (1) counts too, as the Python core's does.
-                let numerators = fractions.iter().map(|(_, (num, _))| *num).chain([1]);
+        match (&fractions, default_fraction) {
+            (Some(fractions), Some((default_num, _))) => {
+                // The default weight (1 when unset) counts too, as the Python core's does: its
+                // fraction, not only the listed ones', decides the scale.
+                let numerators = fractions.iter().map(|(_, (num, _))| *num).chain([default_num]);
                 for num in numerators {
                     let Some(s) = scale else { break };
-                    let l = s / gcd(s, num * per_unit) * (num * per_unit);
+                    let Some(unit) = num.checked_mul(per_unit) else {
+                        scale = None;
+                        break;
+                    };
+                    let l = s / gcd(s, unit) * unit;
                     if l > MAX_SCALE {
                         scale = None;
                         break;
@@ -168,36 +181,52 @@ impl Weights {
                     scale = Some(l);
                 }
             }
+            _ => scale = None,
         }
-        let (steps, default_step) = match (scale, fractions) {
-            (Some(scale), Some(fractions)) => {
-                let mut steps = HashMap::new();
-                for (t, (num, den)) in fractions {
-                    match scale.checked_mul(den) {
-                        Some(x) => steps.insert(t.clone(), Tag::Exact((x / num) as i128)),
-                        None => return Weights::floats(weights),
-                    };
-                }
-                (steps, Tag::Exact(scale as i128))
-            }
-            _ => return Weights::floats(weights),
+        let exact_step =
+            |scale: u128, (num, den): (u128, u128)| scale.checked_mul(den).map(|x| Tag::Exact((x / num) as i128));
+        let (Some(scale), Some(fractions), Some(default_fraction)) = (scale, fractions, default_fraction) else {
+            return Weights::floats(weights, default);
         };
-        Weights { weights, steps, default_step, scale }
+        let mut steps = HashMap::new();
+        for (t, fraction) in fractions {
+            match exact_step(scale, fraction) {
+                Some(step) => steps.insert(t.clone(), step),
+                None => return Weights::floats(weights, default),
+            };
+        }
+        let Some(default_step) = exact_step(scale, default_fraction) else {
+            return Weights::floats(weights, default);
+        };
+        Weights { weights, default, steps, default_step, unit_step: Tag::Exact(scale as i128), scale: Some(scale) }
     }
 
-    fn floats(weights: HashMap<String, f64>) -> Weights {
+    fn floats(weights: HashMap<String, f64>, default: f64) -> Weights {
         let steps = weights.iter().map(|(t, w)| (t.clone(), Tag::Float(1.0 / w))).collect();
-        Weights { weights, steps, default_step: Tag::Float(1.0), scale: None }
+        Weights {
+            weights,
+            default,
+            steps,
+            default_step: Tag::Float(1.0 / default),
+            unit_step: Tag::Float(1.0),
+            scale: None,
+        }
     }
 
-    /// The weight of `tenant` (1 when unlisted or untenanted).
+    /// The weight of `tenant` (the default when unlisted, 1 when untenanted).
     pub fn weight(&self, tenant: Option<&str>) -> f64 {
-        tenant.and_then(|t| self.weights.get(t).copied()).unwrap_or(1.0)
+        match tenant {
+            None => 1.0,
+            Some(t) => self.weights.get(t).copied().unwrap_or(self.default),
+        }
     }
 
     /// 1/w of `tenant` in tag units.
     pub fn step(&self, tenant: Option<&str>) -> Tag {
-        tenant.and_then(|t| self.steps.get(t).copied()).unwrap_or(self.default_step)
+        match tenant {
+            None => self.unit_step,
+            Some(t) => self.steps.get(t).copied().unwrap_or(self.default_step),
+        }
     }
 
     /// The tag units a tenant of step `step` is charged for `charge` quanta (a negative charge is a
@@ -222,7 +251,7 @@ impl Weights {
 
     /// The zero tag of this pool's kind.
     pub fn zero(&self) -> Tag {
-        self.default_step.zero()
+        self.unit_step.zero()
     }
 }
 
@@ -241,11 +270,43 @@ mod tests {
 
     #[test]
     fn steps_are_exact() {
-        let w = Weights::new([("a", 3.0), ("b", 1.0), ("c", 0.5)], None, false);
+        let w = Weights::new([("a", 3.0), ("b", 1.0), ("c", 0.5)], None, None, false);
         assert_eq!(w.step(Some("a")), Tag::Exact(1));
         assert_eq!(w.step(Some("b")), Tag::Exact(3));
         assert_eq!(w.step(Some("c")), Tag::Exact(6));
         assert_eq!(w.step(None), Tag::Exact(3));
+    }
+
+    #[test]
+    fn the_default_weighs_unlisted_tenants_and_counts_into_the_scale() {
+        // As Python's Weights({"a": 1}, default=2.5): the scale is lcm(1, 5) = 5, so an unlisted
+        // tenant steps 5 * 2/5 = 2, a listed one of weight 1 steps 5, and untenanted tasks still
+        // weigh 1: the unit step, 5.
+        let w = Weights::new([("a", 1.0)], Some(2.5), None, false);
+        assert_eq!(w.scale, Some(5));
+        assert_eq!(w.step(Some("a")), Tag::Exact(5));
+        assert_eq!(w.step(Some("other")), Tag::Exact(2));
+        assert_eq!(w.step(None), Tag::Exact(5));
+        assert_eq!(w.weight(Some("other")), 2.5);
+        assert_eq!(w.weight(Some("a")), 1.0);
+        assert_eq!(w.weight(None), 1.0);
+    }
+
+    #[test]
+    fn a_default_past_the_exact_range_sends_the_pool_to_float_tags() {
+        // Its numerator alone passes 2^40, as in Python, where the lcm then gives up on exact tags.
+        let w = Weights::new([("a", 2.0)], Some(1e13), None, false);
+        assert_eq!(w.scale, None);
+        assert_eq!(w.step(Some("other")), Tag::Float(1e-13));
+        assert_eq!(w.step(Some("a")), Tag::Float(0.5));
+        assert_eq!(w.step(None), Tag::Float(1.0));
+    }
+
+    #[test]
+    fn charged_defaults_hold_whole_thousandths_too() {
+        let w = Weights::new([], Some(3.0), None, true);
+        assert_eq!(w.step(Some("x")), Tag::Exact(1000));
+        assert_eq!(w.step(None), Tag::Exact(3000));
     }
 }
 
@@ -255,7 +316,7 @@ mod charged_tests {
 
     #[test]
     fn charged_steps_hold_whole_thousandths() {
-        let w = Weights::new([("a", 3.0), ("b", 1.0)], None, true);
+        let w = Weights::new([("a", 3.0), ("b", 1.0)], None, None, true);
         assert_eq!(w.step(Some("a")), Tag::Exact(1000));
         assert_eq!(w.step(Some("b")), Tag::Exact(3000));
         // A cost of 0.1 (100 quanta) is a tenth of a step, exactly.
