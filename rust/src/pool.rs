@@ -13,7 +13,8 @@ pub struct Fairness {
 
 impl Fairness {
     /// Shares by weight (`tenant_weights`): with weights 3 and 1 and both tenants backlogged, the
-    /// first gets three dispatches for each of the second's. Tenants not listed weigh 1. Each weight
+    /// first gets three dispatches for each of the second's. Tenants not listed weigh 1 (or the
+    /// pool's [`default_weight`](PoolConfig::default_weight)). Each weight
     /// must be positive and finite (checked when the pool is used).
     pub fn weights<T: Into<String>>(weights: impl IntoIterator<Item = (T, f64)>) -> Fairness {
         Fairness { tenant_weights: weights.into_iter().map(|(t, w)| (t.into(), w)).collect() }
@@ -42,13 +43,14 @@ impl Fairness {
 ///     .share_by(ShareBy::Cost) // a task's share is its cost: Task::cost(tokens)
 ///     .tenant_rate("trial", 0.5) // at most one start every two seconds
 ///     .tenant_minimum("acme", 2) // two running tasks guaranteed while it has work
-///     .tenant_limit("acme", 6); // and never more than six at once
+///     .tenant_limit("acme", 6) // and never more than six at once
+///     .default_tenant_limit(4); // any other tenant: four at once
 /// pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
 /// pool.max_in_flight = Some(8);
 /// ```
 ///
-/// A pool with a `share_by`, a rate, a minimum or a ceiling is fair (equal weights unless
-/// `fairness` gives some) even without `fairness`.
+/// A pool with a `share_by`, a default weight, a rate, a minimum or a ceiling (a default one
+/// too) is fair (equal weights unless `fairness` gives some) even without `fairness`.
 #[derive(Debug, Clone, PartialEq)]
 #[must_use = "a PoolConfig does nothing until a Scheduler or a Worker is given it"]
 pub struct PoolConfig {
@@ -68,6 +70,12 @@ pub struct PoolConfig {
     /// Minimums: running tasks a tenant is guaranteed while it has work queued
     /// (`tenant_minimums`); it goes ahead of the fair order within its class until it has them.
     pub tenant_minimums: Vec<(String, u32)>,
+    /// The weight of every tenant not listed in `fairness`' weights (`default_weight`; `None`:
+    /// 1). Tasks without a tenant still weigh 1.
+    pub default_weight: Option<f64>,
+    /// The ceiling of every tenant not listed in `tenant_limits` (`default_tenant_limit`; `None`:
+    /// no ceiling); the tasks without a tenant count as one such tenant.
+    pub default_tenant_limit: Option<u32>,
 }
 
 /// Set `tenant`'s entry of a per-tenant list (a later call for the same tenant replaces it).
@@ -89,6 +97,8 @@ impl PoolConfig {
             tenant_limits: Vec::new(),
             tenant_rates: Vec::new(),
             tenant_minimums: Vec::new(),
+            default_weight: None,
+            default_tenant_limit: None,
         }
     }
 
@@ -119,6 +129,23 @@ impl PoolConfig {
         self
     }
 
+    /// Every tenant not given a weight in [`fairness`](PoolConfig::fairness) weighs `weight` (a
+    /// positive number, checked when the pool is used): with `.default_weight(3.0)` and a tenant
+    /// listed at 1, any other tenant gets three dispatches for each of the listed one's. Makes the
+    /// pool fair; tasks without a tenant still weigh 1.
+    pub fn default_weight(mut self, weight: f64) -> PoolConfig {
+        self.default_weight = Some(weight);
+        self
+    }
+
+    /// At most `limit` tasks of each tenant not listed in `tenant_limits` run at once (at least 1),
+    /// the tasks without a tenant counting as one such tenant; a [`tenant_limit`](Self::tenant_limit)
+    /// overrides it. Makes the pool fair.
+    pub fn default_tenant_limit(mut self, limit: u32) -> PoolConfig {
+        self.default_tenant_limit = Some(limit);
+        self
+    }
+
     /// The settings of the scheduling core.
     pub(crate) fn settings(&self) -> PoolSettings {
         PoolSettings {
@@ -130,12 +157,15 @@ impl PoolConfig {
             tenant_limits: self.tenant_limits.clone(),
             tenant_rates: self.tenant_rates.clone(),
             tenant_minimums: self.tenant_minimums.clone(),
+            default_weight: self.default_weight,
+            default_tenant_limit: self.default_tenant_limit,
         }
     }
 
     /// The settings set explicitly, as a worker's `ready` carries them (`tenant_weights`,
-    /// `fair_share`, `max_in_flight`, `share_by`, `tenant_limits`, `tenant_rates`,
-    /// `tenant_minimums`): the broker refuses the worker when one disagrees with its config.
+    /// `fair_share`, `max_in_flight`, `share_by`, `tenant_limits`, `default_weight`,
+    /// `default_tenant_limit`, `tenant_rates`, `tenant_minimums`): the broker refuses the worker
+    /// when one disagrees with its config.
     pub(crate) fn explicit_settings(&self) -> Vec<(rmpv::Value, rmpv::Value)> {
         let mut out = Vec::new();
         if let Some(f) = &self.fairness {
@@ -158,6 +188,12 @@ impl PoolConfig {
         if !self.tenant_limits.is_empty() {
             out.push(("tenant_limits".into(), ints(&self.tenant_limits)));
         }
+        if let Some(weight) = self.default_weight {
+            out.push(("default_weight".into(), rmpv::Value::F64(weight)));
+        }
+        if let Some(limit) = self.default_tenant_limit {
+            out.push(("default_tenant_limit".into(), rmpv::Value::from(limit)));
+        }
         if !self.tenant_rates.is_empty() {
             let rates = self.tenant_rates.iter().map(|(t, r)| (t.as_str().into(), rmpv::Value::F64(*r))).collect();
             out.push(("tenant_rates".into(), rmpv::Value::Map(rates)));
@@ -166,5 +202,29 @@ impl PoolConfig {
             out.push(("tenant_minimums".into(), ints(&self.tenant_minimums)));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_reach_the_core_and_the_broker_only_when_set() {
+        let plain = PoolConfig::new("p");
+        assert!(plain.explicit_settings().is_empty());
+        assert!(!plain.settings().fair());
+
+        let pool = PoolConfig::new("p").default_weight(2.5).default_tenant_limit(5);
+        let settings = pool.settings();
+        assert_eq!((settings.default_weight, settings.default_tenant_limit), (Some(2.5), Some(5)));
+        assert!(settings.fair(), "either default makes the pool fair, as in Python");
+        assert_eq!(
+            pool.explicit_settings(),
+            vec![
+                ("default_weight".into(), rmpv::Value::F64(2.5)),
+                ("default_tenant_limit".into(), rmpv::Value::from(5u32)),
+            ]
+        );
     }
 }
