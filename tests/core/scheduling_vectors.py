@@ -38,7 +38,8 @@ def settings_of(pools: Pools) -> list[PoolSettings]:
     return [
         PoolSettings(p["name"], p.get("tenant_weights", {}), p.get("fair_share", False), p.get("max_in_flight"),
                      tenant_limits=p.get("tenant_limits", {}), share_by=p.get("share_by", "dispatches"),
-                     tenant_rates=p.get("tenant_rates", {}), tenant_minimums=p.get("tenant_minimums", {}))
+                     tenant_rates=p.get("tenant_rates", {}), tenant_minimums=p.get("tenant_minimums", {}),
+                     default_weight=p.get("default_weight"), default_tenant_limit=p.get("default_tenant_limit"))
         for p in pools
     ]
 
@@ -690,6 +691,46 @@ def ceilings_pass_over() -> Recorder:
 
 
 @case
+def defaults_for_unlisted_tenants() -> Recorder:
+    r = Recorder("default_weight weighs every tenant not listed (the untenanted tasks still weigh 1; the default's "
+                 "fraction counts into the exact scale, 2.5 being 5/2), and default_tenant_limit caps each tenant not "
+                 "listed, the untenanted tasks as one more, a listed tenant_limit overriding it (deadline tasks "
+                 "too); a reload changes both at once.",
+                 [{"name": "w", "tenant_weights": {"one": 1}, "default_weight": 2.5},
+                  {"name": "c", "fair_share": True, "tenant_limits": {"big": 3}, "default_tenant_limit": 2}])
+    for n in range(4):
+        r.submit(f"o{n}", "w", "one")
+        r.submit(f"n{n}", "w", None)
+    for n in range(10):
+        r.submit(f"u{n}", "w", "unlisted")
+    r.add_worker("ww", ["w"], 18)
+    # 5/2 dispatches of an unlisted tenant for each of a weight-1 one's, ties to the earlier arrival.
+    assert letters(r.dispatch()) == "onuuuonuuonuuuonuu"
+    for n in range(4):
+        r.submit(f"a{n}", "c", "a")
+        r.submit(f"b{n}", "c", "big")
+        r.submit(f"x{n}", "c", None)
+    r.submit("a-due", "c", "a", deadline=9)
+    r.add_worker("wc", ["c"], 12)
+    assert sorted(t for _, t in r.dispatch()) == ["a-due", "a0", "b0", "b1", "b2", "x0", "x1"]
+    r.submit("a-due2", "c", "a", deadline=9)  # a is at its ceiling: its deadline task waits too
+    assert r.dispatch() == []
+    r.at(1)
+    r.finish("a-due", "wc")
+    r.finish("x0", "wc")
+    assert [t for _, t in r.tick()] == ["a-due2", "x2"]
+    r.configure([{"name": "w", "tenant_weights": {"one": 1}, "default_weight": 0.5},
+                 {"name": "c", "fair_share": True, "tenant_limits": {"big": 3}, "default_tenant_limit": 3}])
+    assert sorted(t for _, t in r.tick()) == ["a1", "x3"]
+    for n in range(4, 8):
+        r.submit(f"o{n}", "w", "one")
+        r.submit(f"u{n + 6}", "w", "unlisted")
+    r.grant("ww", 8)
+    r.tick()
+    return r
+
+
+@case
 def runtime_correction() -> Recorder:
     r = Recorder("share_by = runtime: a dispatch is charged an estimate (the task's cost in seconds, else its tenant's "
                  "recent average run time, else the pool's, else 1 s) and corrected to the run's time when it ends "
@@ -775,11 +816,12 @@ POOLS: Pools = [
     {"name": "time", "share_by": "runtime", "fair_share": True, "tenant_limits": {"a": 2}, "tenant_rates": {"c": 0.5},
      "tenant_minimums": {"b": 1}, "max_in_flight": 4},
 ]
-# What a reload may switch the pools to (and back): new weights, rates, minimums, ceilings and units.
+# What a reload may switch the pools to (and back): new weights, rates, minimums, ceilings and units, default
+# weights and ceilings.
 RELOADED: Pools = [
-    {"name": "fair", "tenant_weights": {"a": 1, "b": 2.5}, "tenant_rates": {"a": 1.5}},
+    {"name": "fair", "tenant_weights": {"a": 1, "b": 2.5}, "tenant_rates": {"a": 1.5}, "default_weight": 1.5},
     {"name": "plain", "max_in_flight": 2},
-    {"name": "share", "fair_share": True, "max_in_flight": 3, "tenant_minimums": {"a": 1}},
+    {"name": "share", "fair_share": True, "max_in_flight": 3, "tenant_minimums": {"a": 1}, "default_tenant_limit": 1},
     {"name": "cost", "share_by": "cost", "tenant_weights": {"a": 2, "c": 0.5}, "tenant_rates": {"b": 0.5, "a": 4},
      "tenant_limits": {"c": 1}},
     {"name": "time", "share_by": "cost", "fair_share": True, "tenant_rates": {"c": 3}, "tenant_minimums": {"b": 2}},
