@@ -1,5 +1,6 @@
 //! The embedded Scheduler: the broker's rules in one process, the same errors as a broker's.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -284,6 +285,90 @@ async fn a_tenant_under_its_minimum_goes_first() {
     tasks.push(Task::new("b0").pool("p").tenant("b"));
     // By weight b would wait behind a's ten; with nothing of it running it is under its minimum.
     assert_eq!(run_in_order(sched, order, tasks).await, "baaaa");
+}
+
+#[tokio::test]
+async fn an_unlisted_tenant_weighs_the_default_weight_and_untenanted_tasks_still_weigh_one() {
+    let order = Arc::new(Mutex::new(String::new()));
+    let mut pool = PoolConfig::new("p").default_weight(3.0);
+    pool.fairness = Some(Fairness::weights([("listed", 1.0)]));
+    let sched = recording(pool, order.clone());
+    let mut tasks: Vec<Task> = (0..4).map(|n| Task::new(format!("l{n}")).pool("p").tenant("listed")).collect();
+    tasks.extend((0..4).map(|n| Task::new(format!("n{n}")).pool("p")));
+    tasks.extend((0..12).map(|n| Task::new(format!("u{n}")).pool("p").tenant("unlisted")));
+    // Three dispatches of the unlisted tenant for each of the listed one's and of the untenanted
+    // tasks', though it queued last (the Python scheduler's order, ties to the earlier arrival).
+    assert_eq!(run_in_order(sched, order, tasks).await, "lnuuulnuuulnuuulnuuu");
+}
+
+#[tokio::test]
+async fn an_unlisted_tenant_never_runs_more_than_the_default_tenant_limit() {
+    // tenant -> (running now, most at once)
+    let counts: Arc<Mutex<HashMap<String, (u32, u32)>>> = Arc::default();
+    let seen = counts.clone();
+    let pool = PoolConfig::new("p").default_tenant_limit(2).tenant_limit("big", 4);
+    let sched = Scheduler::builder(vec![pool])
+        .concurrency(16)
+        .handler("p", move |p: Payload| {
+            let seen = seen.clone();
+            async move {
+                let tenant: String = p.decode()?;
+                {
+                    let mut counts = seen.lock().unwrap();
+                    let (running, most) = counts.entry(tenant.clone()).or_default();
+                    *running += 1;
+                    *most = (*most).max(*running);
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                seen.lock().unwrap().get_mut(&tenant).unwrap().0 -= 1;
+                Ok::<_, Error>(())
+            }
+        })
+        .build()
+        .unwrap();
+    sched.pause("p").await.unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..6 {
+        for tenant in ["a", "b", "big"] {
+            handles.push(sched.submit(Task::new(tenant).pool("p").tenant(tenant)).await.unwrap());
+        }
+        handles.push(sched.submit(Task::new("untenanted").pool("p")).await.unwrap());
+    }
+    sched.resume("p").await.unwrap();
+    for h in &handles {
+        h.result::<()>().await.unwrap();
+    }
+    let most: HashMap<String, u32> = counts.lock().unwrap().iter().map(|(t, (_, most))| (t.clone(), *most)).collect();
+    // Each unlisted tenant, and the untenanted tasks as one more, at most two at once; the listed
+    // ceiling overrides the default. With sixteen slots each reaches its ceiling.
+    let expected: HashMap<String, u32> =
+        [("a", 2), ("b", 2), ("untenanted", 2), ("big", 4)].into_iter().map(|(t, n)| (t.to_string(), n)).collect();
+    assert_eq!(most, expected);
+}
+
+#[tokio::test]
+async fn bad_default_weights_and_tenant_limits_are_refused_naming_the_pool_and_the_setting() {
+    for weight in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let refused = Scheduler::new(vec![PoolConfig::new("p").default_weight(weight)]);
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("\"p\"") && m.contains("default_weight")),
+            "{:?}",
+            refused.err()
+        );
+    }
+    let refused = Scheduler::new(vec![PoolConfig::new("p").default_tenant_limit(0)]);
+    assert!(
+        matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("\"p\"") && m.contains("default_tenant_limit")),
+        "{:?}",
+        refused.err()
+    );
+    // A minimum no default ceiling lets it reach is refused as one above a listed ceiling is.
+    let above = Scheduler::new(vec![PoolConfig::new("p").tenant_minimum("a", 3).default_tenant_limit(2)]);
+    assert!(
+        matches!(&above, Err(Error::InvalidArgument(m)) if m.contains("its own ceiling is 2")),
+        "{:?}",
+        above.err()
+    );
 }
 
 #[tokio::test]
