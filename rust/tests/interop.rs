@@ -191,7 +191,9 @@ async fn a_rust_worker_serves_a_python_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_three_to_one_order_through_the_broker() {
     let dir = Scratch::new("c");
-    let pools = "[[pools]]\nname = \"llm\"\n[pools.tenant_weights]\nacme = 3\nglobex = 1\n";
+    // The defaults weigh and cap only tenants not listed: the 3:1 order stays (one slot).
+    let pools = "[[pools]]\nname = \"llm\"\ndefault_weight = 2\ndefault_tenant_limit = 4\n\
+                 [pools.tenant_weights]\nacme = 3\nglobex = 1\n";
     let broker = Broker::start(&dir.0, pools, "durability = \"none\"", &[]);
     let sched = cronoq::connect(&broker.clients).await.unwrap();
     sched.pause("llm").await.unwrap();
@@ -205,11 +207,15 @@ async fn the_three_to_one_order_through_the_broker() {
         handles.push(sched.submit(Task::new(payload).pool("llm").tenant("acme")).await.unwrap());
     }
 
-    // A worker whose pool says the broker's weights: agreeing settings are taken.
+    // A worker whose pool says the broker's weights and defaults: agreeing settings are taken.
     let order = Arc::new(Mutex::new(Vec::new()));
     let seen = order.clone();
-    let mut pool = PoolConfig::new("llm");
-    pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
+    let agreeing = || {
+        let mut pool = PoolConfig::new("llm").default_weight(2.0).default_tenant_limit(4);
+        pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
+        pool
+    };
+    let pool = agreeing();
     let worker = Worker::new(&broker.workers).concurrency(1).heartbeat(Duration::from_millis(200), 5).pool(
         pool,
         move |p: Payload| {
@@ -242,6 +248,23 @@ async fn the_three_to_one_order_through_the_broker() {
     .await
     .expect("refused at once");
     assert!(matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("llm")), "{refused:?}");
+
+    // So is one whose default weight or default ceiling disagrees, naming the setting.
+    for (wrong, setting) in [
+        (agreeing().default_weight(3.0), "default_weight"),
+        (agreeing().default_tenant_limit(5), "default_tenant_limit"),
+    ] {
+        let refused = tokio::time::timeout(
+            LONG,
+            Worker::new(&broker.workers).pool(wrong, |_: Payload| async { Ok::<_, Error>(()) }).run(),
+        )
+        .await
+        .expect("refused at once");
+        assert!(
+            matches!(&refused, Err(Error::FailedPrecondition(m)) if m.contains("llm") && m.contains(setting)),
+            "{refused:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
