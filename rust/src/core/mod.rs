@@ -1453,7 +1453,7 @@ mod tests {
         for n in 0..many {
             let id = format!("t{n}");
             core.submit(of(Some(&format!("tenant-{n}")), &id), n as f64).unwrap();
-            assert_eq!(dispatched(&mut core, n as f64), [id.clone()]);
+            assert_eq!(dispatched(&mut core, n as f64), [id.as_str()]);
             core.finish(&id, "w", 1, n as f64, None).unwrap().unwrap();
             core.grant("w", 1);
         }
