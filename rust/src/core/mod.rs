@@ -1466,6 +1466,22 @@ mod tests {
     }
 
     #[test]
+    fn deadline_groups_of_tenants_with_no_deadline_task_left_are_dropped() {
+        let mut p = settings("p");
+        p.default_tenant_limit = Some(1);
+        let mut core = Core::new(&[p]).unwrap();
+        for n in 0..100 {
+            let mut due = of(Some(&format!("tenant-{n}")), &format!("t{n}"));
+            due.deadline = Some(100.0);
+            core.submit(due, 0.0).unwrap();
+        }
+        assert_eq!(core.pools[0].classes[2].edf_groups(), 100);
+        core.add_worker("w", &["p"], 100).unwrap();
+        assert_eq!(dispatched(&mut core, 0.0).len(), 100);
+        assert_eq!(core.pools[0].classes[2].edf_groups(), 0);
+    }
+
+    #[test]
     fn a_reload_gives_every_tenant_with_tasks_the_default_ceiling() {
         let mut core = Core::new(&[settings("p")]).unwrap();
         for n in 0..3 {

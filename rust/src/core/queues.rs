@@ -698,17 +698,38 @@ impl ClassQueue {
     /// The heap (None: the root one) whose top is the earliest live deadline of a tenant not held back.
     fn best_edf(&mut self, tasks: &[Option<Slot>], now: f64) -> Option<(f64, Option<Tenant>)> {
         let mut best: Option<((f64, u64), Option<Tenant>)> = clean_top(&mut self.edf, tasks, now).map(|k| (k, None));
+        let mut emptied = false;
         for (tenant, group) in self.groups.iter_mut() {
             if group.blocked {
                 continue;
             }
-            if let Some(key) = clean_top(&mut group.heap, tasks, now) {
-                if best.as_ref().is_none_or(|(b, _)| key.0 < b.0 || (key.0 == b.0 && key.1 < b.1)) {
-                    best = Some((key, Some(tenant.clone())));
+            match clean_top(&mut group.heap, tasks, now) {
+                Some(key) => {
+                    if best.as_ref().is_none_or(|(b, _)| key.0 < b.0 || (key.0 == b.0 && key.1 < b.1)) {
+                        best = Some((key, Some(tenant.clone())));
+                    }
                 }
+                None => emptied |= group.heap.is_empty(),
             }
         }
+        if emptied {
+            self.drop_empty_groups();
+        }
         best.map(|((d, _), at)| (d, at))
+    }
+
+    /// Forget the groups that hold no entry: with a default ceiling every tenant met has one, and
+    /// this walk visits them all. A group made again on the tenant's next deadline task takes its
+    /// held state then, the same one `set_blocked` would have kept.
+    fn drop_empty_groups(&mut self) {
+        self.groups.retain(|_, g| !g.heap.is_empty());
+    }
+
+    /// Groups of deadline tasks held now (one per tenant with a ceiling, rate or minimum that has
+    /// queued deadline tasks, or stale entries of them).
+    #[cfg(test)]
+    pub(super) fn edf_groups(&self) -> usize {
+        self.groups.len()
     }
 
     /// Remove the next task of this class, never one whose deadline <= now: deadline tasks first,
@@ -716,11 +737,14 @@ impl ClassQueue {
     pub fn pop(&mut self, tasks: &[Option<Slot>], now: f64, needy: &[Tenant], charge_of: ChargeOf) -> Option<usize> {
         if self.edf_live > 0 {
             if let Some((_, at)) = self.best_edf(tasks, now) {
-                let heap = match at {
+                let heap = match &at {
                     None => &mut self.edf,
-                    Some(tenant) => &mut self.groups.get_mut(&tenant).expect("found").heap,
+                    Some(tenant) => &mut self.groups.get_mut(tenant).expect("found").heap,
                 };
                 let Reverse((_, _, slot)) = heap.pop().expect("a clean top");
+                if let Some(tenant) = at.filter(|_| heap.is_empty()) {
+                    self.groups.remove(&tenant);
+                }
                 self.edf_live -= 1;
                 return Some(slot);
             }
