@@ -415,7 +415,9 @@ impl From<crate::core::explain::Reading> for Waiting {
             .into_iter()
             .map(|n| NodeState {
                 name: n.name,
-                own_tasks: false, // tenants are flat in this crate's core: no sub-tenants to share with
+                // The nodes of the task's path only: a node's own tasks, beside its sub-tenants, are
+                // not listed as a child of their own here (the Python explain lists them).
+                own_tasks: false,
                 weight: n.weight,
                 backlogged: n.backlogged,
                 share: n.share,

@@ -288,6 +288,66 @@ async fn a_tenant_under_its_minimum_goes_first() {
 }
 
 #[tokio::test]
+async fn tenant_trees_share_by_weight_at_every_level() {
+    let order = Arc::new(Mutex::new(String::new()));
+    let mut pool = PoolConfig::new("p");
+    pool.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0), ("acme/a", 1.0), ("acme/b", 1.0)]));
+    let sched = recording(pool, order.clone());
+    let mut tasks: Vec<Task> = (0..4).map(|n| Task::new(format!("g{n}")).pool("p").tenant("globex")).collect();
+    tasks.extend((0..6).map(|n| Task::new(format!("a{n}")).pool("p").tenant("acme/a")));
+    tasks.extend((0..6).map(|n| Task::new(format!("b{n}")).pool("p").tenant("acme/b")));
+    // acme gets three dispatches for each of globex's, and shares them evenly between acme/a and
+    // acme/b. The order is the Python core's, computed with cronoq.core.SchedulerCore on the same
+    // pool and submissions (one slot, a finish before each dispatch) and written down here.
+    assert_eq!(run_in_order(sched, order, tasks).await, "gabagbabgabagbab");
+}
+
+#[tokio::test]
+async fn a_ceiling_on_a_parent_node_caps_its_whole_subtree() {
+    // top-level node -> (running now, most at once)
+    let counts: Arc<Mutex<HashMap<String, (u32, u32)>>> = Arc::default();
+    let seen = counts.clone();
+    let pool = PoolConfig::new("p").tenant_limit("acme", 2);
+    let sched = Scheduler::builder(vec![pool])
+        .concurrency(8)
+        .handler("p", move |p: Payload| {
+            let seen = seen.clone();
+            async move {
+                let tenant: String = p.decode()?;
+                let top = tenant.split('/').next().unwrap().to_string();
+                {
+                    let mut counts = seen.lock().unwrap();
+                    let (running, most) = counts.entry(top.clone()).or_default();
+                    *running += 1;
+                    *most = (*most).max(*running);
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                seen.lock().unwrap().get_mut(&top).unwrap().0 -= 1;
+                Ok::<_, Error>(())
+            }
+        })
+        .build()
+        .unwrap();
+    sched.pause("p").await.unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        for tenant in ["acme/a", "acme/b", "acme", "globex"] {
+            handles.push(sched.submit(Task::new(tenant).pool("p").tenant(tenant)).await.unwrap());
+        }
+    }
+    sched.resume("p").await.unwrap();
+    for h in &handles {
+        h.result::<()>().await.unwrap();
+    }
+    let most: HashMap<String, u32> = counts.lock().unwrap().iter().map(|(t, (_, most))| (t.clone(), *most)).collect();
+    // acme's own tasks and its sub-tenants' count against its ceiling together, never more than
+    // two at once; globex, beside it, runs all three of its tasks at once in the free slots.
+    let expected: HashMap<String, u32> =
+        [("acme", 2), ("globex", 3)].into_iter().map(|(t, n)| (t.to_string(), n)).collect();
+    assert_eq!(most, expected);
+}
+
+#[tokio::test]
 async fn an_unlisted_tenant_weighs_the_default_weight_and_untenanted_tasks_still_weigh_one() {
     let order = Arc::new(Mutex::new(String::new()));
     let mut pool = PoolConfig::new("p").default_weight(3.0);
@@ -379,8 +439,22 @@ async fn shares_rates_and_minimums_refuse_bad_settings_in_a_sentence() {
         matches!(&bad_cost, Err(Error::InvalidArgument(m)) if m.contains("cost must be a positive number")),
         "{bad_cost:?}"
     );
-    let path = sched.submit(Task::new(1).pool("work").tenant("acme/search")).await;
-    assert!(matches!(&path, Err(Error::InvalidArgument(m)) if m.contains("no tenant trees")), "{path:?}");
+    // A tenant path is refused as the Python core refuses it, naming what is wrong.
+    for (tenant, problem) in [
+        ("acme//search", "has an empty segment"),
+        ("/acme", "has an empty segment"),
+        ("acme/", "has an empty segment"),
+        ("a/b/c/d/e/f/g/h/i", "has 9 levels; at most 8 are allowed"),
+    ] {
+        let refused = sched.submit(Task::new(1).pool("work").tenant(tenant)).await;
+        assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains(problem)), "{tenant}: {refused:?}");
+    }
+    let limit = Scheduler::new(vec![PoolConfig::new("p").tenant_limit("acme//x", 1)]);
+    assert!(
+        matches!(&limit, Err(Error::InvalidArgument(m)) if m.contains("tenant_limits") && m.contains("empty segment")),
+        "{:?}",
+        limit.err()
+    );
     let rate = Scheduler::new(vec![PoolConfig::new("p").tenant_rate("a", 0.0)]);
     assert!(matches!(&rate, Err(Error::InvalidArgument(m)) if m.contains("rate of tenant")), "{:?}", rate.err());
     let mut capped = PoolConfig::new("p").tenant_minimum("a", 2).tenant_minimum("b", 2);

@@ -1,12 +1,14 @@
-//! What holds a tenant back, or puts it first: its ceiling, its rate and its minimum, as the Python
-//! core's `ceilings.py` keeps them.
+//! What holds a node of the tenant tree back, or puts it first: its ceiling, its rate and its
+//! minimum, as the Python core's `ceilings.py` keeps them.
 //!
-//! A [`Ceiling`] counts the running tasks of one tenant of one pool (every class, with or without a
-//! deadline), for every tenant that has a ceiling (`tenant_limits`), a rate (`tenant_rates`) or a
-//! minimum (`tenant_minimums`). At its ceiling the tenant is *capped*; out of rate tokens it is
-//! *limited*; either way it is held back (`blocked`): its pool takes it out of every class's fair
-//! queue and deadline order (it keeps its tasks and tags and blocks nobody), and lets it go when a
-//! task of it ends or its next token comes.
+//! A [`Ceiling`] counts the running tasks of one node's subtree in one pool (every class, with or
+//! without a deadline), for every node that has a ceiling (`tenant_limits`, or
+//! `default_tenant_limit` for a top-level node), a rate (`tenant_rates`) or a minimum
+//! (`tenant_minimums`). At its ceiling the node is *capped*; out of rate tokens it is *limited*;
+//! either way it is held back (`blocked`): its pool takes it out of every class's fair tree and
+//! deadline order (its subtree keeps its tasks and tags and blocks nobody), and lets it go when a
+//! task under it ends or its next token comes. A dispatch counts against, and takes a token from,
+//! every node of its tenant's path.
 //!
 //! A rate is a token bucket of `max(1, rate)` tokens refilled at `rate` a second, kept as one number:
 //! the generic cell rate algorithm's theoretical arrival time (`tat`). A dispatch takes a token

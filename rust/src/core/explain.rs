@@ -1,5 +1,5 @@
 //! Why a task has not started yet: a pure reading of the core's state, as the Python core's
-//! `core/explain.py` gives it for `explain` (flat tenants, no pinned caller).
+//! `core/explain.py` gives it for `explain` (no pinned caller).
 //!
 //! [`Core::explain`] looks at one queued or delayed task and says what stands before it, in the
 //! order the rules apply: the queued tasks of higher classes, the deadline tasks of its class, its
@@ -61,16 +61,17 @@ pub struct CeilingReading {
     pub capped_for: Option<f64>,
 }
 
-/// The task's tenant as the fair share of its class sees it now.
+/// One node of the task's tenant path (top first) as the fair share of its class sees it now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeReading {
-    /// The tenant's name (`""` for tasks without one).
+    /// The node's full name (`""` for tasks without a tenant).
     pub name: String,
     /// Its weight.
     pub weight: f64,
     /// It has tasks queued in the class.
     pub backlogged: bool,
-    /// The fraction of the class's fair dispatches it gets now.
+    /// The fraction of its parent's fair dispatches it gets now (of the class's, for a top-level
+    /// node).
     pub share: f64,
     /// Dispatches it trails (+) or leads (-) its share by.
     pub lag: f64,
@@ -170,17 +171,21 @@ impl Core {
         let (mut queue_ahead, mut queue_exact) = (None, true);
         let mut queue_length = match &class.rest {
             Rest::Fair(fair) => {
-                let reading = fair.reading(&slot.tenant);
-                nodes.push(node(pool, &slot.tenant, reading.as_ref(), now));
+                // Its tenant's path from the top: what its queue gets is the product of the shares.
+                let path = super::queues::tenant_path(&slot.tenant);
+                for (name, reading) in path.iter().zip(fair.readings(&path)) {
+                    nodes.push(node(pool, name, reading.as_ref(), now));
+                }
                 if slot.deadline.is_none() {
                     // A deadline task is outside the share: it goes by its deadline alone.
-                    share = Some(nodes[0].share);
+                    share = Some(nodes.iter().map(|n| n.share).product());
                 }
-                if let (true, None, Some(chain)) = (queued, slot.deadline, fair.chain(&slot.tenant)) {
+                let chain = fair.chain(&path);
+                if let (true, None, Some(chain)) = (queued, slot.deadline, chain) {
                     let (ahead, exact) = ahead_in(chain);
                     (queue_ahead, queue_exact) = (Some(ahead), exact);
                 }
-                reading.map_or(0, |r| r.live as u64)
+                chain.map_or(0, |c| c.live as u64)
             }
             Rest::Fifo(fifo) => {
                 if queued && slot.deadline.is_none() {
@@ -242,7 +247,7 @@ impl Core {
     }
 }
 
-/// The task's tenant node: its flow's share and lag (none yet: nothing queued in the class), its
+/// A node of the task's tenant path: its share of its parent's dispatches and its lag (none yet: nothing queued in the class), its
 /// ceiling, rate and minimum.
 fn node(pool: &Pool, tenant: &Tenant, flow: Option<&super::queues::FlowReading>, now: f64) -> NodeReading {
     let limits = pool.ceilings.get(tenant);

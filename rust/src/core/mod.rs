@@ -14,31 +14,38 @@
 //!   expiry   heap of queued tasks that have a deadline, by deadline
 //!   ready    workers with a free slot, least recently ready first
 //!   pools    classes[0..3]: critical, high, normal, low, in strict order
-//!              edf   heap (deadline, arrival) of queued deadline tasks
-//!              rest  FairQueue (tenant flows, head tags by (S, arrival)) or Fifo
-//!            ceilings  tenant -> ceiling, rate bucket, minimum, running count (ceilings.rs)
-//!            refills   heap of (when, tenant) of the tenants out of rate tokens
+//!              edf   heap (deadline, arrival) of queued deadline tasks; those with a ceiling,
+//!                    rate or minimum on their tenant's path in one heap per tenant
+//!              rest  FairQueue (the tenant tree: per group of siblings, V and a heap of
+//!                    (S, arrival) per node) or Fifo
+//!            ceilings  node -> ceiling, rate bucket, minimum, running count of its subtree (ceilings.rs)
+//!            refills   heap of (when, node) of the nodes out of rate tokens
 //!   runs     running tasks of pools that share by run time: when dispatched, what charged
 //!   overruns heap of those runs by when they pass what they were charged
 //! ```
 //!
 //! A dispatch walks a pool's classes from critical to low and takes the first task it finds: in a
 //! class the EDF heap first (deadline tasks are not part of the fair share), then the fair or FIFO
-//! part. The fair part is start-time fair queuing with exact integer tags (see `weights`): only the
-//! head of each backlogged tenant holds a tag `S = max(V, F[t])`, `V` becomes the `S` dispatched and
-//! `F[t] = S + 1/w`. Arrival numbers are given when a task enters its class (submit, a delay that
-//! ends, a retry, a lost worker), and break every tie. Workers are served least recently ready
-//! first; a worker serving several pools takes the best class, then the earliest deadline, then the
-//! pools take turns.
+//! part. The fair part is start-time fair queuing with exact integer tags (see `weights`) over the
+//! tenant tree: a tenant name is a path (`acme/search/alice` is a node under `acme/search` under
+//! `acme`), and in every group of siblings only the backlogged children hold a tag
+//! `S = max(V, F[c])`; a dispatch goes down by the smallest (S, arrival) at each level, and every
+//! group on the way sets `V` to the `S` it chose and that child's `F[c] = S + 1/w`. A node that has
+//! tasks of its own and children shares between them as if its own tasks were one more child, of
+//! weight 1; a pool of flat tenants is a tree of depth one. Arrival numbers are given when a task
+//! enters its class (submit, a delay that ends, a retry, a lost worker), and break every tie.
+//! Workers are served least recently ready first; a worker serving several pools takes the best
+//! class, then the earliest deadline, then the pools take turns.
 //!
 //! What a fair dispatch adds to the tags is the pool's [`ShareBy`]: one step `1/w`, or `charge/w`
 //! for a charge in thousandths of a unit (the task's cost, or its estimated run time, corrected when
-//! the run ends and raised while it runs past it). A tenant at its ceiling or out of rate tokens is
-//! held back (out of the heaps, tags kept) until a task of it ends or `expire`/`dispatch` reaches its
-//! refill time; a tenant under its minimum is served ahead of its class's fair order.
-//!
-//! Tenants are flat here: a tenant name with a `/` (a tenant tree in the Python core) is refused
-//! rather than ordered differently from the Python core.
+//! the run ends and raised while it runs past it), at every level of the tenant's path. Weights,
+//! ceilings, rates and minimums may be set on any node and count its whole subtree
+//! (`default_tenant_limit` caps each top-level node not listed). A node at its ceiling or out of
+//! rate tokens is held back (out of the heaps, tags kept, so its subtree blocks nobody) until a
+//! task under it ends or `expire`/`dispatch` reaches its refill time; a node under its minimum is
+//! served ahead of its class's fair order. The tree, its forgetting rules and its reloads are the
+//! Python core's (`fairqueue.py`) node for node, so both order every pool alike.
 
 pub mod ceilings;
 pub mod explain;
@@ -47,12 +54,13 @@ mod slot;
 pub mod weights;
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use ceilings::{next_start, Ceiling};
-use queues::{ClassQueue, Held, Tenant, Time, TimerHeap};
+use queues::{tenant_path, ClassQueue, Held, Tenant, Time, TimerHeap, MAX_TENANT_DEPTH};
 pub use slot::{Slot, State};
 use weights::{quantize, Weights, QUANTA_PER_UNIT};
 
@@ -179,11 +187,11 @@ impl PoolSettings {
         list.iter().find(|(t, _)| t == name).map(|(_, v)| *v)
     }
 
-    /// The ceiling of `tenant`: listed, else the default one (tenants are flat here, so every
-    /// tenant is a top-level one, and the untenanted tasks count as one more, as in Python's
-    /// `PoolSettings.limit`).
+    /// The ceiling of node `tenant`: listed, else the default one for a top-level node (the
+    /// untenanted tasks count as one more), as in Python's `PoolSettings.limit`.
     fn limit(&self, tenant: &Tenant) -> Option<u32> {
-        Self::listed(&self.tenant_limits, tenant).or(self.default_tenant_limit)
+        Self::listed(&self.tenant_limits, tenant)
+            .or_else(|| self.default_tenant_limit.filter(|_| tenant_path(tenant).len() == 1))
     }
 
     /// A new ceiling record for `tenant` if it has a ceiling, rate or minimum.
@@ -295,9 +303,11 @@ impl Pool {
         settings.fair().then(|| (weights.clone(), settings.share_by != ShareBy::Dispatches))
     }
 
-    /// Whether `tenant` has a ceiling, rate or minimum, and whether it is held back now.
-    fn held(&self, tenant: &Tenant) -> Held {
-        self.ceilings.get(tenant).map(Ceiling::blocked)
+    /// Queue a task of `tenant` whose seq is set into its class.
+    fn push(&mut self, priority: usize, tenant: &Tenant, deadline: Option<f64>, entry: (u64, usize)) {
+        let ceilings = &self.ceilings;
+        let held = |node: &Tenant| -> Held { ceilings.get(node).map(Ceiling::blocked) };
+        self.classes[priority].push(tenant, deadline, entry, &held);
     }
 
     /// The record of `tenant`, made on first use; records of tenants with no task are swept once
@@ -312,24 +322,32 @@ impl Pool {
         self.tenants.entry(tenant.clone()).or_default()
     }
 
-    fn block(&mut self, tenant: &Tenant, blocked: bool) {
+    /// Node `node` is held back (`blocked`) or let go, in every class.
+    fn block(&mut self, node: &Tenant, blocked: bool) {
+        let ceilings = &self.ceilings;
+        let held = |n: &Tenant| -> Held { ceilings.get(n).map(Ceiling::blocked) };
         for cls in self.classes.iter_mut() {
-            cls.set_blocked(tenant, blocked);
+            cls.set_blocked(node, blocked, &held);
         }
     }
 
-    /// `tenant` has a task in this pool: give it its default ceiling if it has none yet (as the
-    /// Python core makes a ceiling for a tenant first seen). Every live task's tenant keeps its
-    /// ceiling: enqueue, dispatch and release look it up.
+    /// `tenant` has a task in this pool: give its top-level node its default ceiling if it has none
+    /// yet (as the Python core makes a ceiling for a node first seen; listed nodes have theirs
+    /// already). Every live task's top-level node keeps its ceiling: enqueue, dispatch and release
+    /// look it up.
     fn meet(&mut self, tenant: &Tenant, tasks: &[Option<Slot>]) {
-        if self.settings.default_tenant_limit.is_none() || self.ceilings.contains_key(tenant) {
+        if self.settings.default_tenant_limit.is_none() {
+            return;
+        }
+        let top = tenant_path(tenant).swap_remove(0);
+        if self.ceilings.contains_key(&top) {
             return;
         }
         if self.ceilings.len() >= self.ceilings_sweep_at {
             self.sweep_ceilings(tasks);
         }
-        if let Some(c) = self.settings.ceiling(tenant) {
-            self.ceilings.insert(tenant.clone(), c);
+        if let Some(c) = self.settings.ceiling(&top) {
+            self.ceilings.insert(top, c);
         }
     }
 
@@ -338,7 +356,8 @@ impl Pool {
     /// the same. Listed ones stay (a rate bucket remembers its spent tokens).
     fn sweep_ceilings(&mut self, tasks: &[Option<Slot>]) {
         let index = self.index;
-        let live: HashSet<&Tenant> = tasks.iter().flatten().filter(|t| t.pool == index).map(|t| &t.tenant).collect();
+        let live: HashSet<Tenant> =
+            tasks.iter().flatten().filter(|t| t.pool == index).flat_map(|t| tenant_path(&t.tenant)).collect();
         let settings = &self.settings;
         let listed = |tenant: &Tenant| {
             PoolSettings::listed(&settings.tenant_limits, tenant).is_some()
@@ -349,8 +368,18 @@ impl Pool {
         self.ceilings_sweep_at = KEEP_IDLE_TENANTS.max(2 * self.ceilings.len());
     }
 
-    /// A task of `tenant` started: cap it at its ceiling, take a token, hold it back if need be.
+    /// A task of `tenant` started: cap the nodes of its path that reach their ceiling, take a token
+    /// from every rated one, and hold back those left without (top first, as Python's `_charge`).
     fn charge_ceiling(&mut self, tenant: &Tenant, now: f64) {
+        if self.ceilings.is_empty() {
+            return;
+        }
+        for node in tenant_path(tenant) {
+            self.charge_node(&node, now);
+        }
+    }
+
+    fn charge_node(&mut self, tenant: &Tenant, now: f64) {
         let Some(c) = self.ceilings.get_mut(tenant) else { return };
         c.running += 1;
         let was_blocked = c.blocked();
@@ -371,8 +400,17 @@ impl Pool {
         }
     }
 
-    /// A task of `tenant` stopped running: uncap it if that frees it.
+    /// A task of `tenant` stopped running: uncap the nodes of its path that it frees.
     fn uncharge_ceiling(&mut self, tenant: &Tenant) {
+        if self.ceilings.is_empty() {
+            return;
+        }
+        for node in tenant_path(tenant) {
+            self.uncharge_node(&node);
+        }
+    }
+
+    fn uncharge_node(&mut self, tenant: &Tenant) {
         let Some(c) = self.ceilings.get_mut(tenant) else { return };
         c.running -= 1;
         if c.capped && c.limit.is_some_and(|limit| c.running < limit) {
@@ -420,21 +458,23 @@ impl Pool {
             }
         }
         if settings.default_tenant_limit.is_some() {
-            // Every tenant with a task here has a ceiling now, not only the listed ones.
+            // Every top-level node with a task here has a ceiling now, not only the listed ones.
             for t in tasks.iter().flatten().filter(|t| t.pool == self.index) {
-                if !self.ceilings.contains_key(&t.tenant) {
-                    if let Some(c) = settings.ceiling(&t.tenant) {
-                        self.ceilings.insert(t.tenant.clone(), c);
+                if let Entry::Vacant(slot) = self.ceilings.entry(tenant_path(&t.tenant).swap_remove(0)) {
+                    if let Some(c) = settings.ceiling(slot.key()) {
+                        slot.insert(c);
                     }
                 }
             }
         }
         self.ceilings_sweep_at = KEEP_IDLE_TENANTS.max(2 * self.ceilings.len());
-        // Recount what runs (a reload is rare; a dispatch keeps no per-tenant count for it).
+        // Recount what runs under each node (a reload is rare; a dispatch keeps no count for it).
         for t in tasks.iter().flatten() {
             if t.pool == self.index && t.state == State::Running {
-                if let Some(c) = self.ceilings.get_mut(&t.tenant) {
-                    c.running += 1;
+                for node in tenant_path(&t.tenant) {
+                    if let Some(c) = self.ceilings.get_mut(&node) {
+                        c.running += 1;
+                    }
                 }
             }
         }
@@ -478,10 +518,10 @@ impl Pool {
         let held = |t: &Tenant| ceilings.get(t).map(Ceiling::blocked);
         for cls in self.classes.iter_mut() {
             for tenant in was_blocked.difference(&blocked_now) {
-                cls.set_blocked(tenant, false);
+                cls.set_blocked(tenant, false, &held);
             }
             for tenant in blocked_now.difference(&was_blocked) {
-                cls.set_blocked(tenant, true);
+                cls.set_blocked(tenant, true, &held);
             }
             cls.regroup(tasks, &held);
         }
@@ -526,8 +566,9 @@ impl Pool {
 
     /// `slot` was charged `charged` quanta for its run; charge it `charge` instead.
     fn correct(&mut self, slot: &Slot, charged: i64, charge: i64) {
-        let held = self.held(&slot.tenant) == Some(true);
-        self.classes[slot.priority as usize].correct(&slot.tenant, charge - charged, held);
+        let ceilings = &self.ceilings;
+        let capped = |node: &Tenant| ceilings.get(node).is_some_and(Ceiling::blocked);
+        self.classes[slot.priority as usize].correct(&slot.tenant, charge - charged, &capped);
     }
 
     /// A run of `seconds` ended: move the tenant's and the pool's averages.
@@ -587,16 +628,25 @@ pub struct Core {
     overruns: BinaryHeap<Reverse<(Time, u64, usize)>>,
 }
 
+/// What is wrong with `tenant` as a tenant name (a path of 1 to [`MAX_TENANT_DEPTH`] non-empty
+/// `/`-separated levels), in the words of the Python core's `tenant_problem`; None if nothing.
 fn tenant_problem(tenant: &str) -> Option<String> {
     if tenant.is_empty() {
         return Some("a tenant must be a non-empty string".into());
     }
-    tenant.contains('/').then(|| {
-        format!(
-            "tenant {tenant:?} is a tenant path: this crate's embedded scheduler has no tenant trees (the broker \
-             has); use a name without '/'"
-        )
-    })
+    if !tenant.contains('/') {
+        return None;
+    }
+    let levels = tenant.split('/');
+    if levels.clone().any(str::is_empty) {
+        return Some(format!(
+            "tenant {tenant:?} has an empty segment: a tenant path is names separated by single '/', with no '/' \
+             at either end (e.g. 'acme/search')"
+        ));
+    }
+    let depth = levels.count();
+    (depth > MAX_TENANT_DEPTH)
+        .then(|| format!("tenant {tenant:?} has {depth} levels; at most {MAX_TENANT_DEPTH} are allowed"))
 }
 
 /// Check pool settings: names unique and non-empty, weights positive and finite, caps at least 1.
@@ -671,21 +721,37 @@ pub fn check_settings(pools: &[PoolSettings]) -> Result<()> {
                     p.name
                 )));
             }
-            // Its ceiling, listed or the default one, as the Python core checks it.
-            if let Some(ceiling) = p.limit(&Some(Arc::from(tenant.as_str()))) {
+            // The ceilings of its path, listed or default ones, as the Python core checks them.
+            let node = Some(Arc::from(tenant.as_str()));
+            for above in tenant_path(&node) {
+                let Some(ceiling) = p.limit(&above) else { continue };
                 if ceiling < *minimum {
+                    let whose = if above == node {
+                        "its own ceiling".to_string()
+                    } else {
+                        format!("the ceiling of {:?} above it", above.as_deref().unwrap_or_default())
+                    };
                     return Err(Error::InvalidArgument(format!(
-                        "pool {:?}: tenant {tenant:?} is guaranteed {minimum} running tasks but its own ceiling is \
-                         {ceiling}; lower the minimum or raise the ceiling",
+                        "pool {:?}: tenant {tenant:?} is guaranteed {minimum} running tasks but {whose} is {ceiling}; \
+                         lower the minimum or raise the ceiling",
                         p.name
                     )));
                 }
             }
         }
-        let total: u64 = p.tenant_minimums.iter().map(|(_, m)| *m as u64).sum();
+        // A minimum nested under another's is part of it: the outermost ones must fit.
+        let outermost: Vec<&(String, u32)> = p
+            .tenant_minimums
+            .iter()
+            .filter(|(t, _)| {
+                let path = tenant_path(&Some(Arc::from(t.as_str())));
+                !path[..path.len() - 1].iter().any(|above| PoolSettings::listed(&p.tenant_minimums, above).is_some())
+            })
+            .collect();
+        let total: u64 = outermost.iter().map(|(_, m)| *m as u64).sum();
         if let Some(cap) = p.max_in_flight {
             if total > cap as u64 {
-                let listed: Vec<String> = p.tenant_minimums.iter().map(|(t, m)| format!("{t}={m}")).collect();
+                let listed: Vec<String> = outermost.iter().map(|(t, m)| format!("{t}={m}")).collect();
                 return Err(Error::InvalidArgument(format!(
                     "pool {:?}: tenant_minimums guarantee {total} running tasks ({}) but max_in_flight is {cap}; \
                      lower the minimums or raise max_in_flight",
@@ -876,8 +942,7 @@ impl Core {
         t.seq = seq;
         t.state = State::Queued;
         let (pool, priority, deadline, tenant) = (t.pool, t.priority as usize, t.deadline, t.tenant.clone());
-        let held = self.pools[pool].held(&tenant);
-        self.pools[pool].classes[priority].push(&tenant, deadline, (seq, at), held);
+        self.pools[pool].push(priority, &tenant, deadline, (seq, at));
         self.pools[pool].queued += 1;
         let arrived = &mut self.pools[pool].arrived[priority];
         arrived.0 += 1;
@@ -1203,11 +1268,11 @@ impl Core {
         let tasks = &self.tasks;
         let pool = &mut self.pools[p];
         let ceilings = &pool.ceilings;
-        let needy: Vec<Tenant> = pool
+        let needy: Vec<Vec<Tenant>> = pool
             .minimums
             .iter()
             .filter(|t| ceilings.get(*t).is_some_and(|c| c.under_minimum() && !c.blocked()))
-            .cloned()
+            .map(tenant_path)
             .collect();
         let (share_by, tenants, average) = (pool.settings.share_by, &pool.tenants, pool.average);
         let charge = |slot: usize| charge_of(share_by, tasks[slot].as_ref().expect("queued"), tenants, average);

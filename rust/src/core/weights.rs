@@ -249,6 +249,12 @@ impl Weights {
         }
     }
 
+    /// 1/w of weight 1 in tag units: of untenanted tasks, and of a tenant's own tasks beside its
+    /// sub-tenants.
+    pub fn unit_step(&self) -> Tag {
+        self.unit_step
+    }
+
     /// The zero tag of this pool's kind.
     pub fn zero(&self) -> Tag {
         self.unit_step.zero()
