@@ -830,15 +830,51 @@ COSTS = [0.001, 0.1, 0.3, 1, 2.5, 4]
 TENANTS = [None, "a", "b", "c"]
 OFFSETS = [-1.0, 0.0, 0.5, 1.0, 2.0, 5.0]
 
+# The same pools over tenant trees: weights, ceilings, rates and minimums on inner nodes and leaves, a default
+# ceiling on the top-level nodes, and tenants that are at once a leaf's parent and a tenant of their own ("a").
+TREE_POOLS: Pools = [
+    {"name": "fair", "tenant_weights": {"a": 3, "b": 1, "a/x": 2, "a/x/p": 0.5}, "tenant_limits": {"a/x": 2},
+     "tenant_minimums": {"b/y": 1}},
+    {"name": "plain", "max_in_flight": 2},
+    {"name": "share", "fair_share": True, "max_in_flight": 3, "default_tenant_limit": 2, "tenant_limits": {"a/y": 1}},
+    {"name": "cost", "share_by": "cost", "tenant_weights": {"a": 2, "a/y": 0.5}, "tenant_rates": {"a": 2, "a/x": 1},
+     "tenant_minimums": {"c": 1}},
+    {"name": "time", "share_by": "runtime", "tenant_weights": {"a/x": 3}, "tenant_limits": {"a": 2},
+     "tenant_rates": {"b/y": 0.5}, "tenant_minimums": {"a/y": 1}, "max_in_flight": 4},
+]
+TREE_RELOADED: Pools = [
+    {"name": "fair", "tenant_weights": {"a": 1, "a/x": 0.5, "a/y": 2.5, "b/y": 3}, "tenant_rates": {"a/x/p": 1.5},
+     "default_weight": 1.5},
+    {"name": "plain", "max_in_flight": 2},
+    {"name": "share", "fair_share": True, "max_in_flight": 3, "tenant_minimums": {"a": 1, "a/x": 1},
+     "default_tenant_limit": 1},
+    {"name": "cost", "share_by": "cost", "tenant_weights": {"a/x": 2, "c": 0.5}, "tenant_rates": {"b": 0.5, "a/y": 4},
+     "tenant_limits": {"a": 1, "b/y": 1}},
+    {"name": "time", "share_by": "cost", "fair_share": True, "tenant_rates": {"a/x": 3},
+     "tenant_minimums": {"b": 2, "b/y": 1}},
+]
+TREE_TENANTS = [None, "a", "a/x", "a/x/p", "a/y", "b", "b/y", "c"]
+
 
 @st.composite
-def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
-    """A random interleaving of every operation the vectors know, recorded on the Python core as it is drawn."""
-    r = Recorder("A random interleaving drawn by Hypothesis (tests/core/scheduling_vectors.py, scenarios()).", POOLS)
+def tree_scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
+    """As `scenarios`, over tenant trees up to three levels deep (for cores that order tenant trees)."""
+    return draw(scenarios(max_steps, configs=(TREE_POOLS, TREE_RELOADED), tenants=TREE_TENANTS))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, max_steps: int = 60, configs: tuple[Pools, Pools] = (POOLS, RELOADED),
+              tenants: list[str | None] = TENANTS) -> dict[str, Any]:
+    """A random interleaving of every operation the vectors know, recorded on the Python core as it is drawn:
+    the pools start as `configs[0]` and a reload switches them to either config."""
+    trees = any(tenant is not None and "/" in tenant for tenant in tenants)
+    r = Recorder("A random interleaving drawn by Hypothesis (tests/core/scheduling_vectors.py, "
+                 f"{'tree_scenarios' if trees else 'scenarios'}()).", configs[0],
+                 needs=("tenant_trees",) if trees else ())
     r.add_worker("w0", ["fair", "plain", "share"], 3)
     r.add_worker("w1", ["fair"], 1)
     r.add_worker("w2", ["cost", "time"], 2)
-    names = [p["name"] for p in POOLS]
+    names = [p["name"] for p in configs[0]]
     count = 0
     for _ in range(draw(st.integers(5, max_steps))):
         op = draw(st.sampled_from(["submit"] * 6 + ["dispatch"] * 3 + ["advance"] * 3 + [
@@ -850,7 +886,7 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
             count += 1
             deadline = draw(st.none() | st.sampled_from(OFFSETS[1:]))
             delay = draw(st.none() | st.sampled_from(OFFSETS))
-            r.submit(f"t{count}", draw(st.sampled_from(names)), draw(st.sampled_from(TENANTS)),
+            r.submit(f"t{count}", draw(st.sampled_from(names)), draw(st.sampled_from(tenants)),
                      draw(st.sampled_from(["critical", "high", "normal", "normal", "normal", "low"])),
                      None if deadline is None else r.now + deadline, None if delay is None else r.now + delay,
                      draw(st.none() | st.sampled_from(COSTS)))
@@ -890,7 +926,7 @@ def scenarios(draw: st.DrawFn, max_steps: int = 60) -> dict[str, Any]:
         elif op == "wakeup":
             r.next_wakeup()
         elif op == "reload":
-            r.configure(draw(st.sampled_from([POOLS, RELOADED])))
+            r.configure(draw(st.sampled_from(list(configs))))
         elif op == "charged" and running:
             r.charged_for(draw(st.sampled_from(sorted(running)))[0])
     r.tick()

@@ -2,8 +2,9 @@
 
 rust/tests/scheduling_vectors.rs replays the same files through the Rust crate's embedded scheduler: the two
 cores agree on every decision of every vector. The random scenarios come from Hypothesis
-(`tests.core.scheduling_vectors.scenarios`); `test_emit_random_scenarios` writes each one it draws to the directory
-named by CRONOQ_EMIT_SCHEDULING_VECTORS, when that is set.
+(`tests.core.scheduling_vectors.scenarios`, and `tree_scenarios` over tenant trees); `test_emit_random_scenarios`
+and `test_emit_random_tree_scenarios` write each one they draw to the directory named by
+CRONOQ_EMIT_SCHEDULING_VECTORS, when that is set.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.core import scheduling_vectors
-from tests.core.scheduling_vectors import VECTORS, emit, replay, scenarios
+from tests.core.scheduling_vectors import VECTORS, emit, replay, scenarios, tree_scenarios
 
 NAMES = sorted(path.stem for path in VECTORS.glob("*.json"))
 EMIT_DIR = os.environ.get("CRONOQ_EMIT_SCHEDULING_VECTORS")
@@ -52,6 +53,16 @@ def test_a_vector_can_fail():
 def test_emit_random_scenarios(vector):
     """Every drawn scenario replays on a fresh core as it was recorded (the recording is deterministic); with
     CRONOQ_EMIT_SCHEDULING_VECTORS set, it is also written there as a new vector."""
+    assert replay(vector) == []
+    if EMIT_DIR:
+        emit(vector, Path(EMIT_DIR))
+
+
+@settings(max_examples=int(os.environ.get("CRONOQ_EMIT_COUNT", "20")) if EMIT_DIR else 20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(tree_scenarios())
+def test_emit_random_tree_scenarios(vector):
+    """As test_emit_random_scenarios, over tenant trees (the vectors it writes need "tenant_trees")."""
     assert replay(vector) == []
     if EMIT_DIR:
         emit(vector, Path(EMIT_DIR))
