@@ -138,8 +138,9 @@ impl PoolConfig {
         self
     }
 
-    /// At most `limit` tasks of each tenant not listed in `tenant_limits` run at once (at least 1),
-    /// the tasks without a tenant counting as one such tenant; a [`tenant_limit`](Self::tenant_limit)
+    /// At most `limit` tasks of each top-level tenant not listed in `tenant_limits` run at once
+    /// (at least 1), its sub-tenants' included (`acme/search` counts against `acme`'s), the tasks
+    /// without a tenant counting as one such tenant; a [`tenant_limit`](Self::tenant_limit)
     /// overrides it. Makes the pool fair.
     pub fn default_tenant_limit(mut self, limit: u32) -> PoolConfig {
         self.default_tenant_limit = Some(limit);

@@ -141,7 +141,8 @@ impl ShareBy {
 pub struct PoolSettings {
     /// The pool's name.
     pub name: String,
-    /// Tenant weights (positive, finite); any makes the pool fair.
+    /// Tenant weights (positive, finite), of any node of the tenant tree by its full name; any
+    /// makes the pool fair.
     pub tenant_weights: Vec<(String, f64)>,
     /// Equal shares between tenants.
     pub fair_share: bool,
@@ -149,17 +150,18 @@ pub struct PoolSettings {
     pub max_in_flight: Option<u32>,
     /// What a fair dispatch charges.
     pub share_by: ShareBy,
-    /// Ceilings: at most this many running tasks per tenant.
+    /// Ceilings: at most this many running tasks in a node's subtree.
     pub tenant_limits: Vec<(String, u32)>,
-    /// Rates: at most this many dispatches a second per tenant (a bucket of one second's worth).
+    /// Rates: at most this many dispatches a second in a node's subtree (a bucket of one second's
+    /// worth).
     pub tenant_rates: Vec<(String, f64)>,
-    /// Minimums: running tasks a tenant is guaranteed while it has work queued.
+    /// Minimums: running tasks a node's subtree is guaranteed while it has work queued.
     pub tenant_minimums: Vec<(String, u32)>,
     /// The weight of every tenant not in `tenant_weights` (positive, finite; None: 1); makes the
     /// pool fair. Untenanted tasks weigh 1 whatever it is.
     pub default_weight: Option<f64>,
-    /// The ceiling of every tenant not in `tenant_limits`, the untenanted tasks counting as one
-    /// more such tenant (at least 1); makes the pool fair.
+    /// The ceiling of every top-level node not in `tenant_limits`, the untenanted tasks counting as
+    /// one more such node (at least 1); makes the pool fair.
     pub default_tenant_limit: Option<u32>,
 }
 
