@@ -1533,6 +1533,28 @@ mod tests {
     }
 
     #[test]
+    fn sub_tenants_that_come_and_go_are_swept_and_their_places_reused() {
+        let mut p = settings("p");
+        p.fair_share = true;
+        let mut core = Core::new(&[p]).unwrap();
+        // A steady sibling keeps the parent's V moving past each sub-tenant that came and went.
+        for n in 0..5000 {
+            core.submit(of(Some("parent/steady"), &format!("s{n}")), 0.0).unwrap();
+        }
+        core.add_worker("w", &["p"], 1).unwrap();
+        for n in 0..5000 {
+            core.submit(of(Some(&format!("parent/child-{n}")), &format!("c{n}")), 0.0).unwrap();
+            for _ in 0..2 {
+                let id = dispatched(&mut core, 0.0).pop().expect("a task");
+                assert!(core.finish(&id, "w", 1, 0.0, None).unwrap().is_some());
+                core.grant("w", 1);
+            }
+        }
+        let places = core.pools[0].classes[2].tree_node_places();
+        assert!(places < 300, "{places} node places for 5000 sub-tenants that came and went");
+    }
+
+    #[test]
     fn deadline_groups_of_tenants_with_no_deadline_task_left_are_dropped() {
         let mut p = settings("p");
         p.default_tenant_limit = Some(1);

@@ -1409,6 +1409,16 @@ impl ClassQueue {
         self.groups.retain(|_, g| !g.heap.is_empty());
     }
 
+    /// Places in the fair tree's node table: nodes held now (backlogged ones, idle ones not swept
+    /// yet) and freed places waiting to be reused.
+    #[cfg(test)]
+    pub(super) fn tree_node_places(&self) -> usize {
+        match &self.rest {
+            Rest::Fair(q) => q.nodes.len(),
+            Rest::Fifo(_) => 0,
+        }
+    }
+
     /// Groups of deadline tasks held now (one per tenant with a ceiling, rate or minimum that has
     /// queued deadline tasks, or stale entries of them).
     #[cfg(test)]
