@@ -645,6 +645,41 @@ def rate_on_parent_and_child() -> Recorder:
 
 
 @case
+def capped_leaf_rejoins_served() -> Recorder:
+    r = Recorder("A capped tenant that rejoins having banked nothing forgets its lead, but not that its own tasks "
+                 "were served: when it then gets its first sub-tenant, its own next task stands one step behind "
+                 "the last, so the sub-tenant goes first inside it.",
+                 [{"name": "p", "fair_share": True, "tenant_limits": {"a": 1}}], needs=("tenant_trees",))
+    for n in range(3):
+        r.submit(f"a{n}", "p", "a")
+    for n in range(6):
+        r.submit(f"b{n}", "p", "b")
+    r.add_worker("w", ["p"], 2)
+    assert letters(r.dispatch()) == "ab"  # a capped at once
+
+    def done(id: str) -> None:
+        r.finish(id, "w")
+        r.grant("w")
+
+    done("b0")
+    assert letters(r.dispatch()) == "b"
+    done("b1")
+    assert letters(r.dispatch()) == "b"
+    done("a0")  # a rejoins at V: its F was behind
+    done("b2")
+    r.submit("g0", "p", "a/g")
+    r.submit("g1", "p", "a/g")
+    order = ""
+    for _ in range(7):
+        (_, id), = r.dispatch(1)
+        done(id)
+        order += id[0]
+    # a is back at V, one step ahead of b; inside a, its own tasks were served, so a/g goes first.
+    assert order == "gabbgab", order
+    return r
+
+
+@case
 def minimums_go_first_within_their_class() -> Recorder:
     r = Recorder("tenant_minimums: a tenant under its minimum goes ahead of the fair order of its class (weights 10:1 "
                  "would give it one slot in eleven), but priority classes and deadline tasks still go first; the "
