@@ -575,29 +575,15 @@ impl FairQueue {
     /// A top-level leaf became backlogged: forget its past if it banked nothing, and join.
     fn activate(&mut self, group: GroupId, id: NodeId) {
         self.busy(group, id);
-        let vtime = self.group(group).vtime;
-        let zero = self.weights.zero();
-        let node = self.node_mut(id);
-        if node.finish > vtime {
-            node.tag = node.finish;
-        } else {
-            // It banked nothing and owes nothing: forget its past, as a fresh node would, so that a
-            // reweight during this busy period cannot charge it for an earlier one.
-            node.tag = vtime;
-            node.last = None;
-            node.finish = zero;
-            node.served = false;
-        }
+        // Having banked nothing and owing nothing, it forgets its past as a fresh node would, so
+        // that a reweight during this busy period cannot charge it for an earlier one.
+        self.start_at_max_of_v_and_f(group, id, false);
+        let node = self.node(id);
         if node.capped {
             return;
         }
-        let (tag, seq, weight) = (node.tag, node.head_seq(), node.weight);
-        node.on = true;
-        self.renew(id);
-        self.push_entry(group, tag, seq, id);
-        let g = self.group_mut(group);
-        g.nback += 1;
-        g.wsum += weight;
+        let seq = node.head_seq();
+        self.enter(group, id, seq);
     }
 
     /// A leaf has nothing queued any more (its entry already gone).
@@ -609,28 +595,40 @@ impl FairQueue {
 
     /// A backlogged child that can be dispatched from (again) joins the heap at max(V, F).
     fn join(&mut self, group: GroupId, id: NodeId) {
+        // Having banked nothing, it forgets its past, but remembers that its own tasks were
+        // served, which matters if it later gets children.
+        self.start_at_max_of_v_and_f(group, id, true);
+        let seq = match self.node(id).sub {
+            None => self.node(id).head_seq(),
+            Some(sub) => self.top(sub).expect("a group with work").1,
+        };
+        self.node_mut(id).hseq = seq;
+        self.enter(group, id, seq);
+    }
+
+    /// The start tag of a node (re)joining `group`'s heap: its F while it banked service ahead of
+    /// V; else V, its past forgotten (`served` kept only when `keep_served`).
+    fn start_at_max_of_v_and_f(&mut self, group: GroupId, id: NodeId, keep_served: bool) {
         let vtime = self.group(group).vtime;
         let zero = self.weights.zero();
         let node = self.node_mut(id);
         if node.finish > vtime {
             node.tag = node.finish;
         } else {
-            // It banked nothing: forget its past (but remember that its own tasks were served,
-            // which matters if it later gets children).
             node.tag = vtime;
-            node.served = node.served || node.last.is_some();
+            node.served = keep_served && (node.served || node.last.is_some());
             node.last = None;
             node.finish = zero;
         }
-        let (tag, sub, weight) = (node.tag, node.sub, node.weight);
-        let seq = match sub {
-            None => self.node(id).head_seq(),
-            Some(sub) => self.top(sub).expect("a group with work").1,
-        };
+    }
+
+    /// Put the node in `group`'s heap at its start tag, its entry keyed by arrival `seq`, and count
+    /// it among the group's backlogged children.
+    fn enter(&mut self, group: GroupId, id: NodeId, seq: u64) {
         self.renew(id);
         let node = self.node_mut(id);
-        node.hseq = seq;
         node.on = true;
+        let (tag, weight) = (node.tag, node.weight);
         self.push_entry(group, tag, seq, id);
         let g = self.group_mut(group);
         g.nback += 1;
