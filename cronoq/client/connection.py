@@ -387,12 +387,19 @@ class Connection:
         future = loop.create_future()
         pending = self._pending
         pending[message.rid] = _Outstanding(future, message, body, resend)
-        self._channel.post(message, body)  # leaves at the end of this loop turn, batched with the others...
-        if len(pending) == 1:
-            # ...unless no other request is outstanding (Nagle's rule the other way round): then none is likely
-            # to join it this turn, and a lone caller (an API handler awaiting one task) gets its request out
-            # a loop turn sooner. Under load requests are outstanding, and each turn's still go as one batch.
-            self._channel.flush_now()
+        if self._held:
+            # libzmq refused earlier requests and they wait to go again: this one goes behind them, never ahead.
+            # A caller's requests reach the broker in the order made (a submit after the one before it, any
+            # request after the connection's `hello`), even when a connection comes up between the two.
+            self._on_unsent([(message, body)])
+        else:
+            self._channel.post(message, body)  # leaves at the end of this loop turn, batched with the others...
+            if len(pending) == 1:
+                # ...unless no other request is outstanding (Nagle's rule the other way round): then none is
+                # likely to join it this turn, and a lone caller (an API handler awaiting one task) gets its
+                # request out a loop turn sooner. Under load requests are outstanding, and each turn's still go
+                # as one batch.
+                self._channel.flush_now()
         if expires:
             self._expiries.append((loop.time() + self.request_timeout, message.rid))
             if self._sweeper is None:

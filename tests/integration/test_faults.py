@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 import msgspec
 import pytest
 import zmq
+import zmq.asyncio
 
 import cronoq
 import cronoq.wire.transport
@@ -483,3 +484,54 @@ async def test_a_cancelled_request_is_forgotten_even_if_no_reply_ever_comes():
         assert isinstance(results[0], asyncio.CancelledError)
         assert all(isinstance(r, cronoq.Unavailable) for r in results[1:]), "the others time out as usual"
         assert not client._connection._pending, "nothing is kept for a request whose caller is gone"
+
+
+async def test_a_request_made_while_earlier_ones_wait_to_be_resent_goes_behind_them(monkeypatch):
+    """libzmq may refuse a send for a moment even as a connection is up (its monitor can say so before the
+    socket has attached the connection); the refused requests wait for a retry. A request made meanwhile must
+    not overtake them: a caller's requests reach the broker in the order made."""
+    router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    arrived: list[tuple[str, Any]] = []
+
+    async def broker() -> None:
+        while True:
+            identity, _token, header, *body = await router.recv_multipart()
+            for request, _ in protocol.unbatch(protocol.decode_client_request(header), body[0] if body else None):
+                tag = type(request).__struct_config__.tag
+                arrived.append((tag, request.rid))
+                version = protocol.PROTOCOL_VERSION
+                reply: Any = protocol.Ok(version, request.rid)
+                if tag == "hello":
+                    reply = protocol.Ok(version, request.rid, protocol.hello_value(1 << 20))
+                elif tag == "submit":
+                    reply = protocol.Accepted(version, request.rid, f"task-{request.rid}")
+                await router.send_multipart([identity, protocol.encode(reply)])
+
+    refusals = [zmq.Again()]  # libzmq's answer to the next send, once armed
+    send_frames = cronoq.wire.transport.send_frames
+
+    def sometimes_refused(sock: zmq.Socket, frames: Any) -> None:
+        if armed and refusals:
+            raise refusals.pop()
+        send_frames(sock, frames)
+
+    armed = False
+    monkeypatch.setattr(cronoq.wire.transport, "send_frames", sometimes_refused)
+    serving = asyncio.get_running_loop().create_task(broker())
+    try:
+        async with cronoq.connect(f"tcp://127.0.0.1:{port}", request_timeout=WAIT) as client:
+            await client.ping()
+            assert [tag for tag, _ in arrived] == ["hello", "ping"]
+            armed = True
+            first = asyncio.get_running_loop().create_task(client.submit("first"))
+            await asyncio.sleep(0)  # the first submit's send is refused: it waits for the retry
+            assert not refusals, "the refusal was used"
+            second = asyncio.get_running_loop().create_task(client.submit("second"))
+            await asyncio.wait_for(asyncio.gather(first, second), WAIT)
+            submits = [rid for tag, rid in arrived if tag == "submit"]
+            assert submits == sorted(submits), f"the second submit overtook the first: rids {submits}"
+    finally:
+        serving.cancel()
+        router.close()

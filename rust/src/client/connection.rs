@@ -915,7 +915,10 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<
             }
         }
         if !posted.is_empty() {
-            let unsent = flush(&channel, std::mem::take(&mut posted));
+            // Behind what libzmq refused earlier, never ahead of it (it may refuse a moment after its
+            // monitor reported a connection): a caller's requests reach the broker in the order made.
+            let posted = std::mem::take(&mut posted);
+            let unsent = if held.is_empty() { flush(&channel, posted) } else { posted };
             hold(&inner, &channel.dealer, &mut held, unsent);
         }
         if channel.dealer.has_input() {
