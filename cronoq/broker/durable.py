@@ -120,7 +120,7 @@ class DataDir:
                 journal.commit()  # what recovery decided (requeued, failed) before anything else happens
                 del replay
                 if self.archive is not None:
-                    self.archive.start(now)
+                    self.archive.begin(now)
                     self.archive.exchange(self._book)
                 self.compact_if_worthwhile()
             except OSError as exc:

@@ -69,6 +69,11 @@ def _children(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+def _archivers(broker: BrokerProcess) -> int:
+    """How many archiver processes the broker runs."""
+    return sum("cronoq.store.results.archiver" in cmdline for _, cmdline in _children(broker.proc.pid))
+
+
 def _starter(pid: int, child: int) -> int | None:
     """Which thread of process `pid` started `child` (Linux: a thread's children file), or None."""
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -130,8 +135,11 @@ async def test_a_task_finished_long_ago_answers_from_the_store_and_after_a_resta
     broker = broker_factory('[[pools]]\nname = "default"\n')
     async with cronoq.connect(broker.clients) as client:
         async with _worker(broker):
+            await client.ping()
+            assert _archivers(broker) == 0, "an empty store starts no archiver before a task finishes"
             first = await client.submit({"n": 1}, key="invoice-1", tenant="acme")
             assert await first.result(timeout=WAIT) == {"n": 1}
+            await until(lambda: asyncio.sleep(0, _archivers(broker) == 1), "the first finished task starts one")
             await client.pause("default")
             cancelled = await client.submit("x")
             assert await client.cancel(cancelled.id)
@@ -150,6 +158,7 @@ async def test_a_task_finished_long_ago_answers_from_the_store_and_after_a_resta
 
         broker.kill()
         broker = restarted(broker)
+        assert _archivers(broker) == 1, "a store that holds results has its archiver from the start"
         assert await _in_memory(client) == 0, "finished tasks the store holds are not read back into memory"
         assert await client.result(first.id, timeout=WAIT) == {"n": 1}
         with pytest.raises(cronoq.Cancelled):

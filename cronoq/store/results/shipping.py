@@ -16,6 +16,11 @@ ids are first checked against the archiver's scope filter, shared memory
 that it updates before each reply (cronoq.store.results.scopes), so that a submit
 asks SQLite only when the filter says "maybe".
 
+The archiver starts with the broker when the store holds anything (its
+filter and retention are needed at once), and otherwise with the first
+finished task it is sent (`begin`): a broker that never finishes a task
+runs no archiver, and starts no process to find an empty store empty.
+
 If the archiver dies, the broker starts another (at most one every
 RESPAWN_INTERVAL seconds) and sends it every finished record still in
 memory again: nothing is lost, since those records are in the journal and
@@ -105,6 +110,7 @@ class Archive:
         self._now = 0.0
         self._last_tick = float("-inf")
         self._next_spawn = 0.0
+        self._put_off = False  # `begin` found the store empty: no archiver until the first finished task
         self._warned = False
         self.needs_resend = False
         """The archiver was started again: the book's finished records must all be shipped again."""
@@ -112,6 +118,15 @@ class Archive:
         self._on_reply: Callable[[], None] | None = None
 
     # ----------------------------------------------------------------- the process
+
+    def begin(self, now: float) -> None:
+        """Start the archiver if the store holds anything; otherwise put it off until a finished task is shipped
+        (`ship`). Raises OSError."""
+        self._now = self._reader.now = max(self._now, now)
+        if self.archived_through > 0:  # rows carry a seq: an empty mark is a store that never held one
+            self.start(now)
+        else:
+            self._put_off = True
 
     def start(self, now: float) -> None:
         """Start the archiver process. Raises OSError."""
@@ -164,7 +179,11 @@ class Archive:
                 sock.settimeout(timeout)
                 sock.sendall(self._outgoing)
                 sock.shutdown(socket.SHUT_WR)
-            except OSError:
+                # It exits once it has stored what it was sent, and its end of the socket closes with it: read
+                # to that end, which wakes at once (a wait for the process polls, waking up to 50 ms late).
+                while sock.recv(1 << 16):
+                    pass
+            except OSError:  # the timeout too: the process is killed below
                 pass
             sock.close()
         if process is not None:
@@ -212,6 +231,8 @@ class Archive:
             return
         now = max(self._now, records[-1].finished_at or 0.0)
         self._now = self._reader.now = now
+        if self._put_off:
+            self._start_put_off()
         if self._sock is not None:
             self._send(Put(now, [stored_form(record) for record in records]))  # type: ignore[misc]
             self.shipped_through = max(self.shipped_through, records[-1].seq)
@@ -328,8 +349,17 @@ class Archive:
                   "finished task still in memory", code)
         self._respawn()
 
+    def _start_put_off(self) -> None:
+        """Start the archiver `begin` put off (from the loop: a fork and exec, once in the broker's life)."""
+        self._put_off = False
+        try:
+            self.start(self._now)
+        except OSError as exc:  # `poll` tries again, as after a crash
+            log.error("cannot start the results store's archiver: %s; trying again in %g s", exc, RESPAWN_INTERVAL)
+            self._next_spawn = time.monotonic() + RESPAWN_INTERVAL
+
     def _respawn(self) -> None:
-        if time.monotonic() < self._next_spawn:
+        if self._put_off or time.monotonic() < self._next_spawn:
             return
         try:
             self.start(self._now)
