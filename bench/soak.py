@@ -197,6 +197,15 @@ def isolate_load(broker: int, probe: list[int], load: list[int]) -> str:
             f"({len(load) + len(archivers)} processes) on CPU {cpus[-1]}")
 
 
+async def _archiver_started(broker: int, timeout: float) -> None:
+    """Wait for the broker's archiver, which an empty results store starts with the first finished task."""
+    end = time.monotonic() + timeout
+    while not archiver_pids(broker):
+        if time.monotonic() > end:
+            raise RuntimeError(f"the broker started no archiver within {timeout:.0f} s of the load's start")
+        await asyncio.sleep(0.01)
+
+
 def _lines(path: Path) -> Iterator[list[float]]:
     if not path.exists():
         return
@@ -262,6 +271,7 @@ async def _soak(s: SoakSettings, address: str, broker: subprocess.Popen, workers
         load = _role("load", address, files / "load.txt", "--seconds", str(s.seconds), "--window", str(s.window),
                      "--payload-bytes", str(s.payload_bytes), *rate, tokens=s.tokens)
     if s.isolate_load:  # workers: the load's, then the probe's own
+        await _archiver_started(broker.pid, timeout=60)
         rec.isolation = isolate_load(broker.pid, [probe.pid, workers[-1].pid],
                                      [load.pid, *(w.pid for w in workers[:-1])])
     try:

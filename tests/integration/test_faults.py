@@ -425,7 +425,14 @@ async def test_a_damaged_journal_stops_the_broker_untouched_and_repair_brings_ba
     async with cronoq.connect(broker.clients) as client:
         assert (await client.stats())["pools"]["held"]["paused"]
         for handle in handles:
-            if handle.id in lost:
+            if handle is handles[10]:
+                # Cancelled before the damage: the results store answers if the cancel reached it before the stop
+                # (it is not the journal's, so the repair never touches it); otherwise it went with the damage.
+                try:
+                    assert (await client.status(handle.id)).state == "cancelled"
+                except cronoq.NotFound:
+                    pass
+            elif handle.id in lost:
                 with pytest.raises(cronoq.NotFound):
                     await client.status(handle.id)
             else:
