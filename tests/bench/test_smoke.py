@@ -73,7 +73,8 @@ def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
     from bench.soak import SoakSettings, run
 
     isolate = len(os.sched_getaffinity(0)) >= 2  # --isolate-load needs a CPU for the load and one for the rest
-    summary = run(SoakSettings(seconds=4, window=50, workers=1, concurrency=8, sample=0.5, warmup=0,
+    # Two seconds at full rate: the soak's parts all run (a third of it with the slow reader), each sampled 8 times.
+    summary = run(SoakSettings(seconds=2, window=50, workers=1, concurrency=8, sample=0.25, warmup=0,
                                slow_reader=True, isolate_load=isolate, out=tmp_path), log=lambda line: None)
     assert Path(summary["json"]).exists()
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra: the PNG too
@@ -91,7 +92,7 @@ def test_a_short_soak_samples_the_broker_and_the_probe(tmp_path) -> None:
 def test_the_soak_through_the_bare_relay_reports_the_probe_and_each_process_s_run_queue_wait() -> None:
     from bench.soak import SoakSettings, run
 
-    summary = run(SoakSettings(seconds=4, window=50, workers=1, concurrency=8, sample=0.5, warmup=0, relay=True,
+    summary = run(SoakSettings(seconds=2, window=50, workers=1, concurrency=8, sample=0.25, warmup=0, relay=True,
                                out=None), log=lambda line: None)
     assert summary["kind"] == "relay soak"
     assert summary["probe"]["count"] > 0 and summary["tasks_per_s"] > 0
