@@ -173,6 +173,7 @@ class Archive:
         self.unwatch()
         sock, process = self._sock, self._process
         self._sock = self._process = None
+        deadline = time.monotonic() + timeout
         if sock is not None:
             try:
                 sock.setblocking(True)
@@ -182,13 +183,13 @@ class Archive:
                 # It exits once it has stored what it was sent, and its end of the socket closes with it: read
                 # to that end, which wakes at once (a wait for the process polls, waking up to 50 ms late).
                 while sock.recv(1 << 16):
-                    pass
+                    sock.settimeout(max(0.0, deadline - time.monotonic()))
             except OSError:  # the timeout too: the process is killed below
                 pass
             sock.close()
         if process is not None:
             try:
-                process.wait(timeout)
+                process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
@@ -350,22 +351,22 @@ class Archive:
         self._respawn()
 
     def _start_put_off(self) -> None:
-        """Start the archiver `begin` put off (from the loop: a fork and exec, once in the broker's life)."""
+        """Start the archiver `begin` put off (from the loop: a fork and exec, once in the broker's life); if it
+        cannot start, `poll` tries again as after a crash."""
         self._put_off = False
-        try:
-            self.start(self._now)
-        except OSError as exc:  # `poll` tries again, as after a crash
-            log.error("cannot start the results store's archiver: %s; trying again in %g s", exc, RESPAWN_INTERVAL)
-            self._next_spawn = time.monotonic() + RESPAWN_INTERVAL
+        self._try_start()
 
-    def _respawn(self) -> None:
-        if self._put_off or time.monotonic() < self._next_spawn:
-            return
+    def _try_start(self) -> bool:
         try:
             self.start(self._now)
         except OSError as exc:
             log.error("cannot start the results store's archiver: %s; trying again in %g s", exc, RESPAWN_INTERVAL)
             self._next_spawn = time.monotonic() + RESPAWN_INTERVAL
+            return False
+        return True
+
+    def _respawn(self) -> None:
+        if self._put_off or time.monotonic() < self._next_spawn or not self._try_start():
             return
         self.respawns += 1
         self.shipped_through = self.archived_through
