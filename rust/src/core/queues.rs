@@ -351,6 +351,16 @@ pub struct FairQueue {
 
 const MIN_SWEEP: usize = 64;
 
+/// One step of a node of tag step `step`: what `owed` quanta cost it when the pool charges by cost,
+/// else the step itself.
+fn one_step(weights: &Weights, charging: bool, step: Tag, owed: i64) -> Tag {
+    if charging {
+        weights.advance(step, owed)
+    } else {
+        step
+    }
+}
+
 impl FairQueue {
     fn new(weights: Arc<Weights>, charging: bool) -> FairQueue {
         let root = Group::new(weights.zero(), None);
@@ -767,17 +777,9 @@ impl FairQueue {
         }
         let own = self.new_flow(sub, &name, capped);
         if served {
+            // Served at the new group's virtual time, one step of what its last own task was charged.
             let vtime = self.group(sub).vtime;
-            let (charging, weights) = (self.charging, self.weights.clone());
-            let own_node = self.node_mut(own);
-            own_node.last = Some(vtime);
-            own_node.finish = if charging {
-                // One step of what its last own task was charged.
-                own_node.owed = owed;
-                vtime + weights.advance(own_node.step, owed)
-            } else {
-                vtime + own_node.step
-            };
+            self.charge_from(own, vtime, owed);
         }
         if live == 0 {
             return sub;
@@ -823,16 +825,19 @@ impl FairQueue {
 
     /// Charge node `id` for the dispatch at its tag: `last = S`, `F = S + charge/w`; returns F.
     fn advanced(&mut self, id: NodeId, charge: i64) -> Tag {
-        let (charging, weights) = (self.charging, self.weights.clone());
-        let node = self.node_mut(id);
-        let tag = node.tag;
-        node.last = Some(tag);
-        node.finish = if charging {
+        let tag = self.node(id).tag;
+        self.charge_from(id, tag, charge)
+    }
+
+    /// Node `id` served at `start` for `charge` (kept as `owed` when the pool charges by cost):
+    /// `last = start`, `F = start + charge/w` (one step when it does not); returns F.
+    fn charge_from(&mut self, id: NodeId, start: Tag, charge: i64) -> Tag {
+        let node = self.nodes[id].as_mut().expect("a live node"); // beside `self.weights`: no clone of it
+        node.last = Some(start);
+        if self.charging {
             node.owed = charge;
-            tag + weights.advance(node.step, charge)
-        } else {
-            tag + node.step
-        };
+        }
+        node.finish = start + one_step(&self.weights, self.charging, node.step, node.owed);
         node.finish
     }
 
@@ -1148,8 +1153,8 @@ impl FairQueue {
             } else {
                 (self.weights.weight(name.as_deref()), self.weights.step(name.as_deref()))
             };
-            let (charging, weights) = (self.charging, self.weights.clone());
-            let node = self.node_mut(id);
+            let charging = self.charging;
+            let node = self.nodes[id].as_mut().expect("a live node"); // beside `self.weights`: no clone of it
             if node.on {
                 wsum += weight;
             }
@@ -1160,7 +1165,7 @@ impl FairQueue {
             }
             bsum += weight;
             if let Some(last) = node.last {
-                node.finish = last + if charging { weights.advance(step, node.owed) } else { step };
+                node.finish = last + one_step(&self.weights, charging, step, node.owed);
             }
             if node.on {
                 node.tag = if node.finish > vtime { node.finish } else { vtime };
