@@ -37,6 +37,9 @@ async def test_the_librarys_own_resend_of_a_submit_is_no_duplicate(broker_factor
     broker = broker_factory(POOLS)
     async with cronoq.connect(broker.clients, request_timeout=60) as client:
         await client.ping()
+        # The ping's reply can be read before the socket monitor's report of the handshake: the freeze below
+        # must start from a connection the client knows is up, or it ends at once and nothing is re-sent.
+        await until(lambda: asyncio.sleep(0, client._connection._link.up), "the client's monitor saw the handshake")
         submitting: asyncio.Future | None = None
 
         async def link_down() -> bool:
