@@ -415,9 +415,7 @@ impl From<crate::core::explain::Reading> for Waiting {
             .into_iter()
             .map(|n| NodeState {
                 name: n.name,
-                // The nodes of the task's path only: a node's own tasks, beside its sub-tenants, are
-                // not listed as a child of their own here (the Python explain lists them).
-                own_tasks: false,
+                own_tasks: n.own_tasks,
                 weight: n.weight,
                 backlogged: n.backlogged,
                 share: n.share,

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Scheduler, ShareBy, Task, TaskState, Value};
+use serde_json::json;
 
 #[derive(Debug)]
 struct Oops(u32);
@@ -519,6 +520,7 @@ async def main():
         cronoq.Pool("llm", hold, tenant_weights={"acme": 3, "globex": 1}),
         cronoq.Pool("batch", hold),
         cronoq.Pool("limited", hold, tenant_limits={"acme": 1}, tenant_rates={"globex": 0.1}),
+        cronoq.Pool("tree", hold, tenant_weights={"acme": 3, "globex": 1, "acme/search": 2}),
     ]
     sched = cronoq.Scheduler(pools, concurrency=3)
     await sched.__aenter__()
@@ -533,8 +535,10 @@ async def main():
     llm = [await sched.submit(0, pool="llm", tenant=t) for t in ("acme", "acme", "globex", "globex")]
     capped = await sched.submit(0, pool="limited", tenant="acme")
     limited = await sched.submit(0, pool="limited", tenant="globex")
+    tree = [await sched.submit(0, pool="tree", tenant=t) for t in ("acme/search", "acme", "acme", "globex")]
     out = {}
-    for name, task in (("fair", llm[1]), ("paused", batch[1]), ("capped", capped), ("rate_limited", limited)):
+    for name, task in (("fair", llm[1]), ("paused", batch[1]), ("capped", capped), ("rate_limited", limited),
+                       ("own_tasks", tree[2])):
         out[name] = dataclasses.asdict((await task.explain()).waiting)
     print(json.dumps(out))
     sys.stdout.flush()
@@ -558,11 +562,14 @@ async fn rust_explain_scenario() -> serde_json::Value {
     let mut llm = PoolConfig::new("llm");
     llm.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0)]));
     let limited = PoolConfig::new("limited").tenant_limit("acme", 1).tenant_rate("globex", 0.1);
-    let sched = Scheduler::builder(vec![llm, PoolConfig::new("batch"), limited])
+    let mut tree = PoolConfig::new("tree");
+    tree.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0), ("acme/search", 2.0)]));
+    let sched = Scheduler::builder(vec![llm, PoolConfig::new("batch"), limited, tree])
         .concurrency(3)
         .handler("llm", hold(gate.clone()))
         .handler("batch", hold(gate.clone()))
         .handler("limited", hold(gate.clone()))
+        .handler("tree", hold(gate.clone()))
         .build()
         .unwrap();
     let first = [
@@ -586,8 +593,19 @@ async fn rust_explain_scenario() -> serde_json::Value {
     }
     let capped = sched.submit(Task::new(0).pool("limited").tenant("acme")).await.unwrap();
     let limited = sched.submit(Task::new(0).pool("limited").tenant("globex")).await.unwrap();
+    let mut tree = Vec::new();
+    for tenant in ["acme/search", "acme", "acme", "globex"] {
+        tree.push(sched.submit(Task::new(0).pool("tree").tenant(tenant)).await.unwrap());
+    }
     let mut out = serde_json::Map::new();
-    for (name, task) in [("fair", &llm[1]), ("paused", &batch[1]), ("capped", &capped), ("rate_limited", &limited)] {
+    let explained = [
+        ("fair", &llm[1]),
+        ("paused", &batch[1]),
+        ("capped", &capped),
+        ("rate_limited", &limited),
+        ("own_tasks", &tree[2]),
+    ];
+    for (name, task) in explained {
         // The handle asks the scheduler that made it, as `sched.explain(id)` does.
         let by_handle = task.explain().await.unwrap();
         let by_id = sched.explain(task.id()).await.unwrap();
@@ -656,6 +674,15 @@ async fn explain_answers_as_the_python_scheduler_does() {
     // The fair pool's place, share and lag agree (above); its estimate goes by the pool's dispatch
     // rate, which each scheduler measures on its own clock: the same sentence, its own figures.
     assert_eq!((rust["fair"]["queue_ahead"].as_u64(), rust["fair"]["tenant_share"].as_f64()), (Some(1), Some(0.75)));
+    // A tenant with sub-tenants: its own tasks are one more child of its node, of weight 1, and the
+    // task's share is the product down to that child (3/4 of the pool, then 1/3 of acme's).
+    let own = &rust["own_tasks"];
+    let names: Vec<_> =
+        own["nodes"].as_array().unwrap().iter().map(|n| (n["name"].clone(), n["own_tasks"].clone())).collect();
+    assert_eq!(names, [(json!("acme"), json!(false)), (json!("acme"), json!(true))]);
+    assert_eq!(own["nodes"][1]["weight"], json!(1.0));
+    assert!((own["tenant_share"].as_f64().unwrap() - 0.25).abs() < 1e-9, "{own}");
+    assert_eq!(own["queue_ahead"], json!(1));
     let figures = regex::Regex::new(r"[0-9.]+(e[+-][0-9]+)?/s").unwrap();
     let sentence = |side: &serde_json::Value| {
         figures.replace_all(side["fair"]["estimate_note"].as_str().unwrap(), "R/s").to_string()

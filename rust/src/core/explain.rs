@@ -66,6 +66,9 @@ pub struct CeilingReading {
 pub struct NodeReading {
     /// The node's full name (`""` for tasks without a tenant).
     pub name: String,
+    /// This node stands for its tenant's own tasks, one more child of the tenant's node beside its
+    /// sub-tenants (named after it, of weight 1, never capped on its own).
+    pub own_tasks: bool,
     /// Its weight.
     pub weight: f64,
     /// It has tasks queued in the class.
@@ -176,6 +179,9 @@ impl Core {
                 for (name, reading) in path.iter().zip(fair.readings(&path)) {
                     nodes.push(node(pool, name, reading.as_ref(), now));
                 }
+                if let Some(own) = fair.own_reading(&path) {
+                    nodes.push(own_tasks_node(&slot.tenant, own.as_ref()));
+                }
                 if slot.deadline.is_none() {
                     // A deadline task is outside the share: it goes by its deadline alone.
                     share = Some(nodes.iter().map(|n| n.share).product());
@@ -264,6 +270,7 @@ fn node(pool: &Pool, tenant: &Tenant, flow: Option<&super::queues::FlowReading>,
     });
     NodeReading {
         name: tenant.as_deref().unwrap_or("").to_string(),
+        own_tasks: false,
         weight: pool.weights.weight(tenant.as_deref()),
         backlogged: flow.is_some_and(|f| f.live > 0),
         share: flow.map_or(0.0, |f| f.share),
@@ -273,6 +280,24 @@ fn node(pool: &Pool, tenant: &Tenant, flow: Option<&super::queues::FlowReading>,
         rate_limited_for: limits.and_then(|c| c.limited_until).map(|until| (until - now).max(0.0)),
         minimum: limits.and_then(|c| c.minimum).map(u64::from),
         under_minimum: limits.is_some_and(super::ceilings::Ceiling::under_minimum),
+    }
+}
+
+/// A tenant's own tasks where it has sub-tenants: one more child of its node, which carries no
+/// ceiling, rate or minimum of its own (the tenant's node does).
+fn own_tasks_node(tenant: &Tenant, flow: Option<&super::queues::FlowReading>) -> NodeReading {
+    NodeReading {
+        name: tenant.as_deref().unwrap_or("").to_string(),
+        own_tasks: true,
+        weight: flow.map_or(1.0, |f| f.weight),
+        backlogged: flow.is_some_and(|f| f.live > 0),
+        share: flow.map_or(0.0, |f| f.share),
+        lag: flow.map_or(0.0, |f| f.lag),
+        ceiling: None,
+        rate: None,
+        rate_limited_for: None,
+        minimum: None,
+        under_minimum: false,
     }
 }
 

@@ -202,6 +202,8 @@ pub(super) struct FlowReading {
     pub share: f64,
     /// Dispatches it trails (+) or leads (-) its share among its siblings by: `(V - S) / step`.
     pub lag: f64,
+    /// Its weight among its siblings.
+    pub weight: f64,
 }
 
 /// `a - b` in tag units, as a float (exact integer tags subtracted exactly first).
@@ -1212,20 +1214,32 @@ impl FairQueue {
                 group = None;
                 continue;
             };
-            let (node, g) = (self.node(id), self.group(g));
-            let share = if node.on && g.wsum > 0.0 { node.weight / g.wsum } else { 0.0 };
-            let live = node.chain.live + node.nq;
-            let lag = if live == 0 {
-                0.0
-            } else {
-                // A node out of the heap rejoins at max(V, F): its lead is kept, its trailing not banked.
-                let start = if node.on { node.tag } else { node.finish.max(g.vtime) };
-                tag_difference(g.vtime, start) / node.step.as_f64()
-            };
-            out.push(Some(FlowReading { live, share, lag }));
-            group = node.sub;
+            out.push(Some(self.reading(g, id)));
+            group = self.node(id).sub;
         }
         out
+    }
+
+    /// Where the node at `path` has sub-tenants: the reading of its own tasks, one more child of it
+    /// (None inside while that child has never had a task); None when it has no sub-tenants.
+    pub(super) fn own_reading(&self, path: &[Tenant]) -> Option<Option<FlowReading>> {
+        let node = self.node(self.find(path)?);
+        let sub = node.sub?;
+        Some(self.child(sub, &node.name).map(|own| self.reading(sub, own)))
+    }
+
+    fn reading(&self, g: GroupId, id: NodeId) -> FlowReading {
+        let (node, g) = (self.node(id), self.group(g));
+        let share = if node.on && g.wsum > 0.0 { node.weight / g.wsum } else { 0.0 };
+        let live = node.chain.live + node.nq;
+        let lag = if live == 0 {
+            0.0
+        } else {
+            // A node out of the heap rejoins at max(V, F): its lead is kept, its trailing not banked.
+            let start = if node.on { node.tag } else { node.finish.max(g.vtime) };
+            tag_difference(g.vtime, start) / node.step.as_f64()
+        };
+        FlowReading { live, share, lag, weight: node.weight }
     }
 
     /// The queue of the node at `path`'s own tasks, if it has one.
