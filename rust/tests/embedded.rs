@@ -521,12 +521,14 @@ async def main():
         cronoq.Pool("batch", hold),
         cronoq.Pool("limited", hold, tenant_limits={"acme": 1}, tenant_rates={"globex": 0.1}),
         cronoq.Pool("tree", hold, tenant_weights={"acme": 3, "globex": 1, "acme/search": 2}),
+        cronoq.Pool("subcap", hold, tenant_limits={"acme/search": 1}),
     ]
-    sched = cronoq.Scheduler(pools, concurrency=3)
+    sched = cronoq.Scheduler(pools, concurrency=4)
     await sched.__aenter__()
     first = [await sched.submit(0, pool="llm", tenant="globex"),
              await sched.submit(0, pool="limited", tenant="acme"),
-             await sched.submit(0, pool="limited", tenant="globex")]
+             await sched.submit(0, pool="limited", tenant="globex"),
+             await sched.submit(0, pool="subcap", tenant="acme/search")]
     for t in first:
         while (await t.status()).state != "running":
             await asyncio.sleep(0.01)
@@ -536,9 +538,15 @@ async def main():
     capped = await sched.submit(0, pool="limited", tenant="acme")
     limited = await sched.submit(0, pool="limited", tenant="globex")
     tree = [await sched.submit(0, pool="tree", tenant=t) for t in ("acme/search", "acme", "acme", "globex")]
+    sub_capped = await sched.submit(0, pool="subcap", tenant="acme/search")
+    deadline = await sched.submit(0, pool="subcap", tenant="acme/search", deadline=600)
+    delayed = await sched.submit(0, pool="subcap", tenant="acme", delay=600)
+    high = await sched.submit(0, pool="subcap", tenant="globex", priority="high")
+    low = await sched.submit(0, pool="subcap", tenant="acme", priority="low")
     out = {}
     for name, task in (("fair", llm[1]), ("paused", batch[1]), ("capped", capped), ("rate_limited", limited),
-                       ("own_tasks", tree[2])):
+                       ("own_tasks", tree[2]), ("sub_capped", sub_capped), ("deadline", deadline),
+                       ("delayed", delayed), ("high", high), ("low", low)):
         out[name] = dataclasses.asdict((await task.explain()).waiting)
     print(json.dumps(out))
     sys.stdout.flush()
@@ -564,18 +572,21 @@ async fn rust_explain_scenario() -> serde_json::Value {
     let limited = PoolConfig::new("limited").tenant_limit("acme", 1).tenant_rate("globex", 0.1);
     let mut tree = PoolConfig::new("tree");
     tree.fairness = Some(Fairness::weights([("acme", 3.0), ("globex", 1.0), ("acme/search", 2.0)]));
-    let sched = Scheduler::builder(vec![llm, PoolConfig::new("batch"), limited, tree])
-        .concurrency(3)
+    let subcap = PoolConfig::new("subcap").tenant_limit("acme/search", 1);
+    let sched = Scheduler::builder(vec![llm, PoolConfig::new("batch"), limited, tree, subcap])
+        .concurrency(4)
         .handler("llm", hold(gate.clone()))
         .handler("batch", hold(gate.clone()))
         .handler("limited", hold(gate.clone()))
         .handler("tree", hold(gate.clone()))
+        .handler("subcap", hold(gate.clone()))
         .build()
         .unwrap();
     let first = [
         sched.submit(Task::new(0).pool("llm").tenant("globex")).await.unwrap(),
         sched.submit(Task::new(0).pool("limited").tenant("acme")).await.unwrap(),
         sched.submit(Task::new(0).pool("limited").tenant("globex")).await.unwrap(),
+        sched.submit(Task::new(0).pool("subcap").tenant("acme/search")).await.unwrap(),
     ];
     for task in &first {
         while task.status().await.unwrap().state != TaskState::Running {
@@ -597,6 +608,12 @@ async fn rust_explain_scenario() -> serde_json::Value {
     for tenant in ["acme/search", "acme", "acme", "globex"] {
         tree.push(sched.submit(Task::new(0).pool("tree").tenant(tenant)).await.unwrap());
     }
+    let subcap = |task: Task| sched.submit(task.pool("subcap"));
+    let sub_capped = subcap(Task::new(0).tenant("acme/search")).await.unwrap();
+    let deadline = subcap(Task::new(0).tenant("acme/search").deadline(Duration::from_secs(600))).await.unwrap();
+    let delayed = subcap(Task::new(0).tenant("acme").delay(Duration::from_secs(600))).await.unwrap();
+    let high = subcap(Task::new(0).tenant("globex").priority(Priority::High)).await.unwrap();
+    let low = subcap(Task::new(0).tenant("acme").priority(Priority::Low)).await.unwrap();
     let mut out = serde_json::Map::new();
     let explained = [
         ("fair", &llm[1]),
@@ -604,13 +621,19 @@ async fn rust_explain_scenario() -> serde_json::Value {
         ("capped", &capped),
         ("rate_limited", &limited),
         ("own_tasks", &tree[2]),
+        ("sub_capped", &sub_capped),
+        ("deadline", &deadline),
+        ("delayed", &delayed),
+        ("high", &high),
+        ("low", &low),
     ];
     for (name, task) in explained {
         // The handle asks the scheduler that made it, as `sched.explain(id)` does.
         let by_handle = task.explain().await.unwrap();
         let by_id = sched.explain(task.id()).await.unwrap();
         assert_eq!(by_handle.id, by_id.id);
-        assert_eq!(by_handle.state, TaskState::Queued);
+        let state = if name == "delayed" { TaskState::Delayed } else { TaskState::Queued };
+        assert_eq!(by_handle.state, state, "{name}");
         assert!(by_handle.history.is_empty());
         out.insert(name.to_string(), serde_json::to_value(by_handle.waiting.expect("a queued task waits")).unwrap());
     }
@@ -631,12 +654,22 @@ async fn explain_answers_as_the_python_scheduler_does() {
     let python: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
     let rust = rust_explain_scenario().await;
     // Read off a clock, or from a dispatch rate measured on one: compared below.
-    let timed =
-        ["delayed_for", "capped_since", "capped_for", "rate_limited_for", "estimate", "estimate_note", "dispatch_rate"];
+    let timed = [
+        "delayed_for",
+        "capped_since",
+        "capped_for",
+        "rate_limited_for",
+        "estimate",
+        "estimate_note",
+        "dispatch_rate",
+        "arrival_rate_ahead",
+    ];
     for (name, mine) in rust.as_object().unwrap() {
         let theirs = &python[name];
         for (key, value) in mine.as_object().unwrap() {
             if timed.contains(&key.as_str()) {
+                // Its figure is each side's own; whether there is one is not.
+                assert_eq!(value.is_null(), theirs[key].is_null(), "{name}: {key} (Rust {mine}, Python {theirs})");
                 continue;
             }
             if key == "nodes" {
@@ -648,7 +681,9 @@ async fn explain_answers_as_the_python_scheduler_does() {
                             for part in ["limit", "running", "capped"] {
                                 assert_eq!(v[part], t[field][part], "{name}: nodes.ceiling.{part}");
                             }
-                        } else if !timed.contains(&field.as_str()) {
+                        } else if timed.contains(&field.as_str()) {
+                            assert_eq!(v.is_null(), t[field].is_null(), "{name}: nodes.{field}");
+                        } else {
                             assert_eq!(v, &t[field], "{name}: nodes.{field}");
                         }
                     }
@@ -658,8 +693,15 @@ async fn explain_answers_as_the_python_scheduler_does() {
             assert_eq!(value, &theirs[key], "{name}: {key} (Rust {mine}, Python {theirs})");
         }
     }
+    // Every note says the same, whatever figures each side measured.
+    let number = regex::Regex::new(r"[0-9]+(\.[0-9]+)?(e[+-][0-9]+)?").unwrap();
+    for (name, mine) in rust.as_object().unwrap() {
+        let words =
+            |side: &serde_json::Value| number.replace_all(side["estimate_note"].as_str().unwrap(), "N").to_string();
+        assert_eq!(words(mine), words(&python[name]), "{name}");
+    }
     // What holds the task comes before any rate: the same words, the same figures.
-    for name in ["paused", "capped"] {
+    for name in ["paused", "capped", "sub_capped", "deadline"] {
         assert_eq!(rust[name]["estimate"], serde_json::Value::Null, "{name}");
         assert_eq!(rust[name]["estimate_note"], python[name]["estimate_note"], "{name}");
     }
