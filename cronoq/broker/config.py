@@ -113,7 +113,7 @@ class BrokerConfig:
     """Where the web dashboard listens ("HOST:PORT", see cronoq.broker.dashboard), or None: off."""
     dashboard_hosts: tuple[str, ...] = ()
     """Names (each "NAME" or "NAME:PORT") the dashboard answers to besides its IP addresses, `localhost` and the
-    host of `dashboard`: the names users reach it by through a proxy or DNS (cronoq.broker.dashboard.hosts)."""
+    host of `dashboard`: the names users reach it by through a proxy or DNS (cronoq.broker.hosts)."""
     heartbeat_interval: float = 1.0
     liveness: int = 3
     max_payload_bytes: int = 1048576

@@ -39,7 +39,7 @@ from cronoq.answers import explain_text
 from cronoq.book.taskbook import TaskBook, unknown_task
 from cronoq.broker.auth import OPEN, Principal
 from cronoq.broker.dashboard.history import SAMPLE_INTERVAL, ShareHistory
-from cronoq.broker.dashboard.hosts import host_problem, origin_problem
+from cronoq.broker.hosts import host_problem, origin_problem
 from cronoq.broker.dashboard.http import HttpServer, Request, Response, plain
 from cronoq.broker.dashboard.tables import DispatchHistory, dispatch_counts, failure_row, pool_view, worker_rows
 from cronoq.broker.failures import MAX_TRACEBACK_CHARS, RecentFailures, cut

@@ -8,7 +8,7 @@ import pytest
 
 from cronoq.broker.auth import Principal
 from cronoq.broker.config import ConfigError, parse_config, tomllib
-from cronoq.broker.dashboard.hosts import host_problem, origin_problem
+from cronoq.broker.hosts import host_problem, origin_problem
 from cronoq.errors import PermissionDenied
 
 
