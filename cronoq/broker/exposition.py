@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from cronoq.broker.hosts import is_loopback, names_the_dashboard, quoted
 from cronoq.broker.metrics import DROP_REASONS, BrokerMetrics, Histogram
 
 log = logging.getLogger("cronoq.metrics")
@@ -320,6 +321,28 @@ REQUEST_SECONDS = 10.0
 """How long a scraper may take to send its whole request."""
 
 
+def browser_problem(host: str | None, fetch_site: str | None, served_host: str) -> tuple[bytes, str] | None:
+    """Why a request is refused as a page's script reading the metrics through a name of its own (DNS
+    rebinding; see docs/security.md), as (status, reason); None for a scraper, curl, or a person's browser.
+
+    A page of another site that points its own name at this address is, to the browser, the same origin as
+    the metrics: its script may read them, tenant names and all. Two signs give it away:
+
+    - `Sec-Fetch-Site: same-origin`, which every current browser sends with a request a page of the same
+      origin makes. Nothing here serves a page, so no such request is ours. Scrapers send no such header, and a
+      person who types the address gets `none`;
+    - on a loopback address only, where every honest client names the broker `localhost` or by its address: a
+      `Host` that names anything else (the page's own name, from browsers without that header). On any other
+      address the name a scraper's config gives is not known here, so `Host` is not checked."""
+    if fetch_site is not None and fetch_site.strip().lower() == "same-origin":
+        return (b"403 Forbidden", "a page's script may not read the metrics (Sec-Fetch-Site: same-origin): nothing "
+                "here serves a page, so the page reached this address under a name of its own (DNS rebinding)")
+    if host is not None and is_loopback(served_host) and not names_the_dashboard(host, served_host, ()):
+        return (b"421 Misdirected Request", f"the metrics on a loopback address answer only to localhost and IP "
+                f"addresses, not to the name {quoted(host)} (the Host header): another site could point that name here")
+    return None
+
+
 async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
                         stats_in_steps: Callable[[], Awaitable[dict[str, Any]]],
                         sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
@@ -327,7 +350,8 @@ async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
     returns the asyncio servers. A scrape takes the stats a pool per turn of the loop (`stats_in_steps`) and
     writes them a piece per turn (`render_in_steps`): it never holds the loop for long, however many tenants.
     Scrapes that come while one is being written get that one's text: however many scrapers there are (or
-    however hostile), one scrape's work is under way at a time."""
+    however hostile), one scrape's work is under way at a time. Another site's page reading them through a name
+    of its own is refused (`browser_problem`)."""
     host, _, port = address.rpartition(":")
     under_way: asyncio.Future[bytes] | None = None
 
@@ -341,17 +365,29 @@ async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
         # Shielded: a scraper that goes away takes its wait with it, not the others' scrape.
         return await asyncio.shield(under_way)
 
-    async def request_line(reader: asyncio.StreamReader) -> bytes:
+    async def request_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, str]]:
+        """The request line, and the headers `browser_problem` reads (lower-case names)."""
         line = await reader.readline()
+        headers: dict[bytes, str] = {}
         for _ in range(MAX_HEADER_LINES):
-            if await reader.readline() in (b"\r\n", b"\n", b""):
-                return line
+            header = await reader.readline()
+            if header in (b"\r\n", b"\n", b""):
+                return line, headers
+            name, colon, value = header.partition(b":")
+            name = name.strip().lower()
+            if colon and name in (b"host", b"sec-fetch-site"):
+                headers[name] = value.strip().decode("latin-1")
         raise ValueError(f"more than {MAX_HEADER_LINES} header lines")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            parts = (await asyncio.wait_for(request_line(reader), REQUEST_SECONDS)).split()
-            if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] in (b"/metrics", b"/"):
+            line, headers = await asyncio.wait_for(request_head(reader), REQUEST_SECONDS)
+            parts = line.split()
+            refused = browser_problem(headers.get(b"host"), headers.get(b"sec-fetch-site"), host or "127.0.0.1")
+            if refused is not None:
+                status, reason = refused
+                body, content_type = reason.encode() + b"\n", b"text/plain; charset=utf-8"
+            elif len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] in (b"/metrics", b"/"):
                 body, status = await text(), b"200 OK"
                 content_type = b"text/plain; version=0.0.4; charset=utf-8"
             else:

@@ -1,4 +1,5 @@
-"""Which names a request may give the dashboard: its defence against DNS rebinding.
+"""Which names a request may give the dashboard (and the metrics, on a loopback address): their defence against DNS
+rebinding.
 
 A page of another site can point a name of its own at the dashboard's address (DNS rebinding). To the
 browser the dashboard is then the same origin as that page, so the action header no longer stops it: the
@@ -55,6 +56,12 @@ def is_address(name: str) -> bool:
     return True
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a listening address's host ("127.0.0.1", "[::1]", "localhost") is a loopback one."""
+    name = host.strip("[]").lower()
+    return name == "localhost" or (is_address(name) and ipaddress.ip_address(name).is_loopback)
+
+
 def names_the_dashboard(authority: str, served_host: str | None, configured: Iterable[str],
                         default_port: int = 80) -> bool:
     """Whether `authority` (a Host header's value, or an Origin's host[:port]) names the dashboard."""
@@ -77,7 +84,7 @@ def host_problem(host: str | None, served_host: str | None, configured: Iterable
     """Why a request with this Host header is refused (421), or None."""
     if host is None or names_the_dashboard(host, served_host, configured):
         return None
-    return (f"this dashboard does not answer to the name {_quoted(host)} (the Host header), so that another site "
+    return (f"this dashboard does not answer to the name {quoted(host)} (the Host header), so that another site "
             f"pointing its own name at this address (DNS rebinding) cannot use it. It answers to its IP addresses, "
             f"localhost{'' if served_host is None else ', ' + served_host} and the names in [broker] "
             f"dashboard_hosts: add the name you reach it by there")
@@ -92,11 +99,12 @@ def origin_problem(origin: str | None, served_host: str | None, configured: Iter
         default_port = 443 if parts.scheme == "https" else 80
         if names_the_dashboard(parts.netloc, served_host, configured, default_port):
             return None
-    return (f"an action from the page of {_quoted(origin)} (the Origin header) is refused: only the dashboard's "
+    return (f"an action from the page of {quoted(origin)} (the Origin header) is refused: only the dashboard's "
             f"own page may act (it is reached by an IP address, localhost or a name in [broker] dashboard_hosts)")
 
 
-def _quoted(text: str) -> str:
+def quoted(text: str) -> str:
+    """`text` in quotes, cut to QUOTED_CHARS: for a refusal that names what the peer sent."""
     return repr(text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "…")
 
 

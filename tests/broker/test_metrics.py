@@ -7,7 +7,7 @@ import asyncio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cronoq.broker.exposition import collector_for, registry_for, render_in_steps
+from cronoq.broker.exposition import browser_problem, collector_for, registry_for, render_in_steps
 from cronoq.broker.metrics import BrokerMetrics, Histogram
 from cronoq.core import PoolSettings, SchedulerCore, Task
 from tests.support import LoopTurns
@@ -226,7 +226,8 @@ async def test_scrapes_that_come_together_share_one_and_a_garbage_request_costs_
     servers = await serve_metrics("127.0.0.1:0", collector_for(lambda: stats, metrics), stats_in_steps)
     port = servers[0].sockets[0].getsockname()[1]
     try:
-        answers = await asyncio.gather(*(_http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") for _ in range(5)))
+        scrape = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        answers = await asyncio.gather(*(_http(port, scrape) for _ in range(5)))
         whole = generate_latest(registry_for(lambda: stats, metrics))
         assert all(answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(whole) for answer in answers)
         assert taken < 5  # the scrapes that came while one was written got its text
@@ -238,3 +239,19 @@ async def test_scrapes_that_come_together_share_one_and_a_garbage_request_costs_
     finally:
         for server in servers:
             server.close()
+
+
+def test_only_a_page_s_script_is_refused_and_a_scraper_s_name_is_checked_on_loopback_alone():
+    # Bound to every interface: the names scrapers use are not known here; a page's script is still refused.
+    assert browser_problem("broker-1.internal:9464", None, "0.0.0.0") is None
+    assert browser_problem("evil.example:9464", "cross-site", "0.0.0.0") is None  # a link followed: it cannot read
+    assert browser_problem("broker-1.internal:9464", " Same-Origin ", "0.0.0.0")[0] == b"403 Forbidden"
+    # On loopback only localhost and addresses; no Host at all (HTTP/1.0) is no browser's.
+    for served in ("127.0.0.1", "[::1]", "localhost"):
+        assert browser_problem("evil.example:9464", None, served)[0] == b"421 Misdirected Request", served
+        assert browser_problem("localhost:9464", None, served) is None
+        assert browser_problem("127.0.0.1", "none", served) is None
+        assert browser_problem(None, None, served) is None
+    long_name = "x" * 10_000
+    status, reason = browser_problem(long_name, None, "127.0.0.1")
+    assert len(reason) < 400 and "…" in reason

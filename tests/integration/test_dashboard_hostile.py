@@ -1,5 +1,6 @@
-"""The dashboard against hostile peers, with raw HTTP on 127.0.0.1 against a real broker: a foreign name (DNS
-rebinding), half-open connections that would lock the admins out (slowloris), and resets mid-request."""
+"""The dashboard (and the metrics) against hostile peers, with raw HTTP on 127.0.0.1 against a real broker: a
+foreign name (DNS rebinding), half-open connections that would lock the admins out (slowloris), and resets
+mid-request."""
 
 from __future__ import annotations
 
@@ -122,6 +123,27 @@ def metric(port: int, name: str) -> float:
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
               or line.startswith(name + "{")]
     return sum(values)
+
+
+def test_a_page_under_a_foreign_name_cannot_read_the_metrics(broker_factory):
+    port = free_port()
+    broker_factory(broker_extra=f'metrics = "127.0.0.1:{port}"')
+    # DNS rebinding: the page's own name, pointed at 127.0.0.1, in Host (a browser without Fetch Metadata).
+    status, _, body = request(port, "GET", "/metrics", headers={"Host": f"evil.example:{port}"})
+    assert status == 421 and b"evil.example" in body and b"cronoq_" not in body, body
+    # A current browser's script under any name says it is the page's own origin.
+    status, _, body = request(port, "GET", "/metrics", headers={"Host": f"127.0.0.1:{port}",
+                                                                "Sec-Fetch-Site": "same-origin"})
+    assert status == 403 and b"Sec-Fetch-Site" in body and b"cronoq_" not in body, body
+    # Scrapers, curl and a person's browser (an address typed: `none`) read them.
+    for headers in ({"Host": f"127.0.0.1:{port}"}, {"Host": f"localhost:{port}"}, {"Host": f"[::1]:{port}"},
+                    {"Host": f"localhost:{port}", "Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}):
+        status, _, body = request(port, "GET", "/metrics", headers=headers)
+        assert status == 200 and b"cronoq_workers_connected" in body, (headers, body[:200])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:  # HTTP/1.0, no Host at all
+        sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 200") and b"cronoq_workers_connected" in answer, answer[:200]
 
 
 def test_connections_reset_mid_request_are_counted_not_logged(broker_factory):
