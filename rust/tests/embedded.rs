@@ -8,6 +8,8 @@ use std::time::Duration;
 use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Scheduler, ShareBy, Task, TaskState, Value};
 use serde_json::json;
 
+mod support;
+
 #[derive(Debug)]
 struct Oops(u32);
 
@@ -642,28 +644,9 @@ async fn rust_explain_scenario() -> serde_json::Value {
 
 #[tokio::test]
 async fn explain_answers_as_the_python_scheduler_does() {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-    let python = std::env::var("CRONOQ_PYTHON").unwrap_or_else(|_| "python3".into());
-    let run = std::process::Command::new(&python)
-        .args(["-c", PYTHON_EXPLAIN_SCENARIO])
-        .current_dir(&root)
-        .env("PYTHONPATH", &root)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let python: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let python = support::python_json(PYTHON_EXPLAIN_SCENARIO, b"");
     let rust = rust_explain_scenario().await;
-    // Read off a clock, or from a dispatch rate measured on one: compared below.
-    let timed = [
-        "delayed_for",
-        "capped_since",
-        "capped_for",
-        "rate_limited_for",
-        "estimate",
-        "estimate_note",
-        "dispatch_rate",
-        "arrival_rate_ahead",
-    ];
+    let timed = support::EXPLAIN_TIMED;
     for (name, mine) in rust.as_object().unwrap() {
         let theirs = &python[name];
         for (key, value) in mine.as_object().unwrap() {

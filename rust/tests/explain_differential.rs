@@ -16,6 +16,8 @@ use std::time::Duration;
 use cronoq::{Error, Fairness, Payload, PoolConfig, Priority, Scheduler, ShareBy, Task, TaskState};
 use serde_json::{json, Value};
 
+mod support;
+
 /// How many random scenarios a run compares.
 const SCENARIOS: u64 = 100;
 
@@ -29,20 +31,6 @@ const TENANTS: [Option<&str>; 8] = [
     Some("globex/x"),
     Some("initech"),
     None,
-];
-
-/// Figures each side takes off its own clock, or from dispatch and arrival rates measured on it:
-/// compared by presence only, but for the estimate (whether there is one depends on how the rates
-/// compare, and each side takes its first sample at another moment of the scenario) and its note.
-const TIMED: [&str; 8] = [
-    "delayed_for",
-    "capped_since",
-    "capped_for",
-    "rate_limited_for",
-    "estimate",
-    "estimate_note",
-    "dispatch_rate",
-    "arrival_rate_ahead",
 ];
 
 /// SplitMix64: a seeded, dependency-free source of the scenarios (the same seed, the same scenario).
@@ -215,25 +203,6 @@ async def main():
 asyncio.run(main())
 "#;
 
-fn python_waits(scenarios: &[Value]) -> Vec<Value> {
-    use std::io::Write;
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-    let python = std::env::var("CRONOQ_PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut child = std::process::Command::new(&python)
-        .args(["-c", PYTHON_RUNNER])
-        .current_dir(&root)
-        .env("PYTHONPATH", &root)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
-    child.stdin.take().unwrap().write_all(serde_json::to_string(scenarios).unwrap().as_bytes()).unwrap();
-    let run = child.wait_with_output().unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    serde_json::from_slice(&run.stdout).unwrap()
-}
-
 fn rust_task(t: &Value) -> Task {
     let mut task = Task::new(0).pool(t["pool"].as_str().unwrap());
     if let Some(tenant) = t["tenant"].as_str() {
@@ -327,14 +296,16 @@ async fn rust_waits(s: &Value) -> Value {
     Value::Array(out)
 }
 
-/// Where `mine` (Rust's) and `theirs` (Python's) differ, as "path: Rust …, Python …"; figures in
-/// TIMED are compared by presence only.
+/// Where `mine` (Rust's) and `theirs` (Python's) differ, as "path: Rust …, Python …". The timed
+/// figures are compared by presence only, and the estimate (and its note) not at all: whether
+/// there is an estimate depends on how the measured rates compare, and each side takes its first
+/// rate sample at another moment of the scenario.
 fn differences(at: &str, mine: &Value, theirs: &Value, out: &mut Vec<String>) {
     match (mine, theirs) {
         (Value::Object(m), _) => {
             for (key, value) in m {
                 let here = format!("{at}.{key}");
-                if TIMED.contains(&key.as_str()) {
+                if support::EXPLAIN_TIMED.contains(&key.as_str()) {
                     let measured = ["estimate", "estimate_note"].contains(&key.as_str());
                     if !measured && value.is_null() != theirs[key].is_null() {
                         out.push(format!("{here}: Rust {value}, Python {}", theirs[key]));
@@ -363,10 +334,11 @@ fn differences(at: &str, mine: &Value, theirs: &Value, out: &mut Vec<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_agrees_with_python_over_random_combinations() {
     let scenarios: Vec<Value> = (1..=SCENARIOS).map(scenario).collect();
-    let python = python_waits(&scenarios);
+    let python = support::python_json(PYTHON_RUNNER, serde_json::to_string(&scenarios).unwrap().as_bytes());
+    let python = python.as_array().unwrap();
     let mut failures = Vec::new();
     let mut explained = 0;
-    for (s, theirs) in scenarios.iter().zip(&python) {
+    for (s, theirs) in scenarios.iter().zip(python) {
         let mine = rust_waits(s).await;
         explained += mine.as_array().unwrap().iter().filter(|w| !w.is_null()).count();
         let mut found = Vec::new();

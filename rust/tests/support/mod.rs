@@ -324,3 +324,37 @@ pub fn cronoq_before(text: &str, path: &str, dir: &Path) -> Option<PathBuf> {
     assert!(tar.wait().unwrap().success(), "tar could not unpack the older cronoq");
     Some(code)
 }
+
+/// The fields of an `explain` answer that each scheduler takes off its own clock, or from dispatch
+/// and arrival rates measured on it: a test that sets two schedulers' answers side by side compares
+/// them by presence at most, never by value.
+pub const EXPLAIN_TIMED: [&str; 8] = [
+    "delayed_for",
+    "capped_since",
+    "capped_for",
+    "rate_limited_for",
+    "estimate",
+    "estimate_note",
+    "dispatch_rate",
+    "arrival_rate_ahead",
+];
+
+/// Run `script` with this checkout's cronoq on the path and `input` on its stdin; what it printed
+/// as JSON. Panics with its stderr if it fails.
+pub fn python_json(script: &str, input: &[u8]) -> serde_json::Value {
+    use std::io::Write;
+    let python = python();
+    let mut child = Command::new(&python)
+        .args(["-c", script])
+        .current_dir(repo_root())
+        .env("PYTHONPATH", repo_root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let run = child.wait_with_output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    serde_json::from_slice(&run.stdout).unwrap()
+}
