@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from cronoq.broker.hosts import is_loopback, names_the_dashboard, quoted
+from cronoq.broker.hosts import is_loopback, names_the_server, quoted
 from cronoq.broker.metrics import DROP_REASONS, BrokerMetrics, Histogram
 
 log = logging.getLogger("cronoq.metrics")
@@ -337,7 +337,7 @@ def browser_problem(host: str | None, fetch_site: str | None, served_host: str) 
     if fetch_site is not None and fetch_site.strip().lower() == "same-origin":
         return (b"403 Forbidden", "a page's script may not read the metrics (Sec-Fetch-Site: same-origin): nothing "
                 "here serves a page, so the page reached this address under a name of its own (DNS rebinding)")
-    if host is not None and is_loopback(served_host) and not names_the_dashboard(host, served_host, ()):
+    if host is not None and is_loopback(served_host) and not names_the_server(host, served_host, ()):
         return (b"421 Misdirected Request", f"the metrics on a loopback address answer only to localhost and IP "
                 f"addresses, not to the name {quoted(host)} (the Host header): another site could point that name here")
     return None

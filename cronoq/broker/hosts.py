@@ -59,12 +59,13 @@ def is_address(name: str) -> bool:
 def is_loopback(host: str) -> bool:
     """Whether a listening address's host ("127.0.0.1", "[::1]", "localhost") is a loopback one."""
     name = host.strip("[]").lower()
-    return name == "localhost" or (is_address(name) and ipaddress.ip_address(name).is_loopback)
+    return name in LOOPBACK_NAMES or (is_address(name) and ipaddress.ip_address(name).is_loopback)
 
 
-def names_the_dashboard(authority: str, served_host: str | None, configured: Iterable[str],
-                        default_port: int = 80) -> bool:
-    """Whether `authority` (a Host header's value, or an Origin's host[:port]) names the dashboard."""
+def names_the_server(authority: str, served_host: str | None, configured: Iterable[str],
+                     default_port: int = 80) -> bool:
+    """Whether `authority` (a Host header's value, or an Origin's host[:port]) names the server listening on
+    `served_host` (the dashboard, or the metrics): an address, localhost, that host, or one of `configured`."""
     parsed = split_authority(authority, default_port)
     if parsed is None or not parsed[0]:
         return False
@@ -82,7 +83,7 @@ def names_the_dashboard(authority: str, served_host: str | None, configured: Ite
 
 def host_problem(host: str | None, served_host: str | None, configured: Iterable[str]) -> str | None:
     """Why a request with this Host header is refused (421), or None."""
-    if host is None or names_the_dashboard(host, served_host, configured):
+    if host is None or names_the_server(host, served_host, configured):
         return None
     return (f"this dashboard does not answer to the name {quoted(host)} (the Host header), so that another site "
             f"pointing its own name at this address (DNS rebinding) cannot use it. It answers to its IP addresses, "
@@ -97,7 +98,7 @@ def origin_problem(origin: str | None, served_host: str | None, configured: Iter
     parts = urlsplit(origin.strip())
     if parts.scheme in ("http", "https") and parts.netloc and not parts.path.strip("/"):
         default_port = 443 if parts.scheme == "https" else 80
-        if names_the_dashboard(parts.netloc, served_host, configured, default_port):
+        if names_the_server(parts.netloc, served_host, configured, default_port):
             return None
     return (f"an action from the page of {quoted(origin)} (the Origin header) is refused: only the dashboard's "
             f"own page may act (it is reached by an IP address, localhost or a name in [broker] dashboard_hosts)")
@@ -108,4 +109,4 @@ def quoted(text: str) -> str:
     return repr(text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "…")
 
 
-__all__ = ["host_problem", "names_the_dashboard", "origin_problem", "split_authority"]
+__all__ = ["host_problem", "is_loopback", "names_the_server", "origin_problem", "quoted", "split_authority"]
