@@ -147,7 +147,9 @@ class Broker:
         self._worker_conns: Connections | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._next_pass: asyncio.Handle | None = None
-        self._more = False  # a drain of this pass stopped before its socket was empty
+        # This pass left work it holds or that waits on a socket (a drain stopped short, the rest of a batch set
+        # aside): the next pass is queued at once, not left to the next wake-up or timer.
+        self._more = False
         self._beat_due = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -490,7 +492,11 @@ class Broker:
         return count
 
     def _set_aside(self, conn: Connection, rest: RestOfBatch) -> None:
+        """The rest of a batch this pass had no time for: it is handled first, in the very next pass. Nothing on the
+        sockets may wake the loop for it, and the backlog retry would leave the loop idle for milliseconds while
+        requests it holds wait (a burst of 5,000 submits was accepted at a third of the rate)."""
         self._client_conns.set_aside(conn, rest)  # type: ignore[union-attr]
+        self._more = True
 
     def _arm_retry(self) -> None:
         """While a peer's backlog waits, try again soon: libzmq says when a socket is readable, not when one

@@ -15,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 import cronoq
+from cronoq.broker import server
 from cronoq.broker.config import parse_config
 from cronoq.broker.server import Broker
 from cronoq.wire import protocol
@@ -102,6 +103,38 @@ def test_a_batch_a_pass_has_no_time_for_is_finished_in_later_passes_in_order(tmp
     assert [(type(r).__name__, r.rid) for r in replies] == [("Accepted", rid) for rid in range(2, 6)]
     assert broker._core.stats()["default"]["queued"] == 5 and not rests
     broker.close()
+
+
+async def test_the_rest_of_a_batch_is_taken_up_by_the_next_pass_without_waiting_for_a_timer(tmp_path, monkeypatch):
+    """A pass that sets the rest of a batch aside queues the next pass at once: the broker does not sit idle
+    while requests it holds wait (a burst of submits was accepted at a third of the rate when each rest waited
+    for the 5 ms backlog retry). Here the retry and the heartbeat, which also start passes, are an hour away,
+    and nothing else arrives: only passes that follow one another can answer the whole batch."""
+    monkeypatch.setattr(server, "BACKLOG_RETRY", 3600.0)
+    config = parse_config({"broker": {"data_dir": str(tmp_path / "data"), "clients": "tcp://127.0.0.1:0",
+                                      "workers": "tcp://127.0.0.1:0", "heartbeat_interval": 3600}},
+                          source="test", base_dir=tmp_path, environ={})
+    broker = Broker(config)
+    broker.open()
+    clients, _ = broker.bind()
+    serving = asyncio.ensure_future(broker.serve())
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(clients)
+    try:
+        count = 20_000  # many passes' worth
+        batch = protocol.RequestBatch(V, [(protocol.Ping(V, rid), None) for rid in range(1, count + 1)])
+        await sock.send_multipart([b"", protocol.encode(batch)])
+        rids: list[int] = []
+        while len(rids) < count:
+            frames = await asyncio.wait_for(sock.recv_multipart(), 10)
+            reply = protocol.decode_client_reply(frames[0])
+            rids += [r.rid for r, _ in protocol.unbatch(reply, frames[1] if len(frames) > 1 else None)]
+        assert rids == list(range(1, count + 1))
+    finally:
+        sock.close(linger=0)
+        broker.stop()
+        await asyncio.wait_for(serving, 30)
 
 
 async def test_a_big_batch_is_answered_whole_and_in_order_before_what_came_after_it(broker_factory):
