@@ -315,6 +315,13 @@ def test_hops_splits_every_round_trip_of_both_sides() -> None:
     assert len(steps) == 8 and all(number(row[0]) for row in steps.values()), steps
 
 
+def test_a_burst_is_accepted_whole(capsys) -> None:
+    from bench import burst
+
+    assert burst.main(["--tasks", "300", "--rounds", "2"]) == 0
+    assert "A burst of 300 submits, durable with tokens: median" in capsys.readouterr().out
+
+
 def test_scrapes_pings_through_each_kind_of_reading() -> None:
     from bench import scrapes
 
