@@ -114,6 +114,10 @@ class BrokerConfig:
     dashboard_hosts: tuple[str, ...] = ()
     """Names (each "NAME" or "NAME:PORT") the dashboard answers to besides its IP addresses, `localhost` and the
     host of `dashboard`: the names users reach it by through a proxy or DNS (cronoq.broker.hosts)."""
+    metrics_hosts: tuple[str, ...] = ()
+    """Names (each "NAME" or "NAME:PORT") scrapers reach the metrics by. Empty: the metrics on a loopback address
+    answer to IP addresses and `localhost` only, on any other to every name; given, on any address they answer to
+    those, IP addresses, `localhost` and the host of `metrics` (cronoq.broker.exposition.browser_problem)."""
     heartbeat_interval: float = 1.0
     liveness: int = 3
     max_payload_bytes: int = 1048576
@@ -231,8 +235,8 @@ def override(config: BrokerConfig, *, clients: str | None = None, workers: str |
 # --- sections -----------------------------------------------------------------
 
 _BROKER_KEYS = (
-    "clients", "workers", "data_dir", "durability", "metrics", "dashboard", "dashboard_hosts", "heartbeat_interval",
-    "liveness", "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "results_store",
+    "clients", "workers", "data_dir", "durability", "metrics", "metrics_hosts", "dashboard", "dashboard_hosts",
+    "heartbeat_interval", "liveness", "max_payload_bytes", "max_deliveries", "result_ttl", "result_retention_bytes", "results_store",
     "curve_secret_key_file", "auth_timeout", "max_connections", "connection_buffer_bytes", "member",
 )  # fmt: skip
 _POOL_KEYS = (
@@ -254,7 +258,8 @@ def _broker_settings(s: _Section, base_dir: Path) -> dict[str, Any]:
         "durability": s.get("durability", _choice(DURABILITIES), "sync"),
         "metrics": s.get("metrics", _host_port, None),
         "dashboard": s.get("dashboard", _host_port, None),
-        "dashboard_hosts": s.get("dashboard_hosts", _dashboard_hosts, ()),
+        "dashboard_hosts": s.get("dashboard_hosts", _host_names, ()),
+        "metrics_hosts": s.get("metrics_hosts", _host_names, ()),
         "heartbeat_interval": s.get("heartbeat_interval", _positive_number, 1.0),
         "liveness": s.get("liveness", _positive_int, 3),
         "max_payload_bytes": s.get("max_payload_bytes", _positive_int, 1048576),
@@ -718,14 +723,15 @@ def _host_port(value: Any) -> str:
 # A DNS name (labels of letters, digits and '-', dots between) or an IP address; an IPv6 one in brackets with a port.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
-MAX_DASHBOARD_HOSTS = 64
+MAX_HOST_NAMES = 64
 
 
-def _dashboard_hosts(value: Any) -> tuple[str, ...]:
-    """The names the dashboard answers to: a list of "NAME" or "NAME:PORT" (the Host header a browser sends)."""
+def _host_names(value: Any) -> tuple[str, ...]:
+    """The names the dashboard or the metrics answer to: a list of "NAME" or "NAME:PORT" (the Host header a
+    browser or a scraper sends)."""
     expected = "a list of names such as 'cronoq.internal' or 'cronoq.internal:8080'"
-    if not isinstance(value, list) or len(value) > MAX_DASHBOARD_HOSTS:
-        raise _Invalid(f"expected {expected} (at most {MAX_DASHBOARD_HOSTS}), got {_show(value)}")
+    if not isinstance(value, list) or len(value) > MAX_HOST_NAMES:
+        raise _Invalid(f"expected {expected} (at most {MAX_HOST_NAMES}), got {_show(value)}")
     out = []
     for item in value:
         if not isinstance(item, str):

@@ -321,9 +321,11 @@ REQUEST_SECONDS = 10.0
 """How long a scraper may take to send its whole request."""
 
 
-def browser_problem(host: str | None, fetch_site: str | None, served_host: str) -> tuple[bytes, str] | None:
+def browser_problem(host: str | None, fetch_site: str | None, served_host: str,
+                    configured: Iterable[str] = ()) -> tuple[bytes, str] | None:
     """Why a request is refused as a page's script reading the metrics through a name of its own (DNS
     rebinding; see docs/security.md), as (status, reason); None for a scraper, curl, or a person's browser.
+    `configured`: the names in `[broker] metrics_hosts`.
 
     A page of another site that points its own name at this address is, to the browser, the same origin as
     the metrics: its script may read them, tenant names and all. Two signs give it away:
@@ -331,27 +333,34 @@ def browser_problem(host: str | None, fetch_site: str | None, served_host: str) 
     - `Sec-Fetch-Site: same-origin`, which every current browser sends with a request a page of the same
       origin makes. Nothing here serves a page, so no such request is ours. Scrapers send no such header, and a
       person who types the address gets `none`;
-    - on a loopback address only, where every honest client names the broker `localhost` or by its address: a
-      `Host` that names anything else (the page's own name, from browsers without that header). On any other
-      address the name a scraper's config gives is not known here, so `Host` is not checked."""
+    - a `Host` that names neither an IP address, `localhost`, the host of `metrics`, nor one of `configured`
+      (the page's own name, from browsers without that header). Checked on a loopback address, where every
+      honest client names the broker `localhost` or by its address, and on any address once `metrics_hosts`
+      says which names the scrapers use; without it, a name a scraper's config gives is not known here."""
     if fetch_site is not None and fetch_site.strip().lower() == "same-origin":
         return (b"403 Forbidden", "a page's script may not read the metrics (Sec-Fetch-Site: same-origin): nothing "
                 "here serves a page, so the page reached this address under a name of its own (DNS rebinding)")
-    if host is not None and is_loopback(served_host) and not names_the_server(host, served_host, ()):
-        return (b"421 Misdirected Request", f"the metrics on a loopback address answer only to localhost and IP "
-                f"addresses, not to the name {quoted(host)} (the Host header): another site could point that name here")
-    return None
+    configured = tuple(configured)
+    if host is None or not (configured or is_loopback(served_host)):
+        return None
+    if names_the_server(host, served_host, configured):
+        return None
+    names = ("localhost, IP addresses and the names in [broker] metrics_hosts" if configured
+             else "localhost and IP addresses (list the names your scrapers use in [broker] metrics_hosts)")
+    return (b"421 Misdirected Request", f"the metrics answer only to {names}, not to the name {quoted(host)} (the "
+            f"Host header): another site could point that name here")
 
 
 async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
                         stats_in_steps: Callable[[], Awaitable[dict[str, Any]]],
-                        sockets: list[socket.socket] | None = None) -> list[asyncio.base_events.Server]:
+                        sockets: list[socket.socket] | None = None,
+                        hosts: Callable[[], Iterable[str]] = tuple) -> list[asyncio.base_events.Server]:
     """Serve GET /metrics at "host:port" on the running loop (on `sockets` when given: listening at it already);
     returns the asyncio servers. A scrape takes the stats a pool per turn of the loop (`stats_in_steps`) and
     writes them a piece per turn (`render_in_steps`): it never holds the loop for long, however many tenants.
     Scrapes that come while one is being written get that one's text: however many scrapers there are (or
     however hostile), one scrape's work is under way at a time. Another site's page reading them through a name
-    of its own is refused (`browser_problem`)."""
+    of its own is refused (`browser_problem`; `hosts()` gives `metrics_hosts` as the config now says)."""
     host, _, port = address.rpartition(":")
     under_way: asyncio.Future[bytes] | None = None
 
@@ -383,7 +392,8 @@ async def serve_metrics(address: str, collector: BrokerCollector | MemberLabel,
         try:
             line, headers = await asyncio.wait_for(request_head(reader), REQUEST_SECONDS)
             parts = line.split()
-            refused = browser_problem(headers.get(b"host"), headers.get(b"sec-fetch-site"), host or "127.0.0.1")
+            refused = browser_problem(headers.get(b"host"), headers.get(b"sec-fetch-site"), host or "127.0.0.1",
+                                      hosts())
             if refused is not None:
                 status, reason = refused
                 body, content_type = reason.encode() + b"\n", b"text/plain; charset=utf-8"

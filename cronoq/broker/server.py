@@ -255,7 +255,8 @@ class Broker:
             from cronoq.broker.exposition import collector_for, serve_metrics  # prometheus-client: only when asked
 
             collector = collector_for(self.stats, self.metrics, self.config.member)
-            self._metrics_servers = await serve_metrics(self.config.metrics, collector, self.stats_in_steps, sockets)
+            self._metrics_servers = await serve_metrics(self.config.metrics, collector, self.stats_in_steps, sockets,
+                                                        hosts=lambda: self.config.metrics_hosts)
 
     async def start_dashboard(self, sockets: list[socket.socket] | None = None) -> None:
         """Serve the web dashboard when the config asks for it (on `sockets`, when a standby held its address).

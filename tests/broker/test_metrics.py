@@ -241,8 +241,8 @@ async def test_scrapes_that_come_together_share_one_and_a_garbage_request_costs_
             server.close()
 
 
-def test_only_a_page_s_script_is_refused_and_a_scraper_s_name_is_checked_on_loopback_alone():
-    # Bound to every interface: the names scrapers use are not known here; a page's script is still refused.
+def test_a_page_s_script_is_refused_and_a_scraper_s_name_is_checked_on_loopback_or_once_configured():
+    # Bound to every interface, no metrics_hosts: the names scrapers use are not known; a page's script is refused.
     assert browser_problem("broker-1.internal:9464", None, "0.0.0.0") is None
     assert browser_problem("evil.example:9464", "cross-site", "0.0.0.0") is None  # a link followed: it cannot read
     assert browser_problem("broker-1.internal:9464", " Same-Origin ", "0.0.0.0")[0] == b"403 Forbidden"
@@ -252,6 +252,19 @@ def test_only_a_page_s_script_is_refused_and_a_scraper_s_name_is_checked_on_loop
         assert browser_problem("localhost:9464", None, served) is None
         assert browser_problem("127.0.0.1", "none", served) is None
         assert browser_problem(None, None, served) is None
+    status, reason = browser_problem("evil.example", None, "127.0.0.1")
+    assert "evil.example" in reason and "metrics_hosts" in reason  # what to do if that name is a scraper's
+    # With metrics_hosts, on any address: those names, addresses, localhost and the bound host; nothing else.
+    configured = ["scrape-name:9464", "prom-target"]
+    for served in ("0.0.0.0", "10.0.0.5", "broker-1.internal", "127.0.0.1"):
+        for host in ("scrape-name:9464", "prom-target", "prom-target:80", "10.0.0.5:9464", "localhost:9464"):
+            assert browser_problem(host, None, served, configured) is None, (host, served)
+        for host in ("evil.example:9464", "scrape-name:9465", "prom-target.evil.example"):
+            status, reason = browser_problem(host, None, served, configured)
+            assert status == b"421 Misdirected Request" and "metrics_hosts" in reason, (host, served)
+        assert browser_problem("prom-target", "same-origin", served, configured)[0] == b"403 Forbidden"
+        assert browser_problem(None, None, served, configured) is None
+    assert browser_problem("broker-1.internal:1", None, "broker-1.internal", configured) is None  # its own host
     long_name = "x" * 10_000
     status, reason = browser_problem(long_name, None, "127.0.0.1")
     assert len(reason) < 400 and "…" in reason

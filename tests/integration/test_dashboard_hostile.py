@@ -146,6 +146,22 @@ def test_a_page_under_a_foreign_name_cannot_read_the_metrics(broker_factory):
     assert answer.startswith(b"HTTP/1.1 200") and b"cronoq_workers_connected" in answer, answer[:200]
 
 
+def test_the_metrics_answer_to_the_names_in_metrics_hosts_and_a_reload_changes_them(broker_factory):
+    port = free_port()
+    broker = broker_factory(TOKENS_TOML, env=TOKENS,
+                            broker_extra=f'metrics = "127.0.0.1:{port}"\nmetrics_hosts = ["prom-target:{port}"]')
+    assert request(port, "GET", "/metrics", headers={"Host": f"prom-target:{port}"})[0] == 200
+    assert request(port, "GET", "/metrics", headers={"Host": f"localhost:{port}"})[0] == 200
+    status, _, body = request(port, "GET", "/metrics", headers={"Host": f"other-target:{port}"})
+    assert status == 421 and b"metrics_hosts" in body and b"cronoq_" not in body, body
+    text = broker.config_path.read_text()
+    broker.config_path.write_text(text.replace(f'["prom-target:{port}"]', f'["other-target:{port}"]'))
+    with cronoq.connect_sync(broker.clients, token="admin-secret") as admin:
+        assert admin.reload()["needs_restart"] == []
+    assert request(port, "GET", "/metrics", headers={"Host": f"other-target:{port}"})[0] == 200
+    assert request(port, "GET", "/metrics", headers={"Host": f"prom-target:{port}"})[0] == 421
+
+
 def test_connections_reset_mid_request_are_counted_not_logged(broker_factory):
     port, metrics_port = free_port(), free_port()
     broker = broker_factory(broker_extra=f'dashboard = "127.0.0.1:{port}"\nmetrics = "127.0.0.1:{metrics_port}"')

@@ -25,14 +25,15 @@ def test_the_dashboard_key_takes_a_host_and_port_and_is_off_by_default():
         parse('[broker]\ndashboard = "127.0.0.1:9464"\nmetrics = "127.0.0.1:9464"\n')
 
 
-def test_dashboard_hosts_lists_names_with_or_without_a_port():
-    assert parse("").dashboard_hosts == ()
-    config = parse('[broker]\ndashboard_hosts = ["Cronoq.Example.com", "proxy:8443", "[::1]:9465", "10.0.0.5"]\n')
-    assert config.dashboard_hosts == ("cronoq.example.com", "proxy:8443", "[::1]:9465", "10.0.0.5")
+@pytest.mark.parametrize("key", ["dashboard_hosts", "metrics_hosts"])
+def test_the_names_the_dashboard_and_the_metrics_answer_to_are_names_with_or_without_a_port(key):
+    assert getattr(parse(""), key) == ()
+    config = parse(f'[broker]\n{key} = ["Cronoq.Example.com", "proxy:8443", "[::1]:9465", "10.0.0.5"]\n')
+    assert getattr(config, key) == ("cronoq.example.com", "proxy:8443", "[::1]:9465", "10.0.0.5")
     for bad in ('"cronoq.example.com"', '["http://cronoq.example.com"]', '["a b"]', '["x:0"]', '[1]',
                 "[" + ", ".join(['"a"'] * 65) + "]"):
-        with pytest.raises(ConfigError, match=r"c.toml: \[broker\] dashboard_hosts: expected a list of names"):
-            parse(f"[broker]\ndashboard_hosts = {bad}\n")
+        with pytest.raises(ConfigError, match=rf"c.toml: \[broker\] {key}: expected a list of names"):
+            parse(f"[broker]\n{key} = {bad}\n")
 
 
 def test_the_names_a_request_may_give_the_dashboard():
