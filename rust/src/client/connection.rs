@@ -915,11 +915,8 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<
             }
         }
         if !posted.is_empty() {
-            // Behind what libzmq refused earlier, never ahead of it (it may refuse a moment after its
-            // monitor reported a connection): a caller's requests reach the broker in the order made.
-            let posted = std::mem::take(&mut posted);
-            let unsent = if held.is_empty() { flush(&channel, posted) } else { posted };
-            hold(&inner, &channel.dealer, &mut held, unsent);
+            let over = send_in_order(&mut held, std::mem::take(&mut posted), |items| channel.send(items));
+            fail_unheld(&inner, &channel.dealer, over);
         }
         if channel.dealer.has_input() {
             continue;
@@ -938,24 +935,31 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Cmd>, weak: Weak<
     }
 }
 
-/// Send posted messages, packed into batches; returns those libzmq would not take (no connection
-/// is up, or its send queue is full), in order.
-fn flush(channel: &Channel, mut posted: Vec<Posted>) -> Vec<Posted> {
-    let items: Vec<Outgoing> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
-    let sent = channel.send(&items);
-    posted.split_off(sent)
-}
-
-/// Keep messages libzmq would not take, to send with the next connection (or on a retry while one
-/// is up). Past as many as a socket would queue the broker has been away long: the requests beyond
-/// fail now.
-fn hold(inner: &Inner, dealer: &Dealer, held: &mut Vec<Posted>, mut unsent: Vec<Posted>) {
-    if unsent.is_empty() {
-        return;
-    }
+/// Send what callers posted, packed into batches by `send` (which returns how many it took), behind
+/// what libzmq refused earlier and never ahead of it: libzmq may refuse a send a moment after its
+/// monitor reported a connection, and a caller's requests must reach the broker in the order made.
+/// What is not sent is held, to leave with the next connection (or on a retry while one is up), up
+/// to as many as a socket would queue; returns those past that: the broker has been away long.
+fn send_in_order(
+    held: &mut Vec<Posted>,
+    mut posted: Vec<Posted>,
+    send: impl FnOnce(&[Outgoing]) -> usize,
+) -> Vec<Posted> {
+    let mut unsent = if held.is_empty() {
+        let items: Vec<Outgoing> = posted.iter().map(|(_, h, b)| (h.clone(), b.clone())).collect();
+        let sent = send(&items);
+        posted.split_off(sent)
+    } else {
+        posted
+    };
     let room = (HIGH_WATER_MARK as usize).saturating_sub(held.len()).min(unsent.len());
     let over = unsent.split_off(room);
     held.extend(unsent);
+    over
+}
+
+/// Fail the requests among messages no queue had room for.
+fn fail_unheld(inner: &Inner, dealer: &Dealer, over: Vec<Posted>) {
     if over.is_empty() {
         return;
     }
@@ -994,6 +998,40 @@ mod tests {
         let vector: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let hex = vector["steps"][step]["send"][1].as_str().expect("a header frame");
         (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_message_posted_while_refused_ones_are_held_leaves_behind_them() {
+        let message = |rid: i64| (rid, vec![rid as u8], None);
+        let mut held = Vec::new();
+        let mut sent: Vec<Vec<u8>> = Vec::new();
+        // libzmq refuses the first (its pipe not attached yet, a moment after the monitor said "up").
+        assert!(send_in_order(&mut held, vec![message(1)], |_| 0).is_empty());
+        // The next would be taken now, but must not overtake it.
+        let over = send_in_order(&mut held, vec![message(2), message(3)], |items| {
+            sent.extend(items.iter().map(|(header, _)| header.clone()));
+            items.len()
+        });
+        assert!(over.is_empty() && sent.is_empty());
+        assert_eq!(held.iter().map(|m| m.0).collect::<Vec<_>>(), [1, 2, 3]);
+        // The retry sends them as made; libzmq takes the first two only, and the third stays held.
+        let retried = std::mem::take(&mut held);
+        let over = send_in_order(&mut held, retried, |items| {
+            sent.extend(items.iter().take(2).map(|(header, _)| header.clone()));
+            2
+        });
+        assert!(over.is_empty());
+        assert_eq!(sent, [vec![1], vec![2]]);
+        assert_eq!(held.iter().map(|m| m.0).collect::<Vec<_>>(), [3]);
+    }
+
+    #[test]
+    fn past_a_socket_s_queue_of_held_messages_the_rest_is_returned_to_fail() {
+        let mut held: Vec<Posted> = (0..HIGH_WATER_MARK as i64 - 1).map(|rid| (rid, vec![], None)).collect();
+        let over = send_in_order(&mut held, vec![(-1, vec![], None), (-2, vec![], None)], |_| unreachable!());
+        assert_eq!(held.len(), HIGH_WATER_MARK as usize);
+        assert_eq!(held.last().unwrap().0, -1);
+        assert_eq!(over.iter().map(|m| m.0).collect::<Vec<_>>(), [-2]);
     }
 
     #[test]
